@@ -1,0 +1,135 @@
+"""One settings file, configured from the environment (SPEC §2)."""
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DEV_SECRET_KEY = "dev-only-insecure-secret-key-do-not-deploy"
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is required when DJANGO_DEBUG is false")
+    SECRET_KEY = DEV_SECRET_KEY
+elif SECRET_KEY == DEV_SECRET_KEY and not DEBUG:
+    raise ImproperlyConfigured("the development secret key may not be used with DJANGO_DEBUG=false")
+
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "pools",
+    "catalog",
+    "routing",
+    "proxy",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gatewaysite.urls"
+ASGI_APPLICATION = "gatewaysite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'gateway.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several async request handlers write the ledger at once; wait for the lock instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 20})
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve admin assets straight from the app directories, so no collectstatic step is needed to run.
+WHITENOISE_USE_FINDERS = True
+
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "gateway": {"handlers": ["console"], "level": env.str("GATEWAY_LOG_LEVEL", default="INFO")},
+    },
+}
+
+
+def _upstream_timeouts(raw: str) -> tuple[float, float]:
+    """`GATEWAY_UPSTREAM_TIMEOUT_S` is `connect/read` seconds, or one number for both."""
+    parts = [p.strip() for p in raw.split("/")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"GATEWAY_UPSTREAM_TIMEOUT_S: not a number: {raw!r}") from exc
+    if len(values) == 1:
+        return values[0], values[0]
+    if len(values) == 2:
+        return values[0], values[1]
+    raise ImproperlyConfigured(f"GATEWAY_UPSTREAM_TIMEOUT_S: expected 'connect/read', got {raw!r}")
+
+
+GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S, GATEWAY_UPSTREAM_READ_TIMEOUT_S = _upstream_timeouts(
+    env.str("GATEWAY_UPSTREAM_TIMEOUT_S", default="10/600")
+)
+GATEWAY_MAX_BODY_BYTES = env.int("GATEWAY_MAX_BODY_BYTES", default=8 * 1024 * 1024)
+GATEWAY_CONFIG = env.str("GATEWAY_CONFIG", default=str(BASE_DIR / "gatewaysite" / "demo_config.yaml"))

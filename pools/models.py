@@ -1,0 +1,229 @@
+"""Pools of upstream assignments, gateway keys, and the gateway-wide routing settings (SPEC §3)."""
+
+import hashlib
+
+from django.db import models
+from django.db.models import Q
+
+
+class TriState(models.TextChoices):
+    """A declared capability or privacy fact. Undeclared is unknown and never reads as true or false."""
+
+    TRUE = "true"
+    FALSE = "false"
+    UNKNOWN = "unknown"
+
+
+def tri_state_field(**kwargs) -> models.CharField:
+    return models.CharField(max_length=7, choices=TriState.choices, default=TriState.UNKNOWN, **kwargs)
+
+
+def tri_state_check(model: str, field: str) -> models.CheckConstraint:
+    return models.CheckConstraint(
+        condition=Q(**{f"{field}__in": TriState.values}), name=f"{model}_{field}_tristate"
+    )
+
+
+def choices_check(model: str, field: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
+    return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=f"{model}_{field}_valid")
+
+
+class Adapter(models.TextChoices):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+    OPENROUTER = "openrouter"
+
+
+class Router(models.TextChoices):
+    DIRECT = "direct"
+    THIRD_PARTY = "third_party"
+
+
+class DataCollection(models.TextChoices):
+    ALLOW = "allow"
+    DENY = "deny"
+    UNKNOWN = "unknown"
+
+
+class ToolRepresentation(models.TextChoices):
+    NATIVE = "native"
+    EMULATED = "emulated"
+    UNKNOWN = "unknown"
+
+
+class GatewaySettings(models.Model):
+    """The singleton of circuit, retry and fallback settings (`circuit:`, `retry:` and
+    `model_fallback_family` in the YAML file). Always row 1."""
+
+    failure_threshold = models.PositiveIntegerField(default=3)
+    cooldown_seconds = models.PositiveIntegerField(default=60)
+    max_cooldown_seconds = models.PositiveIntegerField(default=600)
+    half_open_probes = models.PositiveIntegerField(default=1)
+    probe_lease_seconds = models.PositiveIntegerField(default=60)
+    demotion_seconds = models.PositiveIntegerField(default=60)
+    max_attempts = models.PositiveIntegerField(default=4)
+    backoff_base_ms = models.PositiveIntegerField(default=50)
+    default_deadline_ms = models.PositiveIntegerField(default=120000)
+    model_fallback_family = models.BooleanField(default=True)
+
+    class Meta:
+        verbose_name = "gateway settings"
+        verbose_name_plural = "gateway settings"
+        constraints = [
+            models.CheckConstraint(condition=Q(pk=1), name="gatewaysettings_singleton"),
+            models.CheckConstraint(condition=Q(failure_threshold__gte=1), name="gatewaysettings_threshold_min"),
+            models.CheckConstraint(condition=Q(half_open_probes__gte=1), name="gatewaysettings_probes_min"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="gatewaysettings_attempts_min"),
+            models.CheckConstraint(
+                condition=Q(max_cooldown_seconds__gte=models.F("cooldown_seconds")),
+                name="gatewaysettings_cooldown_bounded",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return "gateway settings"
+
+    def save(self, *args, **kwargs):
+        self.pk = 1
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def load(cls) -> "GatewaySettings":
+        obj, _ = cls.objects.get_or_create(pk=1)
+        return obj
+
+
+class ModelAlias(models.Model):
+    """`model_aliases`: alias -> canonical model, one hop."""
+
+    alias = models.CharField(max_length=200, unique=True)
+    canonical = models.CharField(max_length=200)
+
+    class Meta:
+        verbose_name_plural = "model aliases"
+        ordering = ["alias"]
+        constraints = [
+            models.CheckConstraint(condition=~Q(alias=models.F("canonical")), name="modelalias_not_self"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.alias} -> {self.canonical}"
+
+
+class ModelFallback(models.Model):
+    """`model_fallbacks`: requested -> served model, one hop."""
+
+    requested = models.CharField(max_length=200, unique=True)
+    served = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["requested"]
+        constraints = [
+            models.CheckConstraint(condition=~Q(requested=models.F("served")), name="modelfallback_not_self"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.requested} -> {self.served}"
+
+
+class Pool(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    auto_models = models.JSONField(default=list, blank=True, help_text="Candidates for model=auto, in order.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Assignment(models.Model):
+    """One upstream credential on one provider endpoint. The credential itself is never stored:
+    `api_key_env` names the environment variable that holds it."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="assignments")
+    name = models.CharField(max_length=100, unique=True)
+    adapter = models.CharField(max_length=20, choices=Adapter.choices)
+    base_url = models.URLField(max_length=500)
+    api_key_env = models.CharField(max_length=200, blank=True)
+    tier = models.IntegerField(default=0, help_text="Lower is preferred.")
+    weight = models.PositiveIntegerField(default=1)
+    region = models.CharField(max_length=50, blank=True)
+    router = models.CharField(max_length=20, choices=Router.choices, default=Router.DIRECT)
+    zero_retention = tri_state_field()
+    data_collection = models.CharField(
+        max_length=7, choices=DataCollection.choices, default=DataCollection.UNKNOWN
+    )
+    tools = tri_state_field()
+    write_tools = tri_state_field()
+    vision = tri_state_field()
+    role_separation = tri_state_field()
+    tool_representation = models.CharField(
+        max_length=8, choices=ToolRepresentation.choices, default=ToolRepresentation.UNKNOWN
+    )
+    quality = models.FloatField(null=True, blank=True, help_text="Empty: unknown.")
+    min_deadline_ms = models.PositiveIntegerField(default=0)
+    discovery = models.BooleanField(default=False, help_text="sync_catalog asks GET {base_url}/models.")
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["pool__name", "tier", "name"]
+        constraints = [
+            choices_check("assignment", "adapter", Adapter),
+            choices_check("assignment", "router", Router),
+            choices_check("assignment", "data_collection", DataCollection),
+            choices_check("assignment", "tool_representation", ToolRepresentation),
+            *[
+                tri_state_check("assignment", f)
+                for f in ("zero_retention", "tools", "write_tools", "vision", "role_separation")
+            ],
+            models.CheckConstraint(
+                condition=Q(quality__isnull=True) | Q(quality__gte=0, quality__lte=1),
+                name="assignment_quality_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def hash_key(raw: str) -> str:
+    """Gateway keys are high-entropy secrets, so one SHA-256 is enough to keep them irreversible at
+    rest while keeping the per-request lookup a single indexed equality."""
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+KEY_PREFIX_LENGTH = 10
+
+
+class GatewayKey(models.Model):
+    """A client credential. Only its SHA-256 and a short visible prefix are stored."""
+
+    name = models.CharField(max_length=100, unique=True)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=KEY_PREFIX_LENGTH, editable=False)
+    pools = models.ManyToManyField(Pool, related_name="keys")
+    allowed_models = models.JSONField(default=list, help_text='["*"] or an explicit list of models.')
+    require_zero_retention = models.BooleanField(default=False)
+    regions = models.JSONField(default=list, blank=True, help_text="Allowed regions; empty: any.")
+    allow_third_party_router = models.BooleanField(default=True)
+    min_quality = models.FloatField(default=0)
+    budget_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: no budget.")
+    spent_micros = models.BigIntegerField(default=0, editable=False)
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(budget_micros__isnull=True) | Q(budget_micros__gte=0), name="gatewaykey_budget_nonneg"
+            ),
+            models.CheckConstraint(condition=Q(spent_micros__gte=0), name="gatewaykey_spent_nonneg"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    def set_key(self, raw: str) -> None:
+        self.key_hash = hash_key(raw)
+        self.prefix = raw[:KEY_PREFIX_LENGTH]

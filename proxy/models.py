@@ -1,0 +1,82 @@
+"""The ledger (SPEC §7.3): what happened to each client request, never what was said."""
+
+from django.db import models
+from django.db.models import Q
+
+from pools.models import Assignment, GatewayKey, choices_check
+from routing.models import RouteClass
+
+
+class Transport(models.TextChoices):
+    HTTP = "http"
+    SSE = "sse"
+    WEBSOCKET = "websocket"
+
+
+class RequestRecord(models.Model):
+    request_id = models.CharField(max_length=64, unique=True)
+    key = models.ForeignKey(GatewayKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    route = models.CharField(max_length=64, help_text="The client endpoint, e.g. /v1/chat/completions.")
+    transport = models.CharField(max_length=9, choices=Transport.choices)
+    requested_model = models.CharField(max_length=200, blank=True)
+    served_model = models.CharField(max_length=200, blank=True)
+    outcome = models.CharField(max_length=40, help_text="`ok` or the typed error code.")
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    retry_count = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [choices_check("requestrecord", "transport", Transport)]
+
+    def __str__(self) -> str:
+        return self.request_id
+
+
+class AttemptStatus(models.TextChoices):
+    SUCCEEDED = "succeeded"
+    RETRYABLE_FAILED = "retryable_failed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INELIGIBLE = "ineligible"
+
+
+class DispatchState(models.TextChoices):
+    NOT_SENT = "not_sent"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+    COMPLETED = "completed"
+
+
+class Attempt(models.Model):
+    request = models.ForeignKey(RequestRecord, on_delete=models.CASCADE, related_name="attempts")
+    ordinal = models.PositiveSmallIntegerField()
+    assignment = models.ForeignKey(Assignment, on_delete=models.SET_NULL, null=True, related_name="+")
+    model = models.CharField(max_length=200)
+    route_class = models.CharField(max_length=9, choices=RouteClass.choices)
+    status = models.CharField(max_length=16, choices=AttemptStatus.choices)
+    failure_class = models.CharField(max_length=30, blank=True)
+    ineligible_reason = models.CharField(max_length=30, blank=True)
+    dispatch_state = models.CharField(max_length=9, choices=DispatchState.choices)
+    upstream_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    error_code = models.CharField(max_length=100, blank=True, help_text="Canonical code only, never a message.")
+    elapsed_ms = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cost_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: unknown price.")
+
+    class Meta:
+        ordering = ["request", "ordinal"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "ordinal"], name="attempt_unique_ordinal"),
+            choices_check("attempt", "route_class", RouteClass),
+            choices_check("attempt", "status", AttemptStatus),
+            choices_check("attempt", "dispatch_state", DispatchState),
+            models.CheckConstraint(
+                condition=Q(cost_micros__isnull=True) | Q(cost_micros__gte=0), name="attempt_cost_nonneg"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}#{self.ordinal} {self.status}"

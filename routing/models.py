@@ -1,0 +1,107 @@
+"""Durable, shared routing state (SPEC §7.1, §7.2). Every node reads and writes the same rows:
+there is no process-local health state."""
+
+from django.db import models
+from django.db.models import Q
+
+from pools.models import Assignment, Pool, choices_check
+
+
+class RouteClass(models.TextChoices):
+    HTTP = "http"
+    SSE = "sse"
+    WEBSOCKET = "websocket"
+
+
+class CircuitState(models.TextChoices):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitReason(models.TextChoices):
+    UPSTREAM_MODEL_UNAVAILABLE = "upstream_model_unavailable"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    TIMEOUT = "timeout"
+    RATE_LIMITED = "rate_limited"
+
+
+class Circuit(models.Model):
+    """One breaker per (pool, assignment, model, route class). A row exists only once something
+    failed: a healthy pair has no row, so a success on it writes nothing."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="+")
+    assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="circuits")
+    model = models.CharField(max_length=200)
+    route_class = models.CharField(max_length=9, choices=RouteClass.choices)
+    state = models.CharField(max_length=9, choices=CircuitState.choices, default=CircuitState.CLOSED)
+    reason = models.CharField(max_length=30, choices=CircuitReason.choices, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    cooldown_seconds = models.PositiveIntegerField(default=0, help_text="The current open period.")
+    open_until = models.DateTimeField(null=True, blank=True)
+    probes_in_flight = models.PositiveIntegerField(default=0)
+    probe_lease_expires_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["pool", "assignment", "model", "route_class"], name="circuit_unique_key"
+            ),
+            choices_check("circuit", "route_class", RouteClass),
+            choices_check("circuit", "state", CircuitState),
+            models.CheckConstraint(
+                condition=Q(reason="") | Q(reason__in=CircuitReason.values), name="circuit_reason_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(state=CircuitState.CLOSED) | Q(open_until__isnull=False),
+                name="circuit_open_has_deadline",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.assignment_id}:{self.model}:{self.route_class} {self.state}"
+
+
+class Demotion(models.Model):
+    """An (assignment, model) moved to the end of later plans until `until`; never an exclusion."""
+
+    assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="demotions")
+    model = models.CharField(max_length=200)
+    reason = models.CharField(max_length=30, choices=CircuitReason.choices)
+    until = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["assignment", "model"], name="demotion_unique"),
+            choices_check("demotion", "reason", CircuitReason),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.assignment_id}:{self.model} until {self.until:%H:%M:%S}"
+
+
+class AffinityKind(models.TextChoices):
+    RESPONSE = "response"  # previous_response_id -> the assignment that created it (hard pin)
+    FILE = "file"  # file id -> the assignment that holds it (hard pin)
+    SESSION = "session"  # x-gateway-session -> last assignment and cached auto model (soft)
+
+
+class Affinity(models.Model):
+    kind = models.CharField(max_length=8, choices=AffinityKind.choices)
+    key = models.CharField(max_length=300)
+    # SET_NULL keeps a hard pin whose assignment is gone, so the request gets 409, not a silent reroute.
+    assignment = models.ForeignKey(Assignment, on_delete=models.SET_NULL, null=True, related_name="+")
+    model = models.CharField(max_length=200, blank=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "affinities"
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "key"], name="affinity_unique"),
+            choices_check("affinity", "kind", AffinityKind),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.key}"
