@@ -1,6 +1,7 @@
 """Pools of upstream assignments, gateway keys, and the gateway-wide routing settings (SPEC §3)."""
 
 import hashlib
+import os
 
 from django.db import models
 from django.db.models import Q
@@ -25,7 +26,9 @@ def tri_state_check(model: str, field: str) -> models.CheckConstraint:
 
 
 def choices_check(model: str, field: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
-    return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=f"{model}_{field}_valid")
+    return models.CheckConstraint(
+        condition=Q(**{f"{field}__in": choices.values}), name=f"{model}_{field}_valid"
+    )
 
 
 class Adapter(models.TextChoices):
@@ -51,6 +54,9 @@ class ToolRepresentation(models.TextChoices):
     UNKNOWN = "unknown"
 
 
+ANTHROPIC_VERSION = "2023-06-01"
+
+
 class GatewaySettings(models.Model):
     """The singleton of circuit, retry and fallback settings (`circuit:`, `retry:` and
     `model_fallback_family` in the YAML file). Always row 1."""
@@ -71,7 +77,9 @@ class GatewaySettings(models.Model):
         verbose_name_plural = "gateway settings"
         constraints = [
             models.CheckConstraint(condition=Q(pk=1), name="gatewaysettings_singleton"),
-            models.CheckConstraint(condition=Q(failure_threshold__gte=1), name="gatewaysettings_threshold_min"),
+            models.CheckConstraint(
+                condition=Q(failure_threshold__gte=1), name="gatewaysettings_threshold_min"
+            ),
             models.CheckConstraint(condition=Q(half_open_probes__gte=1), name="gatewaysettings_probes_min"),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="gatewaysettings_attempts_min"),
             models.CheckConstraint(
@@ -186,6 +194,19 @@ class Assignment(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def credential(self) -> str:
+        """The upstream secret, read from the environment at call time and never persisted."""
+        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+    def auth_headers(self) -> dict[str, str]:
+        credential = self.credential()
+        if self.adapter == Adapter.ANTHROPIC:
+            headers = {"anthropic-version": ANTHROPIC_VERSION}
+            if credential:
+                headers["x-api-key"] = credential
+            return headers
+        return {"authorization": f"Bearer {credential}"} if credential else {}
+
 
 def hash_key(raw: str) -> str:
     """Gateway keys are high-entropy secrets, so one SHA-256 is enough to keep them irreversible at
@@ -216,7 +237,8 @@ class GatewayKey(models.Model):
         ordering = ["name"]
         constraints = [
             models.CheckConstraint(
-                condition=Q(budget_micros__isnull=True) | Q(budget_micros__gte=0), name="gatewaykey_budget_nonneg"
+                condition=Q(budget_micros__isnull=True) | Q(budget_micros__gte=0),
+                name="gatewaykey_budget_nonneg",
             ),
             models.CheckConstraint(condition=Q(spent_micros__gte=0), name="gatewaykey_spent_nonneg"),
         ]

@@ -60,7 +60,9 @@ class Attempt(models.Model):
     ineligible_reason = models.CharField(max_length=30, blank=True)
     dispatch_state = models.CharField(max_length=9, choices=DispatchState.choices)
     upstream_status = models.PositiveSmallIntegerField(null=True, blank=True)
-    error_code = models.CharField(max_length=100, blank=True, help_text="Canonical code only, never a message.")
+    error_code = models.CharField(
+        max_length=100, blank=True, help_text="Canonical code only, never a message."
+    )
     elapsed_ms = models.PositiveIntegerField(default=0)
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)

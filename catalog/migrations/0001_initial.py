@@ -5,32 +5,106 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('pools', '0001_initial'),
+        ("pools", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='CatalogEntry',
+            name="CatalogEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=200)),
-                ('provenance', models.CharField(choices=[('configured', 'Configured'), ('observed', 'Observed'), ('preserved', 'Preserved')], max_length=10)),
-                ('context_window', models.PositiveIntegerField(blank=True, help_text='Empty: unknown.', null=True)),
-                ('tools', models.CharField(choices=[('true', 'True'), ('false', 'False'), ('unknown', 'Unknown')], default='unknown', max_length=7)),
-                ('vision', models.CharField(choices=[('true', 'True'), ('false', 'False'), ('unknown', 'Unknown')], default='unknown', max_length=7)),
-                ('input_per_mtok_micros', models.BigIntegerField(blank=True, help_text='Empty: unknown price.', null=True)),
-                ('output_per_mtok_micros', models.BigIntegerField(blank=True, help_text='Empty: unknown price.', null=True)),
-                ('observed_at', models.DateTimeField(blank=True, null=True)),
-                ('assignment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='catalog_entries', to='pools.assignment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("model", models.CharField(max_length=200)),
+                (
+                    "provenance",
+                    models.CharField(
+                        choices=[
+                            ("configured", "Configured"),
+                            ("observed", "Observed"),
+                            ("preserved", "Preserved"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "context_window",
+                    models.PositiveIntegerField(blank=True, help_text="Empty: unknown.", null=True),
+                ),
+                (
+                    "tools",
+                    models.CharField(
+                        choices=[("true", "True"), ("false", "False"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=7,
+                    ),
+                ),
+                (
+                    "vision",
+                    models.CharField(
+                        choices=[("true", "True"), ("false", "False"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=7,
+                    ),
+                ),
+                (
+                    "input_per_mtok_micros",
+                    models.BigIntegerField(blank=True, help_text="Empty: unknown price.", null=True),
+                ),
+                (
+                    "output_per_mtok_micros",
+                    models.BigIntegerField(blank=True, help_text="Empty: unknown price.", null=True),
+                ),
+                ("observed_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "assignment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="catalog_entries",
+                        to="pools.assignment",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'catalog entries',
-                'ordering': ['assignment__name', 'model'],
-                'constraints': [models.UniqueConstraint(fields=('assignment', 'model'), name='catalogentry_unique'), models.CheckConstraint(condition=models.Q(('provenance__in', ['configured', 'observed', 'preserved'])), name='catalogentry_provenance_valid'), models.CheckConstraint(condition=models.Q(('tools__in', ['true', 'false', 'unknown'])), name='catalogentry_tools_tristate'), models.CheckConstraint(condition=models.Q(('vision__in', ['true', 'false', 'unknown'])), name='catalogentry_vision_tristate'), models.CheckConstraint(condition=models.Q(('input_per_mtok_micros__isnull', True), ('input_per_mtok_micros__gte', 0), _connector='OR'), name='catalogentry_input_price_nonneg'), models.CheckConstraint(condition=models.Q(('output_per_mtok_micros__isnull', True), ('output_per_mtok_micros__gte', 0), _connector='OR'), name='catalogentry_output_price_nonneg')],
+                "verbose_name_plural": "catalog entries",
+                "ordering": ["assignment__name", "model"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("assignment", "model"), name="catalogentry_unique"),
+                    models.CheckConstraint(
+                        condition=models.Q(("provenance__in", ["configured", "observed", "preserved"])),
+                        name="catalogentry_provenance_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("tools__in", ["true", "false", "unknown"])),
+                        name="catalogentry_tools_tristate",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("vision__in", ["true", "false", "unknown"])),
+                        name="catalogentry_vision_tristate",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("input_per_mtok_micros__isnull", True),
+                            ("input_per_mtok_micros__gte", 0),
+                            _connector="OR",
+                        ),
+                        name="catalogentry_input_price_nonneg",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("output_per_mtok_micros__isnull", True),
+                            ("output_per_mtok_micros__gte", 0),
+                            _connector="OR",
+                        ),
+                        name="catalogentry_output_price_nonneg",
+                    ),
+                ],
             },
         ),
     ]

@@ -1,0 +1,155 @@
+"""Catalog discovery (SPEC §8): ask each discovering assignment which models it advertises.
+
+Provenance per (assignment, model):
+- `configured` entries come from the configuration and are never removed or downgraded by discovery;
+- a successful discovery marks what it saw `observed` and drops earlier discovered entries it no
+  longer sees;
+- a failed discovery keeps every earlier discovered entry as `preserved`, so the assignment stays
+  a catalog source (provenance-gated failure classification must not degrade on a blip).
+"""
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from catalog.models import CatalogEntry, Provenance
+from pools.models import Assignment
+
+MAX_PAGES = 50
+
+
+class DiscoveryError(Exception):
+    """Discovery of one assignment failed; `reason` is the gateway's own words, never a provider message."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentSync:
+    assignment: str
+    ok: bool
+    observed: int = 0
+    preserved: int = 0
+    removed: int = 0
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class SyncSummary:
+    results: list[AssignmentSync] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[AssignmentSync]:
+        return [r for r in self.results if not r.ok]
+
+
+def _model_ids(payload: object) -> tuple[list[str], str | None]:
+    """Model ids of one `/models` page and the cursor of the next page, if any.
+
+    OpenAI and OpenRouter answer `{"data": [{"id": ...}]}`; Anthropic adds `has_more`/`last_id`."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        raise DiscoveryError("malformed model list")
+    ids = []
+    for item in payload["data"]:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            raise DiscoveryError("malformed model list")
+        ids.append(item["id"])
+    cursor = payload.get("last_id") if payload.get("has_more") is True else None
+    return ids, cursor if isinstance(cursor, str) and cursor else None
+
+
+def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:
+    url = f"{assignment.base_url.rstrip('/')}/models"
+    params: dict[str, str] = {}
+    found: set[str] = set()
+    for _ in range(MAX_PAGES):
+        try:
+            response = client.get(url, headers=assignment.auth_headers(), params=params)
+        except httpx.TimeoutException as exc:
+            raise DiscoveryError("timed out") from exc
+        except httpx.HTTPError as exc:
+            raise DiscoveryError("unreachable") from exc
+        if response.status_code != 200:
+            raise DiscoveryError(f"HTTP {response.status_code}")
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise DiscoveryError("malformed model list") from exc
+        ids, cursor = _model_ids(payload)
+        found.update(ids)
+        if cursor is None:
+            return found
+        params = {"after_id": cursor}
+    raise DiscoveryError("too many pages")
+
+
+@transaction.atomic
+def catalog_entries_observe(
+    *, assignment: Assignment, models: Iterable[str], now: datetime
+) -> AssignmentSync:
+    seen = set(models)
+    entries = {e.model: e for e in CatalogEntry.objects.select_for_update().filter(assignment=assignment)}
+    stale = [e.pk for m, e in entries.items() if m not in seen and e.provenance != Provenance.CONFIGURED]
+    CatalogEntry.objects.filter(pk__in=stale).delete()
+    CatalogEntry.objects.filter(assignment=assignment, model__in=seen).exclude(
+        provenance=Provenance.CONFIGURED
+    ).update(provenance=Provenance.OBSERVED, observed_at=now)
+    CatalogEntry.objects.filter(
+        assignment=assignment, model__in=seen, provenance=Provenance.CONFIGURED
+    ).update(observed_at=now)
+    CatalogEntry.objects.bulk_create(
+        [
+            CatalogEntry(assignment=assignment, model=m, provenance=Provenance.OBSERVED, observed_at=now)
+            for m in sorted(seen - entries.keys())
+        ]
+    )
+    return AssignmentSync(assignment=assignment.name, ok=True, observed=len(seen), removed=len(stale))
+
+
+@transaction.atomic
+def catalog_entries_preserve(*, assignment: Assignment, reason: str) -> AssignmentSync:
+    discovered = CatalogEntry.objects.filter(assignment=assignment).exclude(provenance=Provenance.CONFIGURED)
+    discovered.filter(provenance=Provenance.OBSERVED).update(provenance=Provenance.PRESERVED)
+    return AssignmentSync(assignment=assignment.name, ok=False, preserved=discovered.count(), reason=reason)
+
+
+def catalog_sync(
+    *,
+    pool: str | None = None,
+    assignment: str | None = None,
+    client: httpx.Client | None = None,
+    progress: Callable[[AssignmentSync], None] = lambda result: None,
+) -> SyncSummary:
+    """Sync every enabled, discovering assignment (optionally one pool or one assignment).
+
+    One assignment's failure never fails the others: its discovered entries are preserved."""
+    assignments = Assignment.objects.filter(discovery=True, enabled=True).select_related("pool")
+    if pool is not None:
+        assignments = assignments.filter(pool__name=pool)
+    if assignment is not None:
+        assignments = assignments.filter(name=assignment)
+    timeout = httpx.Timeout(settings.GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S, read=30.0)
+    own_client = client is None
+    client = client or httpx.Client(timeout=timeout)
+    summary = SyncSummary()
+    try:
+        for item in assignments.order_by("pool__name", "name"):
+            try:
+                models = discover_models(item, client)
+            except DiscoveryError as exc:
+                result = catalog_entries_preserve(assignment=item, reason=exc.reason)
+            else:
+                result = catalog_entries_observe(assignment=item, models=models, now=timezone.now())
+            summary.results.append(result)
+            progress(result)
+    finally:
+        if own_client:
+            client.close()
+    return summary
