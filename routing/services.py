@@ -1,0 +1,167 @@
+"""Writes to the shared routing state (SPEC §7.1, §7.2).
+
+Every transition is decided by the pure `routing.breaker` and applied with a compare-and-swap
+UPDATE guarded by the exact fields that were read, so two nodes can never both make the same
+transition (for example, both take the only half-open probe slot). A loser re-reads and decides
+again, a bounded number of times. Nothing here keeps state in the process.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from pools.models import GatewaySettings
+from routing import breaker
+from routing.breaker import BreakerSettings, CircuitSnapshot
+from routing.models import Affinity, AffinityKind, Circuit, Demotion
+from routing.types import CircuitReason, CircuitState
+
+CAS_TRIES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitKey:
+    pool_id: int
+    assignment_id: int
+    model: str
+    route_class: str
+
+    def filter(self) -> dict:
+        return {
+            "pool_id": self.pool_id,
+            "assignment_id": self.assignment_id,
+            "model": self.model,
+            "route_class": self.route_class,
+        }
+
+
+def breaker_settings(settings: GatewaySettings) -> BreakerSettings:
+    return BreakerSettings(
+        failure_threshold=settings.failure_threshold,
+        cooldown_seconds=settings.cooldown_seconds,
+        max_cooldown_seconds=settings.max_cooldown_seconds,
+        half_open_probes=settings.half_open_probes,
+        probe_lease_seconds=settings.probe_lease_seconds,
+    )
+
+
+def circuit_snapshot(row: Circuit) -> CircuitSnapshot:
+    return CircuitSnapshot(
+        state=CircuitState(row.state),
+        reason=CircuitReason(row.reason) if row.reason else None,
+        consecutive_failures=row.consecutive_failures,
+        cooldown_seconds=row.cooldown_seconds,
+        open_until=row.open_until,
+        probes_in_flight=row.probes_in_flight,
+        probe_lease_expires_at=row.probe_lease_expires_at,
+    )
+
+
+def _columns(snapshot: CircuitSnapshot) -> dict:
+    return {
+        "state": str(snapshot.state),
+        "reason": str(snapshot.reason) if snapshot.reason else "",
+        "consecutive_failures": snapshot.consecutive_failures,
+        "cooldown_seconds": snapshot.cooldown_seconds,
+        "open_until": snapshot.open_until,
+        "probes_in_flight": snapshot.probes_in_flight,
+        "probe_lease_expires_at": snapshot.probe_lease_expires_at,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A circuit as the caller already read it (`snapshot` None: no row). The plan selector loads
+    every circuit of the plan, so the hot path can skip the read."""
+
+    snapshot: CircuitSnapshot | None
+
+
+def _read(key: CircuitKey) -> CircuitSnapshot | None:
+    row = Circuit.objects.filter(**key.filter()).first()
+    return circuit_snapshot(row) if row else None
+
+
+def _circuit_apply(
+    key: CircuitKey,
+    transition: Callable[[CircuitSnapshot | None], CircuitSnapshot | None],
+    seen: Seen | None = None,
+) -> tuple[bool, CircuitSnapshot | None]:
+    """Apply `transition` to the circuit as stored. Returns (written, resulting snapshot).
+
+    When `seen` is stale the guarded UPDATE misses and we re-read."""
+    for _ in range(CAS_TRIES):
+        current = seen.snapshot if seen is not None else _read(key)
+        seen = None
+        new = transition(current)
+        if new is None:
+            return False, current
+        if current is None:
+            try:
+                with transaction.atomic():
+                    Circuit.objects.create(**key.filter(), **_columns(new))
+            except IntegrityError:
+                continue  # another node created it first: decide again on its row
+            return True, new
+        guarded = Circuit.objects.filter(**key.filter(), **_columns(current))
+        if guarded.update(**_columns(new), updated_at=timezone.now()):
+            return True, new
+    return False, None
+
+
+def circuit_record_failure(
+    *,
+    key: CircuitKey,
+    reason: CircuitReason,
+    settings: BreakerSettings,
+    now: datetime,
+    seen: Seen | None = None,
+) -> CircuitSnapshot | None:
+    _, result = _circuit_apply(key, lambda s: breaker.on_failure(s, reason, settings, now), seen)
+    return result
+
+
+def circuit_record_success(*, key: CircuitKey, seen: Seen | None = None) -> CircuitSnapshot | None:
+    """Closes the circuit. On a clean circuit (no row, or closed with no failures) it writes nothing,
+    and with `seen` it does not even read."""
+    _, result = _circuit_apply(key, breaker.on_success, seen)
+    return result
+
+
+def circuit_take_probe(
+    *,
+    key: CircuitKey,
+    settings: BreakerSettings,
+    now: datetime,
+    seen: Seen | None = None,
+) -> bool:
+    """Take one half-open probe slot. Across all nodes at most `half_open_probes` callers win
+    while the lease runs: each win is one guarded UPDATE that the others' UPDATEs then miss."""
+    written, _ = _circuit_apply(key, lambda s: breaker.acquire_probe(s, settings, now), seen)
+    return written
+
+
+def circuit_release_probe(*, key: CircuitKey) -> None:
+    """A probe that ended neutrally (never started, client gone, stream closed without a verdict)."""
+    _circuit_apply(key, breaker.on_neutral)
+
+
+def demotion_record(*, assignment_id: int, model: str, reason: CircuitReason, until: datetime) -> None:
+    Demotion.objects.update_or_create(
+        assignment_id=assignment_id, model=model, defaults={"reason": str(reason), "until": until}
+    )
+
+
+def demotion_resolve(*, assignment_id: int, model: str) -> None:
+    Demotion.objects.filter(assignment_id=assignment_id, model=model).delete()
+
+
+def affinity_record(
+    *, kind: AffinityKind, key: str, assignment_id: int | None, model: str = "", ttl: timedelta, now: datetime
+) -> None:
+    Affinity.objects.update_or_create(
+        kind=kind, key=key, defaults={"assignment_id": assignment_id, "model": model, "expires_at": now + ttl}
+    )

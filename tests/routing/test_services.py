@@ -1,0 +1,183 @@
+"""Circuit, demotion and affinity services against a real database. The race tests need real
+concurrency and run on PostgreSQL only."""
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection, connections
+
+from routing import services
+from routing.breaker import BreakerSettings
+from routing.models import Affinity, AffinityKind, Circuit, Demotion
+from routing.services import CircuitKey, Seen
+from routing.types import CircuitReason, CircuitState
+from tests.factories import AssignmentFactory
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+SETTINGS = BreakerSettings(failure_threshold=2, cooldown_seconds=10, max_cooldown_seconds=25)
+UNAVAILABLE = CircuitReason.UPSTREAM_MODEL_UNAVAILABLE
+
+requires_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="needs real concurrent transactions (PostgreSQL)"
+)
+
+
+@pytest.fixture
+def key(db):
+    assignment = AssignmentFactory()
+    return CircuitKey(pool_id=assignment.pool_id, assignment_id=assignment.pk, model="gpt-5", route_class="http")
+
+
+def _row(key):
+    return Circuit.objects.get(**key.filter())
+
+
+def _open(key, now=NOW):
+    for _ in range(SETTINGS.failure_threshold):
+        services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=now)
+
+
+def test_failures_open_the_circuit_at_the_threshold(key):
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=NOW)
+    assert _row(key).state == CircuitState.CLOSED
+    assert _row(key).consecutive_failures == 1
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=NOW)
+    row = _row(key)
+    assert (row.state, row.reason, row.open_until) == ("open", UNAVAILABLE, NOW + timedelta(seconds=10))
+
+
+def test_probe_then_failure_doubles_the_cooldown_bounded(key):
+    _open(key)
+    assert not services.circuit_take_probe(key=key, settings=SETTINGS, now=NOW + timedelta(seconds=9))
+    later = NOW + timedelta(seconds=10)
+    assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later)
+    assert (_row(key).state, _row(key).probes_in_flight) == ("half_open", 1)
+    assert not services.circuit_take_probe(key=key, settings=SETTINGS, now=later)
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=later)
+    assert (_row(key).state, _row(key).cooldown_seconds) == ("open", 20)
+    again = later + timedelta(seconds=20)
+    assert services.circuit_take_probe(key=key, settings=SETTINGS, now=again)
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=again)
+    assert _row(key).cooldown_seconds == 25  # doubled, bounded by max_cooldown_seconds
+
+
+def test_probe_success_closes_and_a_healthy_success_writes_nothing(key, django_assert_num_queries):
+    _open(key)
+    later = NOW + timedelta(seconds=10)
+    assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later)
+    services.circuit_record_success(key=key)
+    row = _row(key)
+    assert (row.state, row.consecutive_failures, row.open_until) == ("closed", 0, None)
+    with django_assert_num_queries(0):
+        services.circuit_record_success(key=key, seen=Seen(services.circuit_snapshot(row)))
+    with django_assert_num_queries(0):
+        services.circuit_record_success(key=key, seen=Seen(None))
+
+
+def test_a_neutral_probe_frees_its_slot_without_a_verdict(key):
+    _open(key)
+    later = NOW + timedelta(seconds=10)
+    assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later)
+    services.circuit_release_probe(key=key)
+    row = _row(key)
+    assert (row.state, row.probes_in_flight, row.consecutive_failures) == ("half_open", 0, 2)
+    assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later)
+
+
+def test_a_lost_probe_is_readmitted_after_its_lease(key):
+    _open(key)
+    later = NOW + timedelta(seconds=10)
+    assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later)
+    lease = timedelta(seconds=SETTINGS.probe_lease_seconds)
+    assert not services.circuit_take_probe(key=key, settings=SETTINGS, now=later + lease - timedelta(seconds=1))
+    assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later + lease)
+    assert _row(key).probes_in_flight == 1
+
+
+def test_a_stale_snapshot_is_reread_not_overwritten(key):
+    stale = Seen(None)  # read before another node recorded a failure
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=NOW)
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=NOW, seen=stale)
+    assert _row(key).state == CircuitState.OPEN  # both failures counted
+
+
+def test_demotions_are_recorded_once_and_resolved(db):
+    assignment = AssignmentFactory()
+    until = NOW + timedelta(seconds=60)
+    services.demotion_record(assignment_id=assignment.pk, model="gpt-5", reason=UNAVAILABLE, until=until)
+    services.demotion_record(assignment_id=assignment.pk, model="gpt-5", reason=UNAVAILABLE, until=until)
+    assert Demotion.objects.get().until == until
+    services.demotion_resolve(assignment_id=assignment.pk, model="gpt-5")
+    assert not Demotion.objects.exists()
+
+
+def test_affinity_is_upserted_with_its_expiry(db):
+    first, second = AssignmentFactory(), AssignmentFactory()
+    for assignment in (first, second):
+        services.affinity_record(
+            kind=AffinityKind.SESSION,
+            key="s-1",
+            assignment_id=assignment.pk,
+            model="gpt-5",
+            ttl=timedelta(hours=1),
+            now=NOW,
+        )
+    row = Affinity.objects.get()
+    assert (row.assignment_id, row.model, row.expires_at) == (second.pk, "gpt-5", NOW + timedelta(hours=1))
+
+
+def _race(key, settings, now, contenders):
+    barrier = threading.Barrier(contenders)
+    wins = []
+
+    def contend():
+        try:
+            barrier.wait()
+            wins.append(services.circuit_take_probe(key=key, settings=settings, now=now))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=contend) for _ in range(contenders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return wins
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("probes", [1, 2])
+def test_exactly_half_open_probes_callers_win_the_probe_race(probes):
+    assignment = AssignmentFactory()
+    key = CircuitKey(pool_id=assignment.pool_id, assignment_id=assignment.pk, model="gpt-5", route_class="sse")
+    settings = BreakerSettings(failure_threshold=1, cooldown_seconds=1, half_open_probes=probes)
+    for round_ in range(50):
+        start = NOW + timedelta(minutes=round_ * 10)
+        Circuit.objects.filter(**key.filter()).delete()
+        services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=settings, now=start)
+        wins = _race(key, settings, start + timedelta(seconds=1), contenders=4)
+        assert len(wins) == 4
+        assert wins.count(True) == probes, f"round {round_}: {wins}"
+        assert _row(key).probes_in_flight == probes
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_circuit_opened_on_one_connection_is_seen_by_another(db):
+    assignment = AssignmentFactory()
+    key = CircuitKey(pool_id=assignment.pool_id, assignment_id=assignment.pk, model="gpt-5", route_class="http")
+    seen = []
+
+    def other_node():
+        try:
+            seen.append(Circuit.objects.filter(**key.filter()).values_list("state", flat=True).first())
+        finally:
+            connections.close_all()
+
+    _open(key)
+    thread = threading.Thread(target=other_node)
+    thread.start()
+    thread.join(30)
+    assert seen == ["open"]
