@@ -1,7 +1,15 @@
 from django import forms
 from django.contrib import admin
 
-from pools.models import Assignment, GatewayKey, GatewaySettings, ModelAlias, ModelFallback, Pool
+from pools.models import (
+    MIN_KEY_LENGTH,
+    Assignment,
+    GatewayKey,
+    GatewaySettings,
+    ModelAlias,
+    ModelFallback,
+    Pool,
+)
 
 
 class AssignmentInline(admin.TabularInline):
@@ -42,7 +50,7 @@ class GatewayKeyForm(forms.ModelForm):
         label="Key",
         required=False,
         widget=forms.PasswordInput(render_value=False),
-        help_text="Set or replace the secret (at least 20 characters). Leave empty to keep the current one.",
+        help_text=f"Set or replace the secret (at least {MIN_KEY_LENGTH} characters); empty keeps it.",
     )
 
     class Meta:
@@ -63,8 +71,8 @@ class GatewayKeyForm(forms.ModelForm):
         raw = self.cleaned_data.get("raw_key", "")
         if not raw and not self.instance.key_hash:
             raise forms.ValidationError("A new key needs its secret.")
-        if raw and len(raw) < 20:
-            raise forms.ValidationError("Use at least 20 characters.")
+        if raw and len(raw) < MIN_KEY_LENGTH:
+            raise forms.ValidationError(f"Use at least {MIN_KEY_LENGTH} characters.")
         return raw
 
     def save(self, commit: bool = True) -> GatewayKey:

@@ -215,6 +215,8 @@ def hash_key(raw: str) -> str:
 
 
 KEY_PREFIX_LENGTH = 10
+# Twice the visible prefix, so the prefix shown in admin never gives away most of a key.
+MIN_KEY_LENGTH = 20
 
 
 class GatewayKey(models.Model):
@@ -247,5 +249,7 @@ class GatewayKey(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
     def set_key(self, raw: str) -> None:
+        if len(raw) < MIN_KEY_LENGTH:
+            raise ValueError(f"a gateway key needs at least {MIN_KEY_LENGTH} characters")
         self.key_hash = hash_key(raw)
         self.prefix = raw[:KEY_PREFIX_LENGTH]

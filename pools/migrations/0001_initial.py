@@ -5,120 +5,319 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Pool',
+            name="Pool",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('auto_models', models.JSONField(blank=True, default=list, help_text='Candidates for model=auto, in order.')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                (
+                    "auto_models",
+                    models.JSONField(
+                        blank=True, default=list, help_text="Candidates for model=auto, in order."
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='GatewaySettings',
+            name="GatewaySettings",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('failure_threshold', models.PositiveIntegerField(default=3)),
-                ('cooldown_seconds', models.PositiveIntegerField(default=60)),
-                ('max_cooldown_seconds', models.PositiveIntegerField(default=600)),
-                ('half_open_probes', models.PositiveIntegerField(default=1)),
-                ('probe_lease_seconds', models.PositiveIntegerField(default=60)),
-                ('demotion_seconds', models.PositiveIntegerField(default=60)),
-                ('max_attempts', models.PositiveIntegerField(default=4)),
-                ('backoff_base_ms', models.PositiveIntegerField(default=50)),
-                ('default_deadline_ms', models.PositiveIntegerField(default=120000)),
-                ('model_fallback_family', models.BooleanField(default=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("failure_threshold", models.PositiveIntegerField(default=3)),
+                ("cooldown_seconds", models.PositiveIntegerField(default=60)),
+                ("max_cooldown_seconds", models.PositiveIntegerField(default=600)),
+                ("half_open_probes", models.PositiveIntegerField(default=1)),
+                ("probe_lease_seconds", models.PositiveIntegerField(default=60)),
+                ("demotion_seconds", models.PositiveIntegerField(default=60)),
+                ("max_attempts", models.PositiveIntegerField(default=4)),
+                ("backoff_base_ms", models.PositiveIntegerField(default=50)),
+                ("default_deadline_ms", models.PositiveIntegerField(default=120000)),
+                ("model_fallback_family", models.BooleanField(default=True)),
             ],
             options={
-                'verbose_name': 'gateway settings',
-                'verbose_name_plural': 'gateway settings',
-                'constraints': [models.CheckConstraint(condition=models.Q(('pk', 1)), name='gatewaysettings_singleton'), models.CheckConstraint(condition=models.Q(('failure_threshold__gte', 1)), name='gatewaysettings_threshold_min'), models.CheckConstraint(condition=models.Q(('half_open_probes__gte', 1)), name='gatewaysettings_probes_min'), models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1)), name='gatewaysettings_attempts_min'), models.CheckConstraint(condition=models.Q(('max_cooldown_seconds__gte', models.F('cooldown_seconds'))), name='gatewaysettings_cooldown_bounded')],
+                "verbose_name": "gateway settings",
+                "verbose_name_plural": "gateway settings",
+                "constraints": [
+                    models.CheckConstraint(condition=models.Q(("pk", 1)), name="gatewaysettings_singleton"),
+                    models.CheckConstraint(
+                        condition=models.Q(("failure_threshold__gte", 1)),
+                        name="gatewaysettings_threshold_min",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("half_open_probes__gte", 1)), name="gatewaysettings_probes_min"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_attempts__gte", 1)), name="gatewaysettings_attempts_min"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_cooldown_seconds__gte", models.F("cooldown_seconds"))),
+                        name="gatewaysettings_cooldown_bounded",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ModelAlias',
+            name="ModelAlias",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('alias', models.CharField(max_length=200, unique=True)),
-                ('canonical', models.CharField(max_length=200)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("alias", models.CharField(max_length=200, unique=True)),
+                ("canonical", models.CharField(max_length=200)),
             ],
             options={
-                'verbose_name_plural': 'model aliases',
-                'ordering': ['alias'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('alias', models.F('canonical')), _negated=True), name='modelalias_not_self')],
+                "verbose_name_plural": "model aliases",
+                "ordering": ["alias"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("alias", models.F("canonical")), _negated=True),
+                        name="modelalias_not_self",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ModelFallback',
+            name="ModelFallback",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('requested', models.CharField(max_length=200, unique=True)),
-                ('served', models.CharField(max_length=200)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("requested", models.CharField(max_length=200, unique=True)),
+                ("served", models.CharField(max_length=200)),
             ],
             options={
-                'ordering': ['requested'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('requested', models.F('served')), _negated=True), name='modelfallback_not_self')],
+                "ordering": ["requested"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("requested", models.F("served")), _negated=True),
+                        name="modelfallback_not_self",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='GatewayKey',
+            name="GatewayKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('key_hash', models.CharField(editable=False, max_length=64, unique=True)),
-                ('prefix', models.CharField(editable=False, max_length=10)),
-                ('allowed_models', models.JSONField(default=list, help_text='["*"] or an explicit list of models.')),
-                ('require_zero_retention', models.BooleanField(default=False)),
-                ('regions', models.JSONField(blank=True, default=list, help_text='Allowed regions; empty: any.')),
-                ('allow_third_party_router', models.BooleanField(default=True)),
-                ('min_quality', models.FloatField(default=0)),
-                ('budget_micros', models.BigIntegerField(blank=True, help_text='Empty: no budget.', null=True)),
-                ('spent_micros', models.BigIntegerField(default=0, editable=False)),
-                ('enabled', models.BooleanField(default=True)),
-                ('pools', models.ManyToManyField(related_name='keys', to='pools.pool')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("key_hash", models.CharField(editable=False, max_length=64, unique=True)),
+                ("prefix", models.CharField(editable=False, max_length=10)),
+                (
+                    "allowed_models",
+                    models.JSONField(default=list, help_text='["*"] or an explicit list of models.'),
+                ),
+                ("require_zero_retention", models.BooleanField(default=False)),
+                (
+                    "regions",
+                    models.JSONField(blank=True, default=list, help_text="Allowed regions; empty: any."),
+                ),
+                ("allow_third_party_router", models.BooleanField(default=True)),
+                ("min_quality", models.FloatField(default=0)),
+                (
+                    "budget_micros",
+                    models.BigIntegerField(blank=True, help_text="Empty: no budget.", null=True),
+                ),
+                ("spent_micros", models.BigIntegerField(default=0, editable=False)),
+                ("enabled", models.BooleanField(default=True)),
+                ("pools", models.ManyToManyField(related_name="keys", to="pools.pool")),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('budget_micros__isnull', True), ('budget_micros__gte', 0), _connector='OR'), name='gatewaykey_budget_nonneg'), models.CheckConstraint(condition=models.Q(('spent_micros__gte', 0)), name='gatewaykey_spent_nonneg')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("budget_micros__isnull", True), ("budget_micros__gte", 0), _connector="OR"
+                        ),
+                        name="gatewaykey_budget_nonneg",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("spent_micros__gte", 0)), name="gatewaykey_spent_nonneg"
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Assignment',
+            name="Assignment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('adapter', models.CharField(choices=[('openai', 'Openai'), ('anthropic', 'Anthropic'), ('openrouter', 'Openrouter')], max_length=20)),
-                ('base_url', models.URLField(max_length=500)),
-                ('api_key_env', models.CharField(blank=True, max_length=200)),
-                ('tier', models.IntegerField(default=0, help_text='Lower is preferred.')),
-                ('weight', models.PositiveIntegerField(default=1)),
-                ('region', models.CharField(blank=True, max_length=50)),
-                ('router', models.CharField(choices=[('direct', 'Direct'), ('third_party', 'Third Party')], default='direct', max_length=20)),
-                ('zero_retention', models.CharField(choices=[('true', 'True'), ('false', 'False'), ('unknown', 'Unknown')], default='unknown', max_length=7)),
-                ('data_collection', models.CharField(choices=[('allow', 'Allow'), ('deny', 'Deny'), ('unknown', 'Unknown')], default='unknown', max_length=7)),
-                ('tools', models.CharField(choices=[('true', 'True'), ('false', 'False'), ('unknown', 'Unknown')], default='unknown', max_length=7)),
-                ('write_tools', models.CharField(choices=[('true', 'True'), ('false', 'False'), ('unknown', 'Unknown')], default='unknown', max_length=7)),
-                ('vision', models.CharField(choices=[('true', 'True'), ('false', 'False'), ('unknown', 'Unknown')], default='unknown', max_length=7)),
-                ('role_separation', models.CharField(choices=[('true', 'True'), ('false', 'False'), ('unknown', 'Unknown')], default='unknown', max_length=7)),
-                ('tool_representation', models.CharField(choices=[('native', 'Native'), ('emulated', 'Emulated'), ('unknown', 'Unknown')], default='unknown', max_length=8)),
-                ('quality', models.FloatField(blank=True, help_text='Empty: unknown.', null=True)),
-                ('min_deadline_ms', models.PositiveIntegerField(default=0)),
-                ('discovery', models.BooleanField(default=False, help_text='sync_catalog asks GET {base_url}/models.')),
-                ('enabled', models.BooleanField(default=True)),
-                ('pool', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='assignments', to='pools.pool')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                (
+                    "adapter",
+                    models.CharField(
+                        choices=[
+                            ("openai", "Openai"),
+                            ("anthropic", "Anthropic"),
+                            ("openrouter", "Openrouter"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("base_url", models.URLField(max_length=500)),
+                ("api_key_env", models.CharField(blank=True, max_length=200)),
+                ("tier", models.IntegerField(default=0, help_text="Lower is preferred.")),
+                ("weight", models.PositiveIntegerField(default=1)),
+                ("region", models.CharField(blank=True, max_length=50)),
+                (
+                    "router",
+                    models.CharField(
+                        choices=[("direct", "Direct"), ("third_party", "Third Party")],
+                        default="direct",
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "zero_retention",
+                    models.CharField(
+                        choices=[("true", "True"), ("false", "False"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=7,
+                    ),
+                ),
+                (
+                    "data_collection",
+                    models.CharField(
+                        choices=[("allow", "Allow"), ("deny", "Deny"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=7,
+                    ),
+                ),
+                (
+                    "tools",
+                    models.CharField(
+                        choices=[("true", "True"), ("false", "False"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=7,
+                    ),
+                ),
+                (
+                    "write_tools",
+                    models.CharField(
+                        choices=[("true", "True"), ("false", "False"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=7,
+                    ),
+                ),
+                (
+                    "vision",
+                    models.CharField(
+                        choices=[("true", "True"), ("false", "False"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=7,
+                    ),
+                ),
+                (
+                    "role_separation",
+                    models.CharField(
+                        choices=[("true", "True"), ("false", "False"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=7,
+                    ),
+                ),
+                (
+                    "tool_representation",
+                    models.CharField(
+                        choices=[("native", "Native"), ("emulated", "Emulated"), ("unknown", "Unknown")],
+                        default="unknown",
+                        max_length=8,
+                    ),
+                ),
+                ("quality", models.FloatField(blank=True, help_text="Empty: unknown.", null=True)),
+                ("min_deadline_ms", models.PositiveIntegerField(default=0)),
+                (
+                    "discovery",
+                    models.BooleanField(default=False, help_text="sync_catalog asks GET {base_url}/models."),
+                ),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="assignments",
+                        to="pools.pool",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['pool__name', 'tier', 'name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('adapter__in', ['openai', 'anthropic', 'openrouter'])), name='assignment_adapter_valid'), models.CheckConstraint(condition=models.Q(('router__in', ['direct', 'third_party'])), name='assignment_router_valid'), models.CheckConstraint(condition=models.Q(('data_collection__in', ['allow', 'deny', 'unknown'])), name='assignment_data_collection_valid'), models.CheckConstraint(condition=models.Q(('tool_representation__in', ['native', 'emulated', 'unknown'])), name='assignment_tool_representation_valid'), models.CheckConstraint(condition=models.Q(('zero_retention__in', ['true', 'false', 'unknown'])), name='assignment_zero_retention_tristate'), models.CheckConstraint(condition=models.Q(('tools__in', ['true', 'false', 'unknown'])), name='assignment_tools_tristate'), models.CheckConstraint(condition=models.Q(('write_tools__in', ['true', 'false', 'unknown'])), name='assignment_write_tools_tristate'), models.CheckConstraint(condition=models.Q(('vision__in', ['true', 'false', 'unknown'])), name='assignment_vision_tristate'), models.CheckConstraint(condition=models.Q(('role_separation__in', ['true', 'false', 'unknown'])), name='assignment_role_separation_tristate'), models.CheckConstraint(condition=models.Q(('quality__isnull', True), models.Q(('quality__gte', 0), ('quality__lte', 1)), _connector='OR'), name='assignment_quality_range')],
+                "ordering": ["pool__name", "tier", "name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("adapter__in", ["openai", "anthropic", "openrouter"])),
+                        name="assignment_adapter_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("router__in", ["direct", "third_party"])),
+                        name="assignment_router_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("data_collection__in", ["allow", "deny", "unknown"])),
+                        name="assignment_data_collection_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("tool_representation__in", ["native", "emulated", "unknown"])),
+                        name="assignment_tool_representation_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("zero_retention__in", ["true", "false", "unknown"])),
+                        name="assignment_zero_retention_tristate",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("tools__in", ["true", "false", "unknown"])),
+                        name="assignment_tools_tristate",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("write_tools__in", ["true", "false", "unknown"])),
+                        name="assignment_write_tools_tristate",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("vision__in", ["true", "false", "unknown"])),
+                        name="assignment_vision_tristate",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("role_separation__in", ["true", "false", "unknown"])),
+                        name="assignment_role_separation_tristate",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("quality__isnull", True),
+                            models.Q(("quality__gte", 0), ("quality__lte", 1)),
+                            _connector="OR",
+                        ),
+                        name="assignment_quality_range",
+                    ),
+                ],
             },
         ),
     ]

@@ -5,80 +5,176 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('pools', '0001_initial'),
+        ("pools", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RequestRecord',
+            name="RequestRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('request_id', models.CharField(max_length=64, unique=True)),
-                ('route', models.CharField(help_text='The client endpoint, e.g. /v1/chat/completions.', max_length=64)),
-                ('transport', models.CharField(choices=[('http', 'Http'), ('sse', 'Sse'), ('websocket', 'Websocket')], max_length=9)),
-                ('requested_model', models.CharField(blank=True, max_length=200)),
-                ('served_model', models.CharField(blank=True, max_length=200)),
-                ('outcome', models.CharField(help_text='`ok` or the typed error code.', max_length=40)),
-                ('status_code', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('retry_count', models.PositiveIntegerField(default=0)),
-                ('started_at', models.DateTimeField(db_index=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='pools.gatewaykey')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("request_id", models.CharField(max_length=64, unique=True)),
+                (
+                    "route",
+                    models.CharField(
+                        help_text="The client endpoint, e.g. /v1/chat/completions.", max_length=64
+                    ),
+                ),
+                (
+                    "transport",
+                    models.CharField(
+                        choices=[("http", "Http"), ("sse", "Sse"), ("websocket", "Websocket")], max_length=9
+                    ),
+                ),
+                ("requested_model", models.CharField(blank=True, max_length=200)),
+                ("served_model", models.CharField(blank=True, max_length=200)),
+                ("outcome", models.CharField(help_text="`ok` or the typed error code.", max_length=40)),
+                ("status_code", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("retry_count", models.PositiveIntegerField(default=0)),
+                ("started_at", models.DateTimeField(db_index=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="pools.gatewaykey",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-started_at'],
+                "ordering": ["-started_at"],
             },
         ),
         migrations.CreateModel(
-            name='Attempt',
+            name="Attempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('ordinal', models.PositiveSmallIntegerField()),
-                ('model', models.CharField(max_length=200)),
-                ('route_class', models.CharField(choices=[('http', 'Http'), ('sse', 'Sse'), ('websocket', 'Websocket')], max_length=9)),
-                ('status', models.CharField(choices=[('succeeded', 'Succeeded'), ('retryable_failed', 'Retryable Failed'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('ineligible', 'Ineligible')], max_length=16)),
-                ('failure_class', models.CharField(blank=True, max_length=30)),
-                ('ineligible_reason', models.CharField(blank=True, max_length=30)),
-                ('dispatch_state', models.CharField(choices=[('not_sent', 'Not Sent'), ('rejected', 'Rejected'), ('unknown', 'Unknown'), ('completed', 'Completed')], max_length=9)),
-                ('upstream_status', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('error_code', models.CharField(blank=True, help_text='Canonical code only, never a message.', max_length=100)),
-                ('elapsed_ms', models.PositiveIntegerField(default=0)),
-                ('input_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('output_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('cost_micros', models.BigIntegerField(blank=True, help_text='Empty: unknown price.', null=True)),
-                ('assignment', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='pools.assignment')),
-                ('request', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='attempts', to='proxy.requestrecord')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("ordinal", models.PositiveSmallIntegerField()),
+                ("model", models.CharField(max_length=200)),
+                (
+                    "route_class",
+                    models.CharField(
+                        choices=[("http", "Http"), ("sse", "Sse"), ("websocket", "Websocket")], max_length=9
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("succeeded", "Succeeded"),
+                            ("retryable_failed", "Retryable Failed"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                            ("ineligible", "Ineligible"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("failure_class", models.CharField(blank=True, max_length=30)),
+                ("ineligible_reason", models.CharField(blank=True, max_length=30)),
+                (
+                    "dispatch_state",
+                    models.CharField(
+                        choices=[
+                            ("not_sent", "Not Sent"),
+                            ("rejected", "Rejected"),
+                            ("unknown", "Unknown"),
+                            ("completed", "Completed"),
+                        ],
+                        max_length=9,
+                    ),
+                ),
+                ("upstream_status", models.PositiveSmallIntegerField(blank=True, null=True)),
+                (
+                    "error_code",
+                    models.CharField(
+                        blank=True, help_text="Canonical code only, never a message.", max_length=100
+                    ),
+                ),
+                ("elapsed_ms", models.PositiveIntegerField(default=0)),
+                ("input_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                ("output_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "cost_micros",
+                    models.BigIntegerField(blank=True, help_text="Empty: unknown price.", null=True),
+                ),
+                (
+                    "assignment",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="pools.assignment",
+                    ),
+                ),
+                (
+                    "request",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="attempts",
+                        to="proxy.requestrecord",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['request', 'ordinal'],
+                "ordering": ["request", "ordinal"],
             },
         ),
         migrations.AddConstraint(
-            model_name='requestrecord',
-            constraint=models.CheckConstraint(condition=models.Q(('transport__in', ['http', 'sse', 'websocket'])), name='requestrecord_transport_valid'),
+            model_name="requestrecord",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("transport__in", ["http", "sse", "websocket"])),
+                name="requestrecord_transport_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='attempt',
-            constraint=models.UniqueConstraint(fields=('request', 'ordinal'), name='attempt_unique_ordinal'),
+            model_name="attempt",
+            constraint=models.UniqueConstraint(fields=("request", "ordinal"), name="attempt_unique_ordinal"),
         ),
         migrations.AddConstraint(
-            model_name='attempt',
-            constraint=models.CheckConstraint(condition=models.Q(('route_class__in', ['http', 'sse', 'websocket'])), name='attempt_route_class_valid'),
+            model_name="attempt",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("route_class__in", ["http", "sse", "websocket"])),
+                name="attempt_route_class_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='attempt',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['succeeded', 'retryable_failed', 'failed', 'cancelled', 'ineligible'])), name='attempt_status_valid'),
+            model_name="attempt",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("status__in", ["succeeded", "retryable_failed", "failed", "cancelled", "ineligible"])
+                ),
+                name="attempt_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='attempt',
-            constraint=models.CheckConstraint(condition=models.Q(('dispatch_state__in', ['not_sent', 'rejected', 'unknown', 'completed'])), name='attempt_dispatch_state_valid'),
+            model_name="attempt",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("dispatch_state__in", ["not_sent", "rejected", "unknown", "completed"])),
+                name="attempt_dispatch_state_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='attempt',
-            constraint=models.CheckConstraint(condition=models.Q(('cost_micros__isnull', True), ('cost_micros__gte', 0), _connector='OR'), name='attempt_cost_nonneg'),
+            model_name="attempt",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("cost_micros__isnull", True), ("cost_micros__gte", 0), _connector="OR"),
+                name="attempt_cost_nonneg",
+            ),
         ),
     ]

@@ -5,62 +5,203 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('pools', '0001_initial'),
+        ("pools", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Affinity',
+            name="Affinity",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('response', 'Response'), ('file', 'File'), ('session', 'Session')], max_length=8)),
-                ('key', models.CharField(max_length=300)),
-                ('model', models.CharField(blank=True, max_length=200)),
-                ('expires_at', models.DateTimeField()),
-                ('assignment', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='pools.assignment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("response", "Response"), ("file", "File"), ("session", "Session")],
+                        max_length=8,
+                    ),
+                ),
+                ("key", models.CharField(max_length=300)),
+                ("model", models.CharField(blank=True, max_length=200)),
+                ("expires_at", models.DateTimeField()),
+                (
+                    "assignment",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="pools.assignment",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'affinities',
-                'constraints': [models.UniqueConstraint(fields=('kind', 'key'), name='affinity_unique'), models.CheckConstraint(condition=models.Q(('kind__in', ['response', 'file', 'session'])), name='affinity_kind_valid')],
+                "verbose_name_plural": "affinities",
+                "constraints": [
+                    models.UniqueConstraint(fields=("kind", "key"), name="affinity_unique"),
+                    models.CheckConstraint(
+                        condition=models.Q(("kind__in", ["response", "file", "session"])),
+                        name="affinity_kind_valid",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Circuit',
+            name="Circuit",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=200)),
-                ('route_class', models.CharField(choices=[('http', 'Http'), ('sse', 'Sse'), ('websocket', 'Websocket')], max_length=9)),
-                ('state', models.CharField(choices=[('closed', 'Closed'), ('open', 'Open'), ('half_open', 'Half Open')], default='closed', max_length=9)),
-                ('reason', models.CharField(blank=True, choices=[('upstream_model_unavailable', 'Upstream Model Unavailable'), ('upstream_unavailable', 'Upstream Unavailable'), ('timeout', 'Timeout'), ('rate_limited', 'Rate Limited')], max_length=30)),
-                ('consecutive_failures', models.PositiveIntegerField(default=0)),
-                ('cooldown_seconds', models.PositiveIntegerField(default=0, help_text='The current open period.')),
-                ('open_until', models.DateTimeField(blank=True, null=True)),
-                ('probes_in_flight', models.PositiveIntegerField(default=0)),
-                ('probe_lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('assignment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='circuits', to='pools.assignment')),
-                ('pool', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='pools.pool')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("model", models.CharField(max_length=200)),
+                (
+                    "route_class",
+                    models.CharField(
+                        choices=[("http", "Http"), ("sse", "Sse"), ("websocket", "Websocket")], max_length=9
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("closed", "Closed"), ("open", "Open"), ("half_open", "Half Open")],
+                        default="closed",
+                        max_length=9,
+                    ),
+                ),
+                (
+                    "reason",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("upstream_model_unavailable", "Upstream Model Unavailable"),
+                            ("upstream_unavailable", "Upstream Unavailable"),
+                            ("timeout", "Timeout"),
+                            ("rate_limited", "Rate Limited"),
+                        ],
+                        max_length=30,
+                    ),
+                ),
+                ("consecutive_failures", models.PositiveIntegerField(default=0)),
+                (
+                    "cooldown_seconds",
+                    models.PositiveIntegerField(default=0, help_text="The current open period."),
+                ),
+                ("open_until", models.DateTimeField(blank=True, null=True)),
+                ("probes_in_flight", models.PositiveIntegerField(default=0)),
+                ("probe_lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "assignment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="circuits",
+                        to="pools.assignment",
+                    ),
+                ),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="pools.pool"
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('pool', 'assignment', 'model', 'route_class'), name='circuit_unique_key'), models.CheckConstraint(condition=models.Q(('route_class__in', ['http', 'sse', 'websocket'])), name='circuit_route_class_valid'), models.CheckConstraint(condition=models.Q(('state__in', ['closed', 'open', 'half_open'])), name='circuit_state_valid'), models.CheckConstraint(condition=models.Q(('reason', ''), ('reason__in', ['upstream_model_unavailable', 'upstream_unavailable', 'timeout', 'rate_limited']), _connector='OR'), name='circuit_reason_valid'), models.CheckConstraint(condition=models.Q(('state', 'closed'), ('open_until__isnull', False), _connector='OR'), name='circuit_open_has_deadline')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("pool", "assignment", "model", "route_class"), name="circuit_unique_key"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("route_class__in", ["http", "sse", "websocket"])),
+                        name="circuit_route_class_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("state__in", ["closed", "open", "half_open"])),
+                        name="circuit_state_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("reason", ""),
+                            (
+                                "reason__in",
+                                [
+                                    "upstream_model_unavailable",
+                                    "upstream_unavailable",
+                                    "timeout",
+                                    "rate_limited",
+                                ],
+                            ),
+                            _connector="OR",
+                        ),
+                        name="circuit_reason_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("state", "closed"), ("open_until__isnull", False), _connector="OR"
+                        ),
+                        name="circuit_open_has_deadline",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Demotion',
+            name="Demotion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=200)),
-                ('reason', models.CharField(choices=[('upstream_model_unavailable', 'Upstream Model Unavailable'), ('upstream_unavailable', 'Upstream Unavailable'), ('timeout', 'Timeout'), ('rate_limited', 'Rate Limited')], max_length=30)),
-                ('until', models.DateTimeField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('assignment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='demotions', to='pools.assignment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("model", models.CharField(max_length=200)),
+                (
+                    "reason",
+                    models.CharField(
+                        choices=[
+                            ("upstream_model_unavailable", "Upstream Model Unavailable"),
+                            ("upstream_unavailable", "Upstream Unavailable"),
+                            ("timeout", "Timeout"),
+                            ("rate_limited", "Rate Limited"),
+                        ],
+                        max_length=30,
+                    ),
+                ),
+                ("until", models.DateTimeField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "assignment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="demotions",
+                        to="pools.assignment",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('assignment', 'model'), name='demotion_unique'), models.CheckConstraint(condition=models.Q(('reason__in', ['upstream_model_unavailable', 'upstream_unavailable', 'timeout', 'rate_limited'])), name='demotion_reason_valid')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("assignment", "model"), name="demotion_unique"),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            (
+                                "reason__in",
+                                [
+                                    "upstream_model_unavailable",
+                                    "upstream_unavailable",
+                                    "timeout",
+                                    "rate_limited",
+                                ],
+                            )
+                        ),
+                        name="demotion_reason_valid",
+                    ),
+                ],
             },
         ),
     ]

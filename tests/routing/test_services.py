@@ -25,8 +25,14 @@ requires_postgres = pytest.mark.skipif(
 
 @pytest.fixture
 def key(db):
+    return _key("http")
+
+
+def _key(route_class):
     assignment = AssignmentFactory()
-    return CircuitKey(pool_id=assignment.pool_id, assignment_id=assignment.pk, model="gpt-5", route_class="http")
+    return CircuitKey(
+        pool_id=assignment.pool_id, assignment_id=assignment.pk, model="gpt-5", route_class=route_class
+    )
 
 
 def _row(key):
@@ -90,7 +96,8 @@ def test_a_lost_probe_is_readmitted_after_its_lease(key):
     later = NOW + timedelta(seconds=10)
     assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later)
     lease = timedelta(seconds=SETTINGS.probe_lease_seconds)
-    assert not services.circuit_take_probe(key=key, settings=SETTINGS, now=later + lease - timedelta(seconds=1))
+    just_before = later + lease - timedelta(seconds=1)
+    assert not services.circuit_take_probe(key=key, settings=SETTINGS, now=just_before)
     assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later + lease)
     assert _row(key).probes_in_flight == 1
 
@@ -150,8 +157,7 @@ def _race(key, settings, now, contenders):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("probes", [1, 2])
 def test_exactly_half_open_probes_callers_win_the_probe_race(probes):
-    assignment = AssignmentFactory()
-    key = CircuitKey(pool_id=assignment.pool_id, assignment_id=assignment.pk, model="gpt-5", route_class="sse")
+    key = _key("sse")
     settings = BreakerSettings(failure_threshold=1, cooldown_seconds=1, half_open_probes=probes)
     for round_ in range(50):
         start = NOW + timedelta(minutes=round_ * 10)
@@ -166,8 +172,7 @@ def test_exactly_half_open_probes_callers_win_the_probe_race(probes):
 @requires_postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_circuit_opened_on_one_connection_is_seen_by_another(db):
-    assignment = AssignmentFactory()
-    key = CircuitKey(pool_id=assignment.pool_id, assignment_id=assignment.pk, model="gpt-5", route_class="http")
+    key = _key("http")
     seen = []
 
     def other_node():

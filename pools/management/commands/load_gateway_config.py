@@ -1,0 +1,43 @@
+"""`python manage.py load_gateway_config PATH [--prune]` (SPEC §3)."""
+
+import os
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from pools.services import gateway_config_load
+
+
+class Command(BaseCommand):
+    help = (
+        "Apply a gateway YAML configuration in one transaction: upsert by name, and with --prune delete "
+        "what the file no longer names. Any error changes nothing; every error is printed with its path."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("path", help="the YAML file")
+        parser.add_argument(
+            "--prune",
+            action="store_true",
+            help="delete pools, assignments, keys, ... that the file does not name",
+        )
+
+    def handle(self, *args, path: str, prune: bool, **options):
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise CommandError(f"{path}: not UTF-8 text") from exc
+
+        result = gateway_config_load(text=text, prune=prune, env=os.environ)
+        for warning in result.warnings:
+            self.stderr.write(self.style.WARNING(f"warning: {warning}"))
+        if result.summary is None:
+            for error in result.errors:
+                self.stderr.write(str(error))
+            raise CommandError(f"{path}: {len(result.errors)} error(s); nothing was changed")
+        for line in result.summary.lines():
+            self.stdout.write(line)
+        if not result.summary.changed:
+            self.stdout.write("no changes")

@@ -1,0 +1,58 @@
+"""factory-boy factories for the ORM. Defaults are minimal and valid; every capability, privacy value
+and price stays at its model default (unknown) unless a test declares it."""
+
+import factory
+from factory.django import DjangoModelFactory
+
+from catalog.models import CatalogEntry, Provenance
+from pools.models import KEY_PREFIX_LENGTH, Adapter, Assignment, GatewayKey, Pool, hash_key
+
+
+class PoolFactory(DjangoModelFactory):
+    class Meta:
+        model = Pool
+        django_get_or_create = ("name",)
+
+    name = factory.Sequence(lambda n: f"pool-{n}")
+    auto_models = factory.LazyFunction(list)
+
+
+class AssignmentFactory(DjangoModelFactory):
+    class Meta:
+        model = Assignment
+
+    pool = factory.SubFactory(PoolFactory)
+    name = factory.Sequence(lambda n: f"assignment-{n}")
+    adapter = Adapter.OPENAI
+    base_url = factory.Sequence(lambda n: f"http://127.0.0.1:{19000 + n}/v1")
+    api_key_env = ""
+
+
+class GatewayKeyFactory(DjangoModelFactory):
+    """`GatewayKeyFactory(raw_key="sk-...", pools=[pool])`; the raw key is only hashed, as in production."""
+
+    class Meta:
+        model = GatewayKey
+        skip_postgeneration_save = True
+
+    class Params:
+        raw_key = factory.Sequence(lambda n: f"sk-gw-test-{n:06d}-0123456789abcdef")
+
+    name = factory.Sequence(lambda n: f"key-{n}")
+    key_hash = factory.LazyAttribute(lambda o: hash_key(o.raw_key))
+    prefix = factory.LazyAttribute(lambda o: o.raw_key[:KEY_PREFIX_LENGTH])
+    allowed_models = factory.LazyFunction(lambda: ["*"])
+
+    @factory.post_generation
+    def pools(self, create, extracted, **kwargs):
+        if create and extracted:
+            self.pools.set(extracted)
+
+
+class CatalogEntryFactory(DjangoModelFactory):
+    class Meta:
+        model = CatalogEntry
+
+    assignment = factory.SubFactory(AssignmentFactory)
+    model = factory.Sequence(lambda n: f"model-{n}")
+    provenance = Provenance.CONFIGURED
