@@ -1,0 +1,252 @@
+"""Failure classification and disposition (SPEC §5.6).
+
+Contract:
+- `canonical_error(body)` extracts only the canonical (type, code, param) strings of a parsed
+  error body, never its message. The error object is looked up in the fixed order
+  `response.error`, `error`, `status_details.error`; a Bedrock top-level `__type` supplies the type
+  when the object has none. Non-string values count as absent.
+- `classify(observation)` maps one attempt's typed observation (HTTP status, parsed body, transport
+  event, finish/stop reason, catalog provenance for (assignment, model)) to a FailureClass, or None
+  when nothing failed. Decisions use exact enumerated values only: no message text, no substring.
+  The checks run in this order: refusal; transport event; `code` model_not_found (any status),
+  context_length_exceeded, insufficient_quota; then the HTTP status; then, for a stream error
+  event (no error status), the error's canonical type/code.
+- `disposition(failure, dispatch)` applies §5.6 in its order: safety refusal is terminal; a
+  dispatch not known to be rejected (or not sent) is never replayed; model_unavailable,
+  rate_limited, quota and unavailable go to the next candidate; model_not_found_cross goes to the
+  next candidate of another model only; anything else returns the failure.
+- `circuit_reason(failure)` is the circuit failure an outcome records (None: it writes no circuit
+  row; an attempt holding a probe then frees it with `breaker.on_neutral`), and `demotes(failure)`
+  whether it demotes (assignment, model).
+- `dispatch_state(transport, status)` is the ledger's dispatch state of an attempt.
+"""
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from routing.types import CircuitReason
+
+ERROR_OBJECT_PATHS: tuple[tuple[str, ...], ...] = (
+    ("response", "error"),
+    ("error",),
+    ("status_details", "error"),
+)
+
+REFUSAL_FINISH_REASONS = frozenset({"content_filter", "refusal"})
+REFUSAL_CODES = frozenset({"content_filter", "content_policy_violation"})
+UNAVAILABLE_STATUSES = frozenset({500, 502, 503, 529})
+# An upstream proxy timed out waiting for the provider: the provider may have executed the request.
+DISPATCH_UNKNOWN_STATUSES = frozenset({504})
+# Canonical type/code of errors reported inside a stream (whose HTTP status was 200).
+STREAM_RATE_LIMITED = frozenset({"rate_limit_error", "rate_limit_exceeded"})
+STREAM_UNAVAILABLE = frozenset({"overloaded_error", "api_error", "server_error"})
+
+
+class TransportEvent(enum.StrEnum):
+    CONNECT_REFUSED = "connect_refused"
+    CONNECT_TIMEOUT = "connect_timeout"
+    RESET_BEFORE_SEND = "reset_before_send"
+    READ_TIMEOUT = "read_timeout"
+    RESET_AFTER_SEND = "reset_after_send"
+    STREAM_ERROR_EVENT = "stream_error_event"  # an SSE/websocket terminal error event, pre-visible
+    STREAM_TRUNCATED = "stream_truncated"  # the stream closed without a terminal event
+    CANCELLED = "cancelled"  # the client disconnected
+
+
+NOT_SENT_EVENTS = frozenset(
+    {TransportEvent.CONNECT_REFUSED, TransportEvent.CONNECT_TIMEOUT, TransportEvent.RESET_BEFORE_SEND}
+)
+SENT_EVENTS = frozenset({TransportEvent.READ_TIMEOUT, TransportEvent.RESET_AFTER_SEND})
+
+
+class FailureClass(enum.StrEnum):
+    MODEL_UNAVAILABLE = "model_unavailable"
+    MODEL_NOT_FOUND_CROSS = "model_not_found_cross"
+    RATE_LIMITED = "rate_limited"
+    QUOTA = "quota"
+    UNAVAILABLE = "unavailable"
+    SAFETY_REFUSAL = "safety_refusal"
+    CONTEXT_OVERFLOW = "context_overflow"
+    DISPATCH_UNKNOWN = "dispatch_unknown"
+    CLIENT_ERROR = "client_error"
+    UPSTREAM_ERROR = "upstream_error"  # another 5xx, or a stream error of no known canonical shape
+    INTERRUPTED = "interrupted"  # a stream closed without a terminal event: neutral for the circuit
+    CANCELLED = "cancelled"  # client disconnect: neutral for the circuit
+
+
+class DispatchState(enum.StrEnum):
+    NOT_SENT = "not_sent"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+    COMPLETED = "completed"
+
+
+class Disposition(enum.StrEnum):
+    TERMINAL_REFUSAL = "terminal_refusal"  # relay the refusal, never fail over
+    DISPATCH_UNKNOWN = "dispatch_unknown"  # upstream_dispatch_unknown (504), never replay
+    NEXT_CANDIDATE = "next_candidate"  # the next eligible candidate in the plan
+    NEXT_MODEL = "next_model"  # the next candidate of another model only
+    RETURN_FAILURE = "return_failure"  # the sanitized failure as it came, no retry
+
+
+@dataclass(frozen=True, slots=True)
+class CanonicalError:
+    type: str | None = None
+    code: str | None = None
+    param: str | None = None
+
+    @property
+    def bare(self) -> bool:
+        return self.type is None and self.code is None and self.param is None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    status: int | None = None  # the upstream HTTP status (a stream's is its opening status)
+    body: Mapping[str, object] | None = None  # the parsed JSON error body or stream error event
+    transport: TransportEvent | None = None
+    finish_reason: str | None = None  # finish_reason / stop_reason / incomplete reason, verbatim
+    safety_block: bool = False  # the adapter saw a structured provider safety block
+    has_provenance: bool = False  # the catalog holds an entry for (assignment, model)
+
+
+def _string(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _error_object(body: Mapping[str, object]) -> Mapping[str, object] | None:
+    for path in ERROR_OBJECT_PATHS:
+        node: object = body
+        for step in path:
+            node = node.get(step) if isinstance(node, Mapping) else None
+        if isinstance(node, Mapping):
+            return node
+    return None
+
+
+def _aws_type(value: object) -> str | None:
+    """`com.amazonaws.bedrock#ValidationException:http://...` -> `ValidationException`."""
+    text = _string(value)
+    if text is None:
+        return None
+    return text.rpartition("#")[2].partition(":")[0] or None
+
+
+def canonical_error(body: Mapping[str, object] | None) -> CanonicalError:
+    if not isinstance(body, Mapping):
+        return CanonicalError()
+    error = _error_object(body)
+    fields = error if error is not None else {}
+    return CanonicalError(
+        type=_string(fields.get("type")) or _aws_type(body.get("__type")),
+        code=_string(fields.get("code")),
+        param=_string(fields.get("param")),
+    )
+
+
+def _by_status(status: int, error: CanonicalError, has_provenance: bool) -> FailureClass:
+    if status == 429:
+        return FailureClass.RATE_LIMITED
+    if status in UNAVAILABLE_STATUSES:
+        return FailureClass.UNAVAILABLE
+    if status in DISPATCH_UNKNOWN_STATUSES:
+        return FailureClass.DISPATCH_UNKNOWN
+    if status == 404:
+        if error.code is None and error.type == "invalid_request_error" and error.param == "model":
+            return FailureClass.MODEL_UNAVAILABLE if has_provenance else FailureClass.CLIENT_ERROR
+        if error.bare or (error.code is None and error.type == "not_found_error"):
+            return FailureClass.MODEL_NOT_FOUND_CROSS
+        return FailureClass.CLIENT_ERROR
+    if status == 400 and error.type == "ValidationException":
+        return FailureClass.MODEL_NOT_FOUND_CROSS
+    if 400 <= status < 500:
+        return FailureClass.CLIENT_ERROR
+    return FailureClass.UPSTREAM_ERROR
+
+
+def _by_stream_error(error: CanonicalError) -> FailureClass:
+    if error.code in STREAM_RATE_LIMITED or error.type in STREAM_RATE_LIMITED:
+        return FailureClass.RATE_LIMITED
+    if error.code in STREAM_UNAVAILABLE or error.type in STREAM_UNAVAILABLE:
+        return FailureClass.UNAVAILABLE
+    return FailureClass.UPSTREAM_ERROR
+
+
+def classify(observation: Observation) -> FailureClass | None:
+    obs = observation
+    error = canonical_error(obs.body)
+    # A refusal stays terminal whatever else the attempt shows.
+    if obs.safety_block or obs.finish_reason in REFUSAL_FINISH_REASONS or error.code in REFUSAL_CODES:
+        return FailureClass.SAFETY_REFUSAL
+    if obs.transport is TransportEvent.CANCELLED:
+        return FailureClass.CANCELLED
+    if obs.transport in NOT_SENT_EVENTS:
+        return FailureClass.UNAVAILABLE
+    if obs.transport in SENT_EVENTS:
+        return FailureClass.DISPATCH_UNKNOWN
+    if obs.transport is TransportEvent.STREAM_TRUNCATED:
+        return FailureClass.INTERRUPTED
+    if error.code == "model_not_found":
+        return FailureClass.MODEL_UNAVAILABLE
+    if error.code == "context_length_exceeded":
+        return FailureClass.CONTEXT_OVERFLOW
+    if "insufficient_quota" in (error.code, error.type):
+        return FailureClass.QUOTA
+    if obs.status is not None and not 200 <= obs.status < 300:
+        return _by_status(obs.status, error, obs.has_provenance)
+    if obs.transport is TransportEvent.STREAM_ERROR_EVENT or not error.bare:
+        return _by_stream_error(error)
+    return None
+
+
+NEXT_CANDIDATE_CLASSES = frozenset(
+    {FailureClass.MODEL_UNAVAILABLE, FailureClass.RATE_LIMITED, FailureClass.QUOTA, FailureClass.UNAVAILABLE}
+)
+KNOWN_REJECTED = frozenset({DispatchState.NOT_SENT, DispatchState.REJECTED})
+
+
+def disposition(failure: FailureClass, dispatch: DispatchState) -> Disposition:
+    if failure is FailureClass.SAFETY_REFUSAL:
+        return Disposition.TERMINAL_REFUSAL
+    if failure is FailureClass.CANCELLED:  # nobody is left to answer; never a replay either
+        return Disposition.RETURN_FAILURE
+    if dispatch not in KNOWN_REJECTED or failure in (FailureClass.DISPATCH_UNKNOWN, FailureClass.INTERRUPTED):
+        return Disposition.DISPATCH_UNKNOWN
+    if failure in NEXT_CANDIDATE_CLASSES:
+        return Disposition.NEXT_CANDIDATE
+    if failure is FailureClass.MODEL_NOT_FOUND_CROSS:
+        return Disposition.NEXT_MODEL
+    return Disposition.RETURN_FAILURE
+
+
+_CIRCUIT_REASONS: dict[FailureClass, CircuitReason] = {
+    FailureClass.MODEL_UNAVAILABLE: CircuitReason.UPSTREAM_MODEL_UNAVAILABLE,
+    FailureClass.UNAVAILABLE: CircuitReason.UPSTREAM_UNAVAILABLE,
+    FailureClass.DISPATCH_UNKNOWN: CircuitReason.TIMEOUT,
+    FailureClass.RATE_LIMITED: CircuitReason.RATE_LIMITED,
+    FailureClass.QUOTA: CircuitReason.RATE_LIMITED,
+}
+
+
+def circuit_reason(failure: FailureClass) -> CircuitReason | None:
+    return _CIRCUIT_REASONS.get(failure)
+
+
+def demotes(failure: FailureClass) -> bool:
+    return failure is FailureClass.MODEL_UNAVAILABLE
+
+
+def dispatch_state(transport: TransportEvent | None, status: int | None) -> DispatchState:
+    """What we know of whether the upstream executed the request."""
+    if transport in NOT_SENT_EVENTS:
+        return DispatchState.NOT_SENT
+    if transport in SENT_EVENTS or transport in (TransportEvent.STREAM_TRUNCATED, TransportEvent.CANCELLED):
+        return DispatchState.UNKNOWN
+    if transport is TransportEvent.STREAM_ERROR_EVENT:
+        return DispatchState.REJECTED
+    if status is None or status in DISPATCH_UNKNOWN_STATUSES:
+        return DispatchState.UNKNOWN
+    if 200 <= status < 300:
+        return DispatchState.COMPLETED
+    return DispatchState.REJECTED

@@ -1,0 +1,109 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from pools.selectors import key_by_name
+from routing.eligibility import tighten
+from routing.models import AffinityKind
+from routing.plan import HardPin, PinKind
+from routing.route import Decision, RequirementsHeaderError, decide, parse_requirements_header
+from routing.selectors import affinity_get, pool_names, routing_view_load
+from routing.types import Candidate, Requirements, RouteClass
+
+
+class Command(BaseCommand):
+    help = (
+        "Print the plan the router would build now for a key and a model: every candidate, eligible "
+        "or not and why, in dispatch order. Reads only; calls the same functions as the router."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--key", required=True, help="gateway key name")
+        parser.add_argument("--model", required=True, help="requested model (or auto)")
+        parser.add_argument(
+            "--requirements",
+            default="",
+            help="as the x-gateway-requirements header: write_tools,vision,zero_retention,region=eu,...",
+        )
+        parser.add_argument("--route-class", default="http", choices=[str(c) for c in RouteClass])
+        parser.add_argument("--tools", action="store_true", help="the turn offers tools")
+        parser.add_argument("--tool-results", action="store_true", help="the turn carries tool results")
+        parser.add_argument("--tokens", type=int, default=0, help="estimated prompt + max output tokens")
+        parser.add_argument("--deadline-ms", type=int, help="remaining deadline")
+        parser.add_argument("--session", help="x-gateway-session value")
+        parser.add_argument("--previous-response-id", help="a previous_response_id (hard pin)")
+
+    def handle(self, *args, **o) -> None:
+        key = key_by_name(o["key"])
+        if key is None:
+            raise CommandError(f"unknown key {o['key']!r}")
+        try:
+            header = parse_requirements_header(o["requirements"])
+        except RequirementsHeaderError as exc:
+            raise CommandError(f"--requirements: cannot read {exc.item!r}") from None
+        turn = Requirements(
+            tools_offered=o["tools"],
+            untrusted_content=o["tool_results"],
+            prompt_tokens=max(o["tokens"], 0),
+            deadline_remaining_ms=o["deadline_ms"],
+        )
+        requirements = tighten(tighten(key.requirements, header), turn)
+        now = timezone.now()
+        view, settings, _ = routing_view_load(
+            pool_ids=key.pool_ids, route_class=RouteClass(o["route_class"]), now=now
+        )
+        pins = []
+        if o["previous_response_id"]:
+            pin = affinity_get(kind=AffinityKind.RESPONSE, key=o["previous_response_id"], now=now)
+            pins.append(HardPin(PinKind.RESPONSE, pin.assignment_id if pin else None))
+        session = affinity_get(kind=AffinityKind.SESSION, key=o["session"], now=now) if o["session"] else None
+        decision = decide(
+            view,
+            key,
+            o["model"],
+            requirements,
+            pins=pins,
+            session_assignment_id=session.assignment_id if session else None,
+            session_model=session.model or None if session else None,
+        )
+        self.stdout.write(f"key {key.name}: pools {', '.join(pool_names(key.pool_ids)) or '(none)'}")
+        self.stdout.write(f"route class {o['route_class']}, shortlist {settings.max_attempts}")
+        self._write_decision(decision)
+
+    def _write_decision(self, decision: Decision) -> None:
+        w = self.stdout.write
+        if decision.auto is not None:
+            auto = decision.auto
+            w(f"auto: chose {auto.model} ({auto.reason}); ready: {', '.join(auto.ready) or '(none)'}")
+        if decision.resolution is not None:
+            r = decision.resolution
+            note = f" (fallback: {r.fallback})" if r.is_fallback else ""
+            w(f"model {r.requested} -> served {r.served}{note}")
+        if decision.fallback is not None:
+            w(f"cross-model fallback: {decision.fallback.model} ({decision.fallback.reason})")
+        if decision.error is not None:
+            w(f"no dispatch: {decision.error.code}")
+            return
+        plan = decision.plan
+        assert plan is not None
+        if plan.order:
+            w("plan:")
+            for n, c in enumerate(plan.order, 1):
+                w(f"  {n}. {self._describe(c)}")
+        else:
+            w(f"plan: empty -> no_eligible_backend ({plan.exclusion_reason or 'no candidate'})")
+        for verdict in plan.ineligible:
+            reasons = ", ".join(verdict.reasons)
+            w(f"  ineligible: {self._describe(verdict.candidate)}: {reasons}")
+        for c in plan.beyond_shortlist:
+            w(f"  beyond shortlist: {self._describe(c)}")
+        for c in plan.disallowed:
+            w(f"  not allowed for this key: {self._describe(c)}")
+
+    @staticmethod
+    def _describe(c: Candidate) -> str:
+        flags = [f"tier {c.tier}", str(c.health)]
+        if c.demoted:
+            flags.append("demoted")
+        if c.cross_model:
+            flags.append("cross-model")
+        return f"{c.assignment} / {c.model} [{', '.join(flags)}]"

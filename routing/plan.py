@@ -1,0 +1,154 @@
+"""The route plan: which candidates one client request may be dispatched to, in order (SPEC §5.2).
+
+Contract: `build_plan` runs these steps, in this order, and reports what each step removed:
+
+1. allow-list: every candidate's model is re-checked against the key's allow-list; the cross-model
+   fallback's candidates are what this catches (the primary model was authorized by resolution).
+   A disallowed candidate is dropped and reported, never dispatched.
+2. hard pins (response continuity, file affinity, live websocket upstream) keep only the pinned
+   assignment's candidates. A pin never escapes: when its assignment has no candidate left the
+   result is a PlanError (`file_assignment_conflict` for a file pin), never a wider plan.
+3. eligibility gate: every ineligible candidate is reported with its reasons, never dispatched.
+4. preference: the primary model's eligible candidates in preference order, then the fallback
+   model's (cross-model, marked `cross_model=True`).
+5. soft session preference: the session's last assignment (primary model) moves to the front
+   when its circuit is closed and it is not demoted; everybody else keeps their place.
+6. shortlist: the first `max_attempts` candidates are the dispatch order.
+
+Why this order: the gate runs before any ordering so no preference or session signal can promote
+an ineligible route, and every excluded candidate is reported once with its reason; pins run before
+the gate so the reported reasons are the pinned route's own (the reason a pinned request fails);
+the session move comes after preference because it is the one deliberate exception to it, and it
+never outranks a known health signal; the cut comes last so it only drops routes that were both
+eligible and least preferred.
+
+`next_candidate` turns a failure disposition into the index of the next candidate to dispatch.
+"""
+
+import enum
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+
+from routing import preference
+from routing.eligibility import Verdict, gate
+from routing.failures import Disposition
+from routing.resolution import is_allowed
+from routing.types import Candidate, IneligibleReason, Requirements
+
+
+class PinKind(enum.StrEnum):
+    RESPONSE = "response"  # previous_response_id -> the assignment that created it
+    FILE = "file"  # a referenced file -> the assignment that holds it
+    WEBSOCKET = "websocket"  # the upstream of an already-live websocket
+
+
+@dataclass(frozen=True, slots=True)
+class HardPin:
+    kind: PinKind
+    assignment_id: int | None  # None: the assignment is gone (deleted, disabled or out of the pool)
+
+
+class PlanErrorCode(enum.StrEnum):
+    FILE_ASSIGNMENT_CONFLICT = "file_assignment_conflict"  # 409
+    PIN_UNAVAILABLE = "pin_unavailable"  # a response or websocket pin's assignment cannot serve
+
+
+@dataclass(frozen=True, slots=True)
+class PlanError:
+    code: PlanErrorCode
+    pin: HardPin
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    order: tuple[Candidate, ...]  # the dispatch order (shortlisted)
+    ineligible: tuple[Verdict, ...]  # gated out, in input order (primary, then fallback)
+    beyond_shortlist: tuple[Candidate, ...]  # eligible, cut by max_attempts
+    disallowed: tuple[Candidate, ...]  # candidates whose model the key may not use
+    pins: tuple[HardPin, ...] = ()
+    session_moved: bool = False
+
+    @property
+    def exclusion_reason(self) -> IneligibleReason | None:
+        """The `no_eligible_backend` param: the condition that excluded the last candidate."""
+        if self.order or not self.ineligible:
+            return None
+        return self.ineligible[-1].reason
+
+
+def _apply_pins(
+    candidates: list[Candidate], pins: Sequence[HardPin]
+) -> tuple[list[Candidate], PlanError | None]:
+    for pin in pins:
+        candidates = [c for c in candidates if c.assignment_id == pin.assignment_id]
+        if not candidates:
+            code = (
+                PlanErrorCode.FILE_ASSIGNMENT_CONFLICT
+                if pin.kind is PinKind.FILE
+                else PlanErrorCode.PIN_UNAVAILABLE
+            )
+            return [], PlanError(code, pin)
+    return candidates, None
+
+
+def _move_session(order: list[Candidate], session_assignment_id: int | None) -> bool:
+    if session_assignment_id is None:
+        return False
+    for index, c in enumerate(order):
+        if c.assignment_id == session_assignment_id and not c.cross_model:
+            if index == 0 or c.demoted or not c.health.closed:
+                return False
+            order.insert(0, order.pop(index))
+            return True
+    return False
+
+
+def build_plan(
+    *,
+    primary: Sequence[Candidate],
+    fallback: Sequence[Candidate] = (),
+    requirements: Requirements,
+    allowed_models: Collection[str],
+    max_attempts: int,
+    pins: Sequence[HardPin] = (),
+    session_assignment_id: int | None = None,
+) -> Plan | PlanError:
+    marked = [replace(c, cross_model=False) for c in primary] + [
+        replace(c, cross_model=True) for c in fallback
+    ]
+    allowed = [c for c in marked if is_allowed(c.model, allowed_models)]
+    disallowed = tuple(c for c in marked if not is_allowed(c.model, allowed_models))
+
+    pinned, error = _apply_pins(allowed, pins)
+    if error is not None:
+        return error
+
+    verdicts = gate(pinned, requirements)
+    eligible = [v.candidate for v in verdicts if v.eligible]
+    order = [
+        *preference.order(c for c in eligible if not c.cross_model),
+        *preference.order(c for c in eligible if c.cross_model),
+    ]
+    moved = False if pins else _move_session(order, session_assignment_id)
+
+    cut = max(max_attempts, 0)
+    return Plan(
+        order=tuple(order[:cut]),
+        ineligible=tuple(v for v in verdicts if not v.eligible),
+        beyond_shortlist=tuple(order[cut:]),
+        disallowed=disallowed,
+        pins=tuple(pins),
+        session_moved=moved,
+    )
+
+
+def next_candidate(order: Sequence[Candidate], current: int, disposition: Disposition) -> int | None:
+    """The index of the candidate to hand the request to after `order[current]` failed, or None."""
+    if disposition is Disposition.NEXT_CANDIDATE:
+        return current + 1 if current + 1 < len(order) else None
+    if disposition is Disposition.NEXT_MODEL:
+        failed_model = order[current].model
+        for index in range(current + 1, len(order)):
+            if order[index].model != failed_model:
+                return index
+    return None

@@ -1,0 +1,152 @@
+"""One routing decision for one request, from plain values (SPEC §5).
+
+Contract: `decide` is what the proxy, `manage.py routing_explain` and the admin panel all call, so
+what operators are shown is what the router does. It takes a RoutingView (everything the selector
+loaded for the key's pools and the request's route class) and the request's model, requirements,
+hard pins and session, and returns a Decision: the resolution (or auto choice), the cross-model
+fallback, and the plan; or the typed error that ends the request before any dispatch.
+
+`parse_requirements_header` reads `x-gateway-requirements`, which can only tighten the key's
+contract (the caller merges with `eligibility.tighten`).
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from routing.auto import AutoChoice, AutoError, choose_model
+from routing.breaker import CircuitSnapshot
+from routing.plan import HardPin, Plan, PlanError, build_plan
+from routing.resolution import (
+    Fallback,
+    FallbackReason,
+    ModelPolicy,
+    Resolution,
+    ResolutionError,
+    cross_model_fallback,
+    resolve,
+)
+from routing.types import AUTO_MODEL, Candidate, Requirements
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPolicy:
+    """A gateway key as routing sees it: never the secret or its hash."""
+
+    key_id: int
+    name: str
+    pool_ids: tuple[int, ...]
+    allowed_models: tuple[str, ...]
+    requirements: Requirements  # the key's own contract, budget included
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingView:
+    policy: ModelPolicy
+    max_attempts: int
+    routes: Mapping[str, tuple[Candidate, ...]]  # model -> every enabled (assignment, model) of the pools
+    auto_models: tuple[str, ...] = ()
+    circuits: Mapping[tuple[int, str], CircuitSnapshot] = field(default_factory=dict)
+    pool_of: Mapping[int, int] = field(default_factory=dict)  # assignment id -> pool id
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    resolution: Resolution | None = None
+    auto: AutoChoice | None = None
+    fallback: Fallback | None = None
+    plan: Plan | None = None
+    error: ResolutionError | AutoError | PlanError | None = None
+
+    @property
+    def served_model(self) -> str | None:
+        return self.resolution.served if self.resolution else None
+
+
+def decide(
+    view: RoutingView,
+    key: KeyPolicy,
+    model: str,
+    requirements: Requirements,
+    *,
+    pins: Sequence[HardPin] = (),
+    session_assignment_id: int | None = None,
+    session_model: str | None = None,
+) -> Decision:
+    auto: AutoChoice | None = None
+    if model == AUTO_MODEL:
+        chosen = choose_model(
+            auto_models=view.auto_models,
+            allowed_models=key.allowed_models,
+            routes=view.routes,
+            requirements=requirements,
+            session_model=session_model,
+        )
+        if isinstance(chosen, AutoError):
+            return Decision(error=chosen)
+        auto = chosen
+        resolution: Resolution | ResolutionError = Resolution(
+            requested=model, canonical=chosen.model, served=chosen.model, fallback=FallbackReason.NONE
+        )
+    else:
+        resolution = resolve(
+            model, policy=view.policy, routable=view.routes.keys(), allowed_models=key.allowed_models
+        )
+    if isinstance(resolution, ResolutionError):
+        return Decision(error=resolution)
+
+    fallback = cross_model_fallback(resolution, policy=view.policy, routable=view.routes.keys())
+    plan = build_plan(
+        primary=view.routes.get(resolution.served, ()),
+        fallback=view.routes.get(fallback.model, ()) if fallback else (),
+        requirements=requirements,
+        allowed_models=key.allowed_models,
+        max_attempts=view.max_attempts,
+        pins=pins,
+        session_assignment_id=session_assignment_id,
+    )
+    if isinstance(plan, PlanError):
+        return Decision(resolution=resolution, auto=auto, fallback=fallback, error=plan)
+    return Decision(resolution=resolution, auto=auto, fallback=fallback, plan=plan)
+
+
+class RequirementsHeaderError(ValueError):
+    """A malformed `x-gateway-requirements` item; `item` is the offending token."""
+
+    def __init__(self, item: str) -> None:
+        super().__init__(item)
+        self.item = item
+
+
+def parse_requirements_header(value: str) -> Requirements:
+    """`write_tools, vision, zero_retention, region=eu, no_third_party_router, min_quality=0.8`."""
+    flags: dict[str, bool] = {}
+    regions: set[str] = set()
+    min_quality = 0.0
+    for raw in value.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, _, argument = item.partition("=")
+        name = name.strip()
+        argument = argument.strip()
+        if name in {"write_tools", "vision", "zero_retention", "no_third_party_router"} and not argument:
+            flags[name] = True
+        elif name == "region" and argument:
+            regions.add(argument)
+        elif name == "min_quality" and argument:
+            try:
+                min_quality = float(argument)
+            except ValueError:
+                raise RequirementsHeaderError(item) from None
+            if not 0 <= min_quality <= 1:
+                raise RequirementsHeaderError(item)
+        else:
+            raise RequirementsHeaderError(item)
+    return Requirements(
+        write_tools=flags.get("write_tools", False),
+        vision=flags.get("vision", False),
+        zero_retention=flags.get("zero_retention", False),
+        no_third_party_router=flags.get("no_third_party_router", False),
+        regions=frozenset(regions) if regions else None,
+        min_quality=min_quality,
+    )

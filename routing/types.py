@@ -1,0 +1,154 @@
+"""The shared vocabulary of the pure routing core (SPEC §5, §7.1).
+
+Contract: frozen values and string enums only; no behaviour beyond trivial derived properties.
+The enum values are exactly the ORM's (`routing.models`, `pools.models`) so the selector can copy
+a column straight into a member (`TriState(row.tools)`), but they are redefined here because the
+pure core never imports the ORM. A value that was not declared is UNKNOWN and never reads as
+true or false; a price that was not declared is None and never reads as zero.
+"""
+
+import enum
+from dataclasses import dataclass
+
+AUTO_MODEL = "auto"
+
+
+class RouteClass(enum.StrEnum):
+    HTTP = "http"
+    SSE = "sse"
+    WEBSOCKET = "websocket"
+
+
+class CircuitState(enum.StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitReason(enum.StrEnum):
+    UPSTREAM_MODEL_UNAVAILABLE = "upstream_model_unavailable"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    TIMEOUT = "timeout"
+    RATE_LIMITED = "rate_limited"
+
+
+class TriState(enum.StrEnum):
+    TRUE = "true"
+    FALSE = "false"
+    UNKNOWN = "unknown"
+
+
+class DataCollection(enum.StrEnum):
+    ALLOW = "allow"
+    DENY = "deny"
+    UNKNOWN = "unknown"
+
+
+class ToolRepresentation(enum.StrEnum):
+    NATIVE = "native"
+    EMULATED = "emulated"
+    UNKNOWN = "unknown"
+
+
+class Router(enum.StrEnum):
+    DIRECT = "direct"
+    THIRD_PARTY = "third_party"
+
+
+class Health(enum.StrEnum):
+    """A candidate's serving signal for the request's route class, derived from its circuit by
+    `breaker.health`. Declared from best to worst: preference ranks in this order."""
+
+    HEALTHY = "healthy"  # no circuit row, or closed with no recent failure
+    FAILING = "failing"  # closed, with consecutive failures below the threshold
+    PROBE = "probe"  # open past its cooldown, or half-open with a free (or lost) probe slot
+    COOLING = "cooling"  # open for a transient reason (unavailable, timeout, rate limited)
+    BLOCKED = "blocked"  # open for upstream_model_unavailable, no probe admissible: ineligible
+
+    @property
+    def closed(self) -> bool:
+        """The circuit is closed: what §5.5 calls ready."""
+        return self in (Health.HEALTHY, Health.FAILING)
+
+
+class IneligibleReason(enum.StrEnum):
+    """Exactly the `param` values of `no_eligible_backend` (SPEC §4), in the order they are checked."""
+
+    CAPABILITY = "capability"
+    PRIVACY = "privacy"
+    REGION = "region"
+    ROUTER = "router"
+    QUALITY = "quality"
+    BUDGET = "budget"
+    PRICE_UNKNOWN = "price_unknown"
+    DEADLINE = "deadline"
+    CONTEXT_WINDOW = "context_window"
+    CIRCUIT_OPEN = "circuit_open"
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """Micros per million tokens; None is unknown (never zero). An explicit 0 is a real free price."""
+
+    input_per_mtok_micros: int | None = None
+    output_per_mtok_micros: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One (assignment, model) the plan may dispatch to, with every fact the gate and the
+    preference need. The selector fills it from Assignment, CatalogEntry, Circuit and Demotion."""
+
+    assignment_id: int
+    model: str
+    assignment: str = ""  # the name, for ledgers and explanations
+    cross_model: bool = False  # set by the plan for the fallback model's candidates
+    # preference
+    tier: int = 0
+    weight: int = 1
+    latency_ms: float | None = None
+    demoted: bool = False
+    health: Health = Health.HEALTHY
+    # contract
+    region: str = ""
+    router: Router = Router.DIRECT
+    zero_retention: TriState = TriState.UNKNOWN
+    data_collection: DataCollection = DataCollection.UNKNOWN
+    tools: TriState = TriState.UNKNOWN
+    write_tools: TriState = TriState.UNKNOWN
+    vision: TriState = TriState.UNKNOWN
+    role_separation: TriState = TriState.UNKNOWN
+    tool_representation: ToolRepresentation = ToolRepresentation.UNKNOWN
+    model_tools: TriState = TriState.UNKNOWN  # catalog (per model) value: overrides `tools` when known
+    model_vision: TriState = TriState.UNKNOWN  # catalog (per model) value: overrides `vision` when known
+    quality: float | None = None
+    min_deadline_ms: int = 0
+    context_window: int | None = None
+    price: Price = Price()
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.assignment_id, self.model)
+
+
+@dataclass(frozen=True, slots=True)
+class Requirements:
+    """What this turn needs from any route. Key requirements, request headers (which only tighten,
+    see `eligibility.tighten`) and the request body are merged into one value before the gate."""
+
+    tools_offered: bool = False
+    write_tools: bool = False
+    untrusted_content: bool = False  # tool results present in the input
+    vision: bool = False  # image inputs present
+    zero_retention: bool = False  # needs zero_retention true and data_collection deny
+    regions: frozenset[str] | None = None  # None: any region; a set: only these (empty: none)
+    no_third_party_router: bool = False
+    min_quality: float = 0.0
+    prompt_tokens: int = 0  # estimated
+    max_output_tokens: int = 0
+    deadline_remaining_ms: int | None = None  # None: no deadline
+    budget_remaining_micros: int | None = None  # None: the key has no budget
+
+    @property
+    def estimated_tokens(self) -> int:
+        return self.prompt_tokens + self.max_output_tokens

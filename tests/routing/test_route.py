@@ -1,0 +1,113 @@
+"""`decide`: one routing decision from plain values, as the proxy and routing_explain call it."""
+
+import pytest
+
+from routing.auto import AutoError, AutoErrorCode, AutoReason
+from routing.plan import HardPin, PinKind, PlanError
+from routing.resolution import FallbackReason, ModelPolicy, ResolutionError, ResolutionErrorCode
+from routing.route import KeyPolicy, RequirementsHeaderError, RoutingView, decide, parse_requirements_header
+from routing.types import Candidate, Health, Requirements, TriState
+
+KEY = KeyPolicy(key_id=1, name="k", pool_ids=(1,), allowed_models=("*",), requirements=Requirements())
+
+
+def cand(aid, model, **kw):
+    return Candidate(assignment_id=aid, model=model, assignment=f"a{aid}", **kw)
+
+
+def view(routes, **kw):
+    return RoutingView(
+        policy=kw.pop("policy", ModelPolicy()),
+        max_attempts=kw.pop("max_attempts", 4),
+        routes={m: tuple(cs) for m, cs in routes.items()},
+        **kw,
+    )
+
+
+def test_a_configured_model_plans_its_own_candidates_then_its_family_fallback():
+    v = view({"gpt-5.2": [cand(1, "gpt-5.2")], "gpt-5.1": [cand(2, "gpt-5.1")]})
+    d = decide(v, KEY, "gpt-5.2", Requirements())
+    assert d.served_model == "gpt-5.2"
+    assert [(c.assignment_id, c.cross_model) for c in d.plan.order] == [(1, False), (2, True)]
+    assert d.fallback.reason is FallbackReason.FAMILY
+
+
+def test_an_unrouted_model_is_served_by_its_fallback_with_no_second_hop():
+    v = view(
+        {"claude-opus-4-8": [cand(1, "claude-opus-4-8")], "claude-opus-4-1": [cand(2, "claude-opus-4-1")]}
+    )
+    d = decide(v, KEY, "claude-opus-5", Requirements())
+    assert (d.served_model, d.resolution.fallback) == ("claude-opus-4-8", FallbackReason.FAMILY)
+    assert d.fallback is None
+    assert [c.assignment_id for c in d.plan.order] == [1]
+
+
+def test_a_key_allowed_only_the_requested_model_is_denied_not_downgraded():
+    v = view({"claude-opus-4-8": [cand(1, "claude-opus-4-8")]})
+    key = KeyPolicy(1, "k", (1,), ("claude-opus-5",), Requirements())
+    d = decide(v, key, "claude-opus-5", Requirements())
+    assert d.error == ResolutionError(ResolutionErrorCode.PERMISSION_DENIED, "claude-opus-4-8")
+    assert d.plan is None
+
+
+def test_auto_picks_the_ready_model_and_plans_it():
+    v = view(
+        {"gpt-5": [cand(1, "gpt-5", health=Health.COOLING)], "gpt-5-mini": [cand(2, "gpt-5-mini")]},
+        auto_models=("gpt-5", "gpt-5-mini"),
+    )
+    d = decide(v, KEY, "auto", Requirements())
+    assert (d.auto.model, d.auto.reason, d.served_model) == ("gpt-5-mini", AutoReason.READY, "gpt-5-mini")
+    assert [c.assignment_id for c in d.plan.order] == [2]
+
+
+def test_auto_keeps_a_session_when_nothing_is_ready():
+    v = view(
+        {
+            "gpt-5": [cand(1, "gpt-5", health=Health.COOLING)],
+            "gpt-5-mini": [cand(2, "gpt-5-mini", health=Health.COOLING)],
+        },
+        auto_models=("gpt-5", "gpt-5-mini"),
+    )
+    d = decide(v, KEY, "auto", Requirements(), session_model="gpt-5-mini")
+    assert (d.served_model, d.auto.reason) == ("gpt-5-mini", AutoReason.SESSION_KEPT)
+
+
+def test_auto_with_no_fitting_model_is_a_typed_error():
+    v = view({"gpt-5": [cand(1, "gpt-5", vision=TriState.FALSE)]}, auto_models=("gpt-5",))
+    d = decide(v, KEY, "auto", Requirements(vision=True))
+    assert isinstance(d.error, AutoError) and d.error.code is AutoErrorCode.NO_ELIGIBLE_BACKEND
+
+
+def test_a_hard_pin_never_escapes_and_a_gone_file_is_a_conflict():
+    v = view({"gpt-5": [cand(1, "gpt-5"), cand(2, "gpt-5")]})
+    d = decide(v, KEY, "gpt-5", Requirements(), pins=[HardPin(PinKind.RESPONSE, 2)])
+    assert [c.assignment_id for c in d.plan.order] == [2]
+    d = decide(v, KEY, "gpt-5", Requirements(), pins=[HardPin(PinKind.FILE, None)])
+    assert isinstance(d.error, PlanError) and d.error.code == "file_assignment_conflict"
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("", Requirements()),
+        ("write_tools, vision", Requirements(write_tools=True, vision=True)),
+        (
+            "zero_retention,no_third_party_router",
+            Requirements(zero_retention=True, no_third_party_router=True),
+        ),
+        ("region=eu,region=us", Requirements(regions=frozenset({"eu", "us"}))),
+        ("min_quality=0.8", Requirements(min_quality=0.8)),
+        (" , vision ,", Requirements(vision=True)),
+    ],
+)
+def test_the_requirements_header(header, expected):
+    assert parse_requirements_header(header) == expected
+
+
+@pytest.mark.parametrize(
+    "header", ["teleport", "vision=yes", "region=", "min_quality=high", "min_quality=1.5", "min_quality=nan"]
+)
+def test_a_malformed_requirements_header_names_the_item(header):
+    with pytest.raises(RequirementsHeaderError) as info:
+        parse_requirements_header(header)
+    assert info.value.item == header.strip()

@@ -1,0 +1,186 @@
+"""The plan selector: plain values for the pure core, in a constant number of queries."""
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from catalog.models import Provenance
+from pools.models import GatewaySettings, ModelFallback
+from pools.selectors import key_authenticate
+from routing import services
+from routing.models import AffinityKind, Circuit
+from routing.selectors import routing_view_load
+from routing.services import CircuitKey
+from routing.types import CircuitReason, Health, RouteClass, TriState
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
+
+pytestmark = pytest.mark.django_db
+
+RAW = "sk-gw-selector-test-0123456789"
+
+
+def _populate(pools: int, assignments: int, models: int):
+    created = []
+    for p in range(pools):
+        pool = PoolFactory(name=f"pool-{p}", auto_models=["m-0"])
+        created.append(pool)
+        for a in range(assignments):
+            assignment = AssignmentFactory(pool=pool, name=f"p{p}-a{a}", tier=a % 3)
+            for m in range(models):
+                CatalogEntryFactory(assignment=assignment, model=f"m-{m}")
+            now = timezone.now()
+            key = CircuitKey(pool.pk, assignment.pk, "m-0", "http")
+            services.circuit_record_failure(
+                key=key, reason=CircuitReason.UPSTREAM_UNAVAILABLE, settings=_bs(), now=now
+            )
+            services.demotion_record(
+                assignment_id=assignment.pk,
+                model="m-0",
+                reason=CircuitReason.UPSTREAM_MODEL_UNAVAILABLE,
+                until=now + timedelta(minutes=1),
+            )
+    return created
+
+
+def _bs():
+    from routing.breaker import BreakerSettings
+
+    return BreakerSettings()
+
+
+def _queries(pool_ids):
+    with CaptureQueriesContext(connection) as ctx:
+        view, _, _ = routing_view_load(pool_ids=pool_ids, route_class=RouteClass.HTTP, now=timezone.now())
+    return len(ctx.captured_queries), view
+
+
+def test_the_plan_selector_runs_the_same_queries_for_1_and_50_assignments():
+    GatewaySettings.load()  # the singleton row exists once any configuration was loaded
+    small = _populate(pools=1, assignments=1, models=1)
+    small_count, small_view = _queries(tuple(p.pk for p in small))
+    PoolFactory._meta.model.objects.all().delete()
+    large = _populate(pools=2, assignments=25, models=3)
+    large_count, large_view = _queries(tuple(p.pk for p in large))
+    assert sum(len(c) for c in small_view.routes.values()) == 1
+    assert sum(len(c) for c in large_view.routes.values()) == 150
+    assert small_count == large_count
+
+
+def test_the_view_carries_catalog_values_health_and_demotions():
+    pool = PoolFactory(auto_models=["gpt-5"])
+    a = AssignmentFactory(pool=pool, name="a", tools="true", tier=1)
+    b = AssignmentFactory(pool=pool, name="b", enabled=False)
+    CatalogEntryFactory(assignment=a, model="gpt-5", context_window=1000, vision="false")
+    CatalogEntryFactory(assignment=a, model="gpt-x", provenance=Provenance.PRESERVED)
+    CatalogEntryFactory(assignment=b, model="gpt-5")
+    now = timezone.now()
+    Circuit.objects.create(
+        pool=pool,
+        assignment=a,
+        model="gpt-5",
+        route_class="http",
+        state="open",
+        reason="upstream_model_unavailable",
+        open_until=now + timedelta(minutes=1),
+    )
+    view, _, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.HTTP, now=now)
+    (candidate,) = view.routes["gpt-5"]  # the disabled assignment is not a route
+    assert (candidate.assignment, candidate.tier, candidate.tools) == ("a", 1, TriState.TRUE)
+    assert (candidate.context_window, candidate.model_vision, candidate.write_tools) == (
+        1000,
+        TriState.FALSE,
+        TriState.UNKNOWN,
+    )
+    assert candidate.health is Health.BLOCKED
+    assert view.routes["gpt-x"][0].health is Health.HEALTHY
+    sse, _, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.SSE, now=now)
+    assert sse.routes["gpt-5"][0].health is Health.HEALTHY  # circuits are per route class
+    assert view.auto_models == ("gpt-5",)
+
+
+def test_key_authenticate_accepts_only_the_enabled_secret():
+    pool = PoolFactory()
+    key = GatewayKeyFactory(raw_key=RAW, pools=[pool], allowed_models=["gpt-5"], budget_micros=100)
+    policy = key_authenticate(RAW)
+    assert policy is not None
+    assert (policy.name, policy.pool_ids, policy.allowed_models) == (key.name, (pool.pk,), ("gpt-5",))
+    assert policy.requirements.budget_remaining_micros == 100
+    assert key_authenticate(RAW + "x") is None
+    assert key_authenticate("") is None
+    key.enabled = False
+    key.save()
+    assert key_authenticate(RAW) is None
+
+
+def _explain(**options) -> str:
+    out = StringIO()
+    call_command("routing_explain", stdout=out, **options)
+    return out.getvalue()
+
+
+@pytest.fixture
+def explained_setup():
+    pool = PoolFactory(name="main")
+    eu = AssignmentFactory(pool=pool, name="eu-a", region="eu", tier=1)
+    us = AssignmentFactory(pool=pool, name="us-a", region="us", tier=0)
+    for assignment in (eu, us):
+        CatalogEntryFactory(assignment=assignment, model="claude-opus-4-8")
+    CatalogEntryFactory(assignment=us, model="claude-opus-4-1")
+    GatewayKeyFactory(name="ci", raw_key=RAW, pools=[pool])
+    return pool
+
+
+def test_routing_explain_prints_order_and_reasons(explained_setup):
+    out = _explain(key="ci", model="claude-opus-4-8", requirements="region=eu")
+    assert "model claude-opus-4-8 -> served claude-opus-4-8" in out
+    assert "1. eu-a / claude-opus-4-8 [tier 1, healthy]" in out
+    assert "ineligible: us-a / claude-opus-4-8 [tier 0, healthy]: region" in out
+
+
+def test_routing_explain_shows_family_fallback_and_cross_model_candidates(explained_setup):
+    out = _explain(key="ci", model="claude-opus-5")
+    assert "model claude-opus-5 -> served claude-opus-4-8 (fallback: family)" in out
+    out = _explain(key="ci", model="claude-opus-4-8")
+    assert "cross-model fallback: claude-opus-4-1 (family)" in out
+    assert "us-a / claude-opus-4-1 [tier 0, healthy, cross-model]" in out
+
+
+def test_routing_explain_reports_no_eligible_backend_with_the_condition(explained_setup):
+    out = _explain(key="ci", model="claude-opus-4-8", requirements="region=ap")
+    assert "plan: empty -> no_eligible_backend (region)" in out
+
+
+def test_routing_explain_honours_explicit_fallbacks_and_pins(explained_setup):
+    ModelFallback.objects.create(requested="claude-opus-5", served="claude-opus-4-1")
+    assert "served claude-opus-4-1 (fallback: explicit)" in _explain(key="ci", model="claude-opus-5")
+    us = explained_setup.assignments.get(name="us-a")
+    services.affinity_record(
+        kind=AffinityKind.RESPONSE,
+        key="resp_1",
+        assignment_id=us.pk,
+        ttl=timedelta(hours=1),
+        now=timezone.now(),
+    )
+    out = _explain(key="ci", model="claude-opus-4-8", previous_response_id="resp_1")
+    assert "1. us-a" in out and "eu-a" not in out
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"key": "nope", "model": "gpt-5"}, "unknown key"),
+        ({"key": "ci", "model": "gpt-5", "requirements": "teleport"}, "cannot read 'teleport'"),
+    ],
+)
+def test_routing_explain_rejects_bad_input(explained_setup, options, message):
+    with pytest.raises(CommandError, match=message):
+        _explain(**options)
+
+
+def test_routing_explain_says_model_not_found(explained_setup):
+    assert "no dispatch: model_not_found" in _explain(key="ci", model="gpt-9")
