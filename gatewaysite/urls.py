@@ -2,9 +2,13 @@ from django.contrib import admin
 from django.urls import path
 
 from gatewaysite import health
+from proxy import views as proxy
 
 urlpatterns = [
     path("healthz", health.healthz),
     path("readyz", health.readyz),
+    path("v1/chat/completions", proxy.chat_completions),
+    path("v1/responses", proxy.responses),
+    path("v1/models", proxy.models),
     path("admin/", admin.site.urls),
 ]

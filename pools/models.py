@@ -194,18 +194,19 @@ class Assignment(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def credential(self) -> str:
-        """The upstream secret, read from the environment at call time and never persisted."""
-        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
-
     def auth_headers(self) -> dict[str, str]:
-        credential = self.credential()
-        if self.adapter == Adapter.ANTHROPIC:
-            headers = {"anthropic-version": ANTHROPIC_VERSION}
-            if credential:
-                headers["x-api-key"] = credential
-            return headers
-        return {"authorization": f"Bearer {credential}"} if credential else {}
+        return upstream_auth_headers(self.adapter, self.api_key_env)
+
+
+def upstream_auth_headers(adapter: str, api_key_env: str) -> dict[str, str]:
+    """The upstream credential, read from the environment at call time and never persisted."""
+    credential = os.environ.get(api_key_env, "") if api_key_env else ""
+    if adapter == Adapter.ANTHROPIC:
+        headers = {"anthropic-version": ANTHROPIC_VERSION}
+        if credential:
+            headers["x-api-key"] = credential
+        return headers
+    return {"authorization": f"Bearer {credential}"} if credential else {}
 
 
 def hash_key(raw: str) -> str:

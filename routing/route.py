@@ -40,13 +40,26 @@ class KeyPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Target:
+    """Where and how to dispatch to an assignment. The credential is not here: only the name of the
+    environment variable that holds it, read at dispatch time."""
+
+    assignment_id: int
+    name: str
+    pool_id: int
+    adapter: str
+    base_url: str
+    api_key_env: str
+
+
+@dataclass(frozen=True, slots=True)
 class RoutingView:
     policy: ModelPolicy
     max_attempts: int
     routes: Mapping[str, tuple[Candidate, ...]]  # model -> every enabled (assignment, model) of the pools
     auto_models: tuple[str, ...] = ()
     circuits: Mapping[tuple[int, str], CircuitSnapshot] = field(default_factory=dict)
-    pool_of: Mapping[int, int] = field(default_factory=dict)  # assignment id -> pool id
+    targets: Mapping[int, Target] = field(default_factory=dict)  # assignment id -> dispatch target
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
 from routing.resolution import ModelPolicy
-from routing.route import RoutingView
+from routing.route import RoutingView, Target
 from routing.services import breaker_settings, circuit_snapshot
 from routing.types import (
     Candidate,
@@ -79,13 +79,14 @@ def routing_view_load(
     )
     routes: dict[str, list[Candidate]] = {}
     auto_models: list[str] = []
-    pool_of: dict[int, int] = {}
+    targets: dict[int, Target] = {}
     seen_pools: set[int] = set()
     for entry in entries:
         key = (entry.assignment_id, entry.model)
         health = breaker.health(circuits.get(key), bsettings, now)
         routes.setdefault(entry.model, []).append(_candidate(entry, health, key in demoted))
-        pool_of[entry.assignment_id] = entry.assignment.pool_id
+        a = entry.assignment
+        targets[a.pk] = Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env)
         if entry.assignment.pool_id not in seen_pools:
             seen_pools.add(entry.assignment.pool_id)
             auto_models.extend(m for m in entry.assignment.pool.auto_models if m not in auto_models)
@@ -95,7 +96,7 @@ def routing_view_load(
         routes={model: tuple(candidates) for model, candidates in routes.items()},
         auto_models=tuple(auto_models),
         circuits=circuits,
-        pool_of=pool_of,
+        targets=targets,
     )
     return view, settings, bsettings
 

@@ -1,0 +1,61 @@
+"""OpenAI-shaped upstreams (`openai`, `openrouter`): request building for the OpenAI routes.
+
+The client's body is forwarded as sent, with only `model` set to the candidate's model (the same
+model on every same-model hop). OpenRouter gets its privacy routing block whenever the turn
+requires zero retention: a route that cannot honour privacy is ineligible, never stripped of it.
+"""
+
+from pools.models import Adapter, upstream_auth_headers
+from routing.route import Target
+from routing.types import Requirements
+
+OPENROUTER_PRIVACY = {"data_collection": "deny", "zdr": True, "require_parameters": True}
+
+
+def build_request(
+    target: Target, path: str, body: dict, *, model: str, requirements: Requirements
+) -> tuple[str, dict[str, str], dict]:
+    payload = {**body, "model": model}
+    if target.adapter == Adapter.OPENROUTER and requirements.zero_retention:
+        provider = payload.get("provider")
+        payload["provider"] = {**(provider if isinstance(provider, dict) else {}), **OPENROUTER_PRIVACY}
+    headers = upstream_auth_headers(target.adapter, target.api_key_env)
+    headers["content-type"] = "application/json"
+    return f"{target.base_url.rstrip('/')}{path}", headers, payload
+
+
+def _has_image(value: object) -> bool:
+    if isinstance(value, dict):
+        if value.get("type") in {"image_url", "input_image", "image"}:
+            return True
+        return any(_has_image(v) for v in value.values() if isinstance(v, list | dict))
+    if isinstance(value, list):
+        return any(_has_image(v) for v in value)
+    return False
+
+
+def _max_output(body: dict) -> int:
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def turn_requirements(body: dict, body_size: int) -> Requirements:
+    """What this Chat Completions or Responses turn needs from any route (SPEC §5.3)."""
+    items = body.get("messages") if isinstance(body.get("messages"), list) else body.get("input")
+    items = items if isinstance(items, list) else []
+    untrusted = any(
+        isinstance(item, dict)
+        and (item.get("role") == "tool" or item.get("type") in {"function_call_output", "tool_result"})
+        for item in items
+    )
+    return Requirements(
+        tools_offered=bool(body.get("tools")),
+        untrusted_content=untrusted,
+        vision=_has_image(items),
+        # About four bytes of JSON per token: a deliberately generous estimate for the gate.
+        prompt_tokens=body_size // 4,
+        max_output_tokens=_max_output(body),
+    )

@@ -1,0 +1,546 @@
+"""The attempt loop (SPEC §5.6, §6.1, §6.2): dispatch the plan's candidates in order, classify each
+failure, and hand the request on only while the client has seen nothing.
+
+One Exchange per client request. `run` returns a Final (a complete answer or typed failure, for
+plain HTTP and for streams that ended before any visible output) or a Stream (the first visible
+bytes are ready; the rest is relayed as it arrives, never retried). Health writes go through the
+routing services; a success on a healthy candidate writes nothing.
+"""
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+import httpx
+from asgiref.sync import sync_to_async
+
+from proxy import upstream
+from proxy.adapters import openai as openai_adapter
+from proxy.sse import (
+    Action,
+    Block,
+    Dialect,
+    SSEParser,
+    SSEProtocolError,
+    Visibility,
+    Withholder,
+    encode_error_event,
+)
+from proxy.sse import classify as classify_block
+from proxy.upstream import TransportFailure
+from routing import breaker, services
+from routing.breaker import BreakerSettings
+from routing.eligibility import evaluate
+from routing.failures import (
+    DispatchState,
+    Disposition,
+    FailureClass,
+    Observation,
+    TransportEvent,
+    canonical_error,
+    circuit_reason,
+    classify,
+    demotes,
+    dispatch_state,
+    disposition,
+)
+from routing.plan import Plan, next_candidate
+from routing.pricing import cost_micros
+from routing.route import RoutingView
+from routing.services import CircuitKey, Seen
+from routing.types import Candidate, Health, IneligibleReason, Requirements, RouteClass
+
+
+@dataclass(slots=True)
+class AttemptLog:
+    ordinal: int
+    assignment_id: int
+    model: str
+    route_class: str
+    status: str
+    dispatch_state: str = DispatchState.NOT_SENT
+    failure_class: str = ""
+    ineligible_reason: str = ""
+    upstream_status: int | None = None
+    error_code: str = ""
+    elapsed_ms: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_micros: int | None = None
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What the ledger records of one client request: never content."""
+
+    request_id: str
+    key_id: int | None
+    route: str
+    transport: str
+    requested_model: str
+    started_at: datetime
+    served_model: str = ""
+    outcome: str = ""
+    status_code: int | None = None
+    retry_count: int = 0
+    attempts: list[AttemptLog] = field(default_factory=list)
+    finished_at: datetime | None = None
+    model_fallback: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+@dataclass(slots=True)
+class Stream:
+    chunks: AsyncIterator[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    failure: FailureClass
+    dispatch: DispatchState
+    status: int | None
+    error_type: str | None
+    code: str | None
+    param: str | None
+    withheld: tuple[Block, ...] = ()
+
+
+def _usage(payload: object) -> tuple[int | None, int | None]:
+    if not isinstance(payload, dict):
+        return None, None
+    usage = payload.get("usage")
+    if not isinstance(usage, dict) and isinstance(payload.get("response"), dict):
+        usage = payload["response"].get("usage")
+    if not isinstance(usage, dict):
+        return None, None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    return (
+        prompt if isinstance(prompt, int) else None,
+        completion if isinstance(completion, int) else None,
+    )
+
+
+def _finish_reason(payload: object) -> str | None:
+    if not isinstance(payload, dict):
+        return None
+    choices = payload.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reason = choices[0].get("finish_reason")
+        return reason if isinstance(reason, str) else None
+    details = payload.get("incomplete_details")
+    if isinstance(details, dict) and isinstance(details.get("reason"), str):
+        return details["reason"]
+    return None
+
+
+def error_body(*, message: str, type: str, code: str | None, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type, "code": code, "param": param}}).encode()
+
+
+POST_VISIBLE_MESSAGE = "The upstream failed after output began; the request was not retried."
+FINAL_MESSAGES = {
+    FailureClass.DISPATCH_UNKNOWN: "The upstream may have executed the request; it was not replayed.",
+}
+
+
+class Relay:
+    def __init__(
+        self,
+        *,
+        exchange: Exchange,
+        view: RoutingView,
+        plan: Plan,
+        breaker_settings: BreakerSettings,
+        demotion_seconds: int,
+        backoff_base_ms: int,
+        requirements: Requirements,
+        deadline: float,
+        path: str,
+        body: dict,
+        route_class: RouteClass,
+        dialect: Dialect | None,
+        on_finish: Callable[[Exchange], Awaitable[None]],
+    ) -> None:
+        self.x = exchange
+        self.view = view
+        self.plan = plan
+        self.bs = breaker_settings
+        self.demotion_seconds = demotion_seconds
+        self.backoff_base_ms = backoff_base_ms
+        self.requirements = requirements
+        self.deadline = deadline
+        self.path = path
+        self.body = body
+        self.route_class = route_class
+        self.dialect = dialect
+        self.on_finish = on_finish
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _log(self, candidate: Candidate, status: str, **fields) -> AttemptLog:
+        log = AttemptLog(
+            ordinal=len(self.x.attempts) + 1,
+            assignment_id=candidate.assignment_id,
+            model=candidate.model,
+            route_class=str(self.route_class),
+            status=status,
+            **fields,
+        )
+        self.x.attempts.append(log)
+        return log
+
+    def _key(self, c: Candidate) -> CircuitKey:
+        return CircuitKey(
+            self.view.targets[c.assignment_id].pool_id, c.assignment_id, c.model, self.route_class
+        )
+
+    async def _finish(self, outcome: str, status: int | None) -> None:
+        self.x.outcome = outcome
+        self.x.status_code = status
+        self.x.finished_at = datetime.now(UTC)
+        await self.on_finish(self.x)
+
+    async def _record_success(self, c: Candidate) -> None:
+        seen = Seen(self.view.circuits.get(c.key))
+        if seen.snapshot is not None and not seen.snapshot.clean:
+            await sync_to_async(services.circuit_record_success)(key=self._key(c), seen=seen)
+        if c.demoted:
+            await sync_to_async(services.demotion_resolve)(assignment_id=c.assignment_id, model=c.model)
+
+    async def _record_failure(self, c: Candidate, failure: FailureClass, held_probe: bool) -> None:
+        reason = circuit_reason(failure)
+        now = datetime.now(UTC)
+        if reason is not None:
+            await sync_to_async(services.circuit_record_failure)(
+                key=self._key(c), reason=reason, settings=self.bs, now=now
+            )
+            if demotes(failure):
+                await sync_to_async(services.demotion_record)(
+                    assignment_id=c.assignment_id,
+                    model=c.model,
+                    reason=reason,
+                    until=now + timedelta(seconds=self.demotion_seconds),
+                )
+        elif held_probe:
+            await sync_to_async(services.circuit_release_probe)(key=self._key(c))
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _remaining_ms(self) -> int:
+        return max(int((self.deadline - time.monotonic()) * 1000), 0)
+
+    async def _admit(self, c: Candidate) -> tuple[bool, bool]:
+        """(dispatch?, holds a probe). Re-gates for the deadline spent so far and takes a probe."""
+        verdict = evaluate(c, replace(self.requirements, deadline_remaining_ms=self._remaining_ms()))
+        if not verdict.eligible:
+            self._log(c, "ineligible", ineligible_reason=str(verdict.reason))
+            return False, False
+        if c.health is not Health.PROBE:
+            return True, False
+        won = await sync_to_async(services.circuit_take_probe)(
+            key=self._key(c), settings=self.bs, now=datetime.now(UTC)
+        )
+        if won:
+            return True, True
+        snapshot = self.view.circuits.get(c.key)
+        if breaker.blocked_health(snapshot.reason if snapshot else None) is Health.BLOCKED:
+            self._log(c, "ineligible", ineligible_reason=str(IneligibleReason.CIRCUIT_OPEN))
+            return False, False
+        return True, False
+
+    async def run(self) -> Final | Stream:
+        for verdict in self.plan.ineligible:
+            self._log(verdict.candidate, "ineligible", ineligible_reason=str(verdict.reason))
+        order = self.plan.order
+        index: int | None = 0
+        last: Failure | None = None
+        while index is not None and index < len(order):
+            c = order[index]
+            dispatch, held_probe = await self._admit(c)
+            if not dispatch:
+                index += 1
+                continue
+            target = self.view.targets[c.assignment_id]
+            url, headers, payload = openai_adapter.build_request(
+                target, self.path, self.body, model=c.model, requirements=self.requirements
+            )
+            started = time.monotonic()
+            log = self._log(c, "failed")
+            try:
+                result = await self._attempt(c, log, url, headers, payload)
+            except asyncio.CancelledError:
+                log.status, log.failure_class = "cancelled", FailureClass.CANCELLED
+                log.dispatch_state = DispatchState.UNKNOWN
+                log.elapsed_ms = int((time.monotonic() - started) * 1000)
+                if held_probe:
+                    await asyncio.shield(sync_to_async(services.circuit_release_probe)(key=self._key(c)))
+                await asyncio.shield(self._finish("cancelled", 499))
+                raise
+            log.elapsed_ms = int((time.monotonic() - started) * 1000)
+            if not isinstance(result, Failure):
+                self.x.served_model = c.model
+                self.x.model_fallback = c.cross_model
+                return await self._succeed(c, log, result)
+            last = result
+            log.failure_class = str(result.failure)
+            log.dispatch_state = str(result.dispatch)
+            log.upstream_status = result.status
+            log.error_code = result.code or ""
+            await self._record_failure(c, result.failure, held_probe)
+            action = disposition(result.failure, result.dispatch)
+            nxt = next_candidate(order, index, action)
+            if nxt is None:
+                break
+            log.status = "retryable_failed"
+            self.x.retry_count += 1
+            await self._backoff()
+            index = nxt
+        return await self._final_failure(last)
+
+    async def _backoff(self) -> None:
+        # Full jitter, inside the one deadline of the whole sequence.
+        delay = random.uniform(0, self.backoff_base_ms / 1000 * (2 ** min(self.x.retry_count - 1, 6)))  # noqa: S311
+        await asyncio.sleep(min(delay, max(self.deadline - time.monotonic(), 0)))
+
+    async def _attempt(
+        self, c: Candidate, log: AttemptLog, url: str, headers: dict, payload: dict
+    ) -> Failure | Final | Stream:
+        try:
+            response = await upstream.open_stream(
+                "POST",
+                url,
+                headers=headers,
+                json=payload,
+                read_timeout_s=max(self._remaining_ms() / 1000, 0.001),
+            )
+        except TransportFailure as failure:
+            return self._failure(Observation(transport=failure.event), None)
+        log.upstream_status = response.status_code
+        if response.status_code != 200 or self.dialect is None:
+            try:
+                raw = await upstream.read_body(response)
+            except TransportFailure as failure:
+                return self._failure(Observation(status=response.status_code, transport=failure.event), None)
+            return self._plain(c, log, response.status_code, raw)
+        return await self._stream(c, log, response)
+
+    def _failure(self, observation: Observation, withheld: tuple[Block, ...]) -> Failure:
+        failure = classify(observation) or FailureClass.UPSTREAM_ERROR
+        error = canonical_error(observation.body)
+        return Failure(
+            failure=failure,
+            dispatch=dispatch_state(observation.transport, observation.status),
+            status=observation.status,
+            error_type=error.type,
+            code=error.code,
+            param=error.param,
+            withheld=withheld or (),
+        )
+
+    def _plain(self, c: Candidate, log: AttemptLog, status: int, raw: bytes) -> Failure | Final:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        body = parsed if isinstance(parsed, dict) else None
+        if 200 <= status < 300:
+            log.input_tokens, log.output_tokens = _usage(body)
+            failure = classify(Observation(status=status, finish_reason=_finish_reason(body)))
+            if failure is FailureClass.SAFETY_REFUSAL:
+                log.failure_class = str(failure)
+                self.x.outcome = "terminal_refusal"
+            return Final(status=status, body=raw)
+        return self._failure(Observation(status=status, body=body, has_provenance=True), ())
+
+    async def _stream(self, c: Candidate, log: AttemptLog, response: httpx.Response) -> Failure | Stream:
+        parser, withholder = SSEParser(), Withholder()
+        chunks = response.aiter_raw()
+        assert self.dialect is not None
+        try:
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    tail = parser.flush()
+                    blocks = [tail] if tail else []
+                    ended = True
+                else:
+                    blocks = parser.feed(chunk)
+                    ended = False
+                for n, block in enumerate(blocks):
+                    cls = classify_block(self.dialect, block)
+                    decision = withholder.feed(block, cls)
+                    if decision.action is Action.RELEASE:
+                        first = b"".join(b.raw for b in decision.write)
+                        if cls.visibility is Visibility.TERMINAL_SUCCESS:
+                            log.input_tokens, log.output_tokens = _usage(cls.payload)
+                        pending = blocks[n + 1 :]
+                        rest = self._relay_rest(c, log, response, chunks, parser, withholder, first, pending)
+                        return Stream(rest)
+                    if decision.action is Action.PRE_VISIBLE_FAILURE:
+                        await response.aclose()
+                        return self._failure(
+                            Observation(
+                                status=200,
+                                body=cls.payload if isinstance(cls.payload, dict) else None,
+                                transport=TransportEvent.STREAM_ERROR_EVENT,
+                                has_provenance=True,
+                            ),
+                            withholder.withheld(),
+                        )
+                if ended:
+                    await response.aclose()
+                    return self._failure(
+                        Observation(status=200, transport=TransportEvent.STREAM_TRUNCATED), ()
+                    )
+        except (TransportFailure, httpx.HTTPError, SSEProtocolError) as exc:
+            await response.aclose()
+            event = exc.event if isinstance(exc, TransportFailure) else upstream.transport_event(exc)
+            if event is not TransportEvent.READ_TIMEOUT:
+                event = TransportEvent.STREAM_TRUNCATED
+            return self._failure(Observation(status=200, transport=event), ())
+
+    async def _relay_rest(
+        self,
+        c: Candidate,
+        log: AttemptLog,
+        response: httpx.Response,
+        chunks: AsyncIterator[bytes],
+        parser: SSEParser,
+        withholder: Withholder,
+        first: bytes,
+        pending: list[Block],
+    ) -> AsyncIterator[bytes]:
+        outcome, status = "ok", 200
+        log.status, log.dispatch_state = "succeeded", DispatchState.COMPLETED
+        started = time.monotonic()
+
+        async def batches() -> AsyncIterator[list[Block]]:
+            yield pending
+            async for chunk in chunks:
+                yield parser.feed(chunk)
+            tail = parser.flush()
+            if tail is not None:
+                yield [tail]
+
+        try:
+            yield first
+            async for batch in batches():
+                out = []
+                for block in batch:
+                    cls = classify_block(self.dialect, block)
+                    decision = withholder.feed(block, cls)
+                    if cls.visibility is Visibility.TERMINAL_SUCCESS or cls.payload is not None:
+                        tokens = _usage(cls.payload)
+                        if tokens != (None, None):
+                            log.input_tokens, log.output_tokens = tokens
+                    if decision.action is Action.POST_VISIBLE_FAILURE:
+                        error = decision.error
+                        out.append(
+                            encode_error_event(
+                                self.dialect,
+                                type=(error.type if error and error.type else "upstream_error"),
+                                code=error.code if error else None,
+                                param=error.param if error else None,
+                                message=POST_VISIBLE_MESSAGE,
+                            )
+                        )
+                        log.status, log.failure_class = "failed", "upstream_error"
+                        outcome = "upstream_error_after_output"
+                    else:
+                        out.extend(b.raw for b in decision.write)
+                if out:
+                    yield b"".join(out)
+        except asyncio.CancelledError:
+            log.status, log.failure_class, log.dispatch_state = "cancelled", FailureClass.CANCELLED, "unknown"
+            outcome, status = "cancelled", 499
+            raise
+        except (httpx.HTTPError, SSEProtocolError):
+            log.status, log.failure_class, log.dispatch_state = "failed", FailureClass.INTERRUPTED, "unknown"
+            outcome = "upstream_interrupted"
+            yield encode_error_event(
+                self.dialect,
+                type="upstream_error",
+                code="upstream_interrupted",
+                param=None,
+                message="The upstream stream ended abnormally after output began.",
+            )
+        finally:
+            log.elapsed_ms += int((time.monotonic() - started) * 1000)
+            await asyncio.shield(response.aclose())
+            if log.status == "succeeded":
+                log.cost_micros = self._cost(c, log)
+                await asyncio.shield(self._record_success(c))
+            await asyncio.shield(self._finish(outcome, status))
+
+    def _cost(self, c: Candidate, log: AttemptLog) -> int | None:
+        if log.input_tokens is None or log.output_tokens is None:
+            return None
+        return cost_micros(c.price, input_tokens=log.input_tokens, output_tokens=log.output_tokens)
+
+    async def _succeed(self, c: Candidate, log: AttemptLog, result: Final | Stream) -> Final | Stream:
+        if isinstance(result, Stream):
+            return result
+        log.status, log.dispatch_state = "succeeded", DispatchState.COMPLETED
+        log.cost_micros = self._cost(c, log)
+        await self._record_success(c)
+        await self._finish(self.x.outcome or "ok", result.status)
+        return result
+
+    async def _final_failure(self, last: Failure | None) -> Final:
+        if last is None:
+            reason = self.plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
+            await self._finish("no_eligible_backend", 503)
+            return Final(
+                503,
+                error_body(
+                    message="No eligible backend can serve this request.",
+                    type="service_unavailable",
+                    code="no_eligible_backend",
+                    param=str(reason),
+                ),
+            )
+        action = disposition(last.failure, last.dispatch)
+        if action is Disposition.DISPATCH_UNKNOWN:
+            await self._finish("upstream_dispatch_unknown", 504)
+            return Final(
+                504,
+                error_body(
+                    message=FINAL_MESSAGES[FailureClass.DISPATCH_UNKNOWN],
+                    type="upstream_error",
+                    code="upstream_dispatch_unknown",
+                ),
+            )
+        if last.withheld and self.dialect is not None:
+            # A stream that failed before any output: the withheld lifecycle once, then the failure.
+            body = b"".join(b.raw for b in last.withheld) + encode_error_event(
+                self.dialect,
+                type=last.error_type or "upstream_error",
+                code=last.code,
+                param=last.param,
+                message="The upstream rejected the request.",
+            )
+            await self._finish(last.code or str(last.failure), 200)
+            return Final(200, body, content_type="text/event-stream")
+        status = last.status if last.status and last.status >= 400 else 502
+        await self._finish(last.code or str(last.failure), status)
+        return Final(
+            status,
+            error_body(
+                message="The upstream rejected the request.",
+                type=last.error_type or "upstream_error",
+                code=last.code,
+                param=last.param,
+            ),
+        )

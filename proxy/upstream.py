@@ -1,0 +1,83 @@
+"""The one upstream HTTP client of the process, and the seam that turns transport failures into
+what the router needs to know: was the request sent?
+
+httpx is the API; the transport is httpx-aiohttp, because plain httpx's pool collapses at 40+
+concurrent requests (encode/httpx#3215). That transport maps *every* aiohttp connection error,
+including a server disconnect after the request went out, to `httpx.ConnectTimeout`; reading that
+at face value would replay a request that may have executed. So the dispatch state is decided from
+the original aiohttp exception (`__cause__`), conservatively: only a failure to connect is
+"not sent".
+"""
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+import httpx
+from django.conf import settings
+from httpx_aiohttp import AiohttpTransport
+
+from routing.failures import TransportEvent
+
+_clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+
+
+def client() -> httpx.AsyncClient:
+    """The shared client of the running event loop (a server runs one loop; tests may run several)."""
+    loop = asyncio.get_running_loop()
+    shared = _clients.get(loop)
+    if shared is None:
+        for stale in [other for other in _clients if other.is_closed()]:
+            del _clients[stale]
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30)
+        shared = httpx.AsyncClient(
+            transport=AiohttpTransport(limits=limits, trust_env=False),
+        )
+        _clients[loop] = shared
+    return shared
+
+
+@dataclass(frozen=True, slots=True)
+class TransportFailure(Exception):
+    event: TransportEvent
+
+
+def transport_event(exc: Exception) -> TransportEvent:
+    cause = exc.__cause__ or exc
+    if isinstance(cause, aiohttp.ConnectionTimeoutError | httpx.ConnectTimeout):
+        return TransportEvent.CONNECT_TIMEOUT
+    if isinstance(cause, aiohttp.ClientConnectorError | httpx.ConnectError):
+        return TransportEvent.CONNECT_REFUSED
+    if isinstance(cause, aiohttp.ServerTimeoutError | httpx.TimeoutException | TimeoutError):
+        return TransportEvent.READ_TIMEOUT
+    # A disconnect or reset once connected: the request may have been executed.
+    return TransportEvent.RESET_AFTER_SEND
+
+
+async def open_stream(
+    method: str, url: str, *, headers: dict[str, str], json: object, read_timeout_s: float
+) -> httpx.Response:
+    """Send the request and return the response with its body unread (the caller streams or reads
+    it and must close it). Raises TransportFailure with what is known of the dispatch."""
+    timeout = httpx.Timeout(read_timeout_s, connect=settings.GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S)
+    request = client().build_request(method, url, headers=headers, json=json, timeout=timeout)
+    try:
+        return await client().send(request, stream=True)
+    except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
+        raise TransportFailure(transport_event(exc)) from None
+
+
+async def read_body(response: httpx.Response, limit: int = 1 << 20) -> bytes:
+    """The (bounded) body of an upstream response; a read failure is a reset after send."""
+    chunks, size = [], 0
+    try:
+        async for chunk in response.aiter_raw():
+            size += len(chunk)
+            if size > limit:
+                break
+            chunks.append(chunk)
+    except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
+        raise TransportFailure(transport_event(exc)) from None
+    finally:
+        await response.aclose()
+    return b"".join(chunks)

@@ -1,0 +1,251 @@
+"""OpenAI-compatible endpoints (SPEC §4): thin async views over routing and the relay."""
+
+import json
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from pools.selectors import key_authenticate
+from proxy.adapters.openai import turn_requirements
+from proxy.relay import Exchange, Final, Relay, Stream, error_body
+from proxy.services import request_record_write
+from proxy.sse import Dialect
+from routing.auto import AutoError
+from routing.eligibility import tighten
+from routing.models import AffinityKind
+from routing.plan import HardPin, PinKind, PlanError
+from routing.resolution import ResolutionError, is_allowed
+from routing.route import RequirementsHeaderError, decide, parse_requirements_header
+from routing.selectors import affinity_get, routing_view_load
+from routing.types import Requirements, RouteClass
+
+log = logging.getLogger("gateway")
+
+DIALECTS = {"/v1/chat/completions": Dialect.CHAT, "/v1/responses": Dialect.RESPONSES}
+
+ERROR_STATUS = {
+    "invalid_request": 400,
+    "authentication_error": 401,
+    "permission_denied": 403,
+    "model_not_found": 404,
+    "file_assignment_conflict": 409,
+    "request_too_large": 413,
+    "no_eligible_backend": 503,
+    "pin_unavailable": 503,
+}
+ERROR_MESSAGES = {
+    "invalid_request": "The request is malformed.",
+    "authentication_error": "A valid gateway key is required.",
+    "permission_denied": "This key may not use the model.",
+    "model_not_found": "No route serves this model.",
+    "file_assignment_conflict": "The assignment holding the referenced file is no longer in the pool.",
+    "request_too_large": "The request body is too large.",
+    "no_eligible_backend": "No eligible backend can serve this request.",
+    "pin_unavailable": "The pinned upstream cannot serve this request.",
+}
+
+
+class RequestFailed(Exception):
+    def __init__(self, code: str, param: str | None = None) -> None:
+        super().__init__(code)
+        self.code, self.param = code, param
+
+
+def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
+    status = ERROR_STATUS[code]
+    exchange.outcome, exchange.status_code = code, status
+    body = error_body(message=ERROR_MESSAGES[code], type=code, code=code, param=param)
+    return HttpResponse(body, status=status, content_type="application/json")
+
+
+def _bearer(request: HttpRequest) -> str:
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
+async def _write_ledger(exchange: Exchange) -> None:
+    exchange.finished_at = exchange.finished_at or datetime.now(UTC)
+    await sync_to_async(request_record_write)(exchange=exchange)
+    attempts = sum(1 for a in exchange.attempts if a.status != "ineligible")
+    log.info(
+        json.dumps(
+            {
+                "event": "request",
+                "request_id": exchange.request_id,
+                "route": exchange.route,
+                "transport": exchange.transport,
+                "served_model": exchange.served_model,
+                "outcome": exchange.outcome,
+                "status": exchange.status_code,
+                "attempts": attempts,
+                "retries": exchange.retry_count,
+            }
+        )
+    )
+
+
+def _parse_body(request: HttpRequest) -> dict:
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise RequestFailed("request_too_large") from None
+    if len(raw) > settings.GATEWAY_MAX_BODY_BYTES:
+        raise RequestFailed("request_too_large")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise RequestFailed("invalid_request") from None
+    if not isinstance(body, dict):
+        raise RequestFailed("invalid_request")
+    model = body.get("model")
+    if not isinstance(model, str) or not model or len(model) > 200:
+        raise RequestFailed("invalid_request", "model")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise RequestFailed("invalid_request", "stream")
+    if "messages" in body and not isinstance(body["messages"], list):
+        raise RequestFailed("invalid_request", "messages")
+    return body
+
+
+def _headers_requirements(request: HttpRequest, default_deadline_ms: int) -> tuple[Requirements, int]:
+    try:
+        extra = parse_requirements_header(request.headers.get("x-gateway-requirements", ""))
+    except RequirementsHeaderError:
+        raise RequestFailed("invalid_request", "x-gateway-requirements") from None
+    deadline_ms = default_deadline_ms
+    raw = request.headers.get("x-gateway-deadline-ms")
+    if raw is not None:
+        try:
+            asked = int(raw)
+        except ValueError:
+            raise RequestFailed("invalid_request", "x-gateway-deadline-ms") from None
+        if asked <= 0:
+            raise RequestFailed("invalid_request", "x-gateway-deadline-ms")
+        deadline_ms = min(asked, default_deadline_ms)
+    return extra, deadline_ms
+
+
+async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
+    started_mono = time.monotonic()
+    exchange = Exchange(
+        request_id=uuid.uuid4().hex,
+        key_id=None,
+        route=path,
+        transport="http",
+        requested_model="",
+        started_at=datetime.now(UTC),
+    )
+    try:
+        response = await _handle(request, path, exchange, started_mono)
+    except RequestFailed as failed:
+        response = _typed(exchange, failed.code, failed.param)
+        await _write_ledger(exchange)
+    response["x-gateway-request-id"] = exchange.request_id
+    return response
+
+
+async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: float) -> HttpResponse:
+    key = await sync_to_async(key_authenticate)(_bearer(request))
+    if key is None:
+        raise RequestFailed("authentication_error")
+    exchange.key_id = key.key_id
+    body = _parse_body(request)
+    exchange.requested_model = body["model"]
+    streaming = body.get("stream") is True
+    exchange.transport = "sse" if streaming else "http"
+    route_class = RouteClass.SSE if streaming else RouteClass.HTTP
+    now = datetime.now(UTC)
+    view, gsettings, bsettings = await sync_to_async(routing_view_load)(
+        pool_ids=key.pool_ids, route_class=route_class, now=now
+    )
+    extra, deadline_ms = _headers_requirements(request, gsettings.default_deadline_ms)
+    requirements = tighten(tighten(key.requirements, extra), turn_requirements(body, len(request.body)))
+    pins = []
+    previous = body.get("previous_response_id")
+    if path == "/v1/responses" and isinstance(previous, str) and previous:
+        pin = await sync_to_async(affinity_get)(kind=AffinityKind.RESPONSE, key=previous, now=now)
+        pins.append(HardPin(PinKind.RESPONSE, pin.assignment_id if pin else None))
+    decision = decide(view, key, body["model"], requirements, pins=pins)
+    if isinstance(decision.error, ResolutionError | AutoError):
+        code = str(decision.error.code)
+        param = (
+            str(decision.error.reason)
+            if isinstance(decision.error, AutoError) and decision.error.reason
+            else None
+        )
+        raise RequestFailed(code, param)
+    if isinstance(decision.error, PlanError):
+        raise RequestFailed(str(decision.error.code))
+    assert decision.plan is not None and decision.resolution is not None
+    exchange.served_model = decision.resolution.served
+    relay = Relay(
+        exchange=exchange,
+        view=view,
+        plan=decision.plan,
+        breaker_settings=bsettings,
+        demotion_seconds=gsettings.demotion_seconds,
+        backoff_base_ms=gsettings.backoff_base_ms,
+        requirements=requirements,
+        deadline=started + deadline_ms / 1000,
+        path=path.removeprefix("/v1"),
+        body=body,
+        route_class=route_class,
+        dialect=DIALECTS.get(path) if streaming else None,
+        on_finish=_write_ledger,
+    )
+    result = await relay.run()
+    if isinstance(result, Stream):
+        response: HttpResponse = StreamingHttpResponse(result.chunks, content_type="text/event-stream")
+        response["cache-control"] = "no-cache"
+    else:
+        assert isinstance(result, Final)
+        response = HttpResponse(result.body, status=result.status, content_type=result.content_type)
+    response["x-gateway-attempts"] = str(sum(1 for a in exchange.attempts if a.status != "ineligible"))
+    response["x-gateway-served-model"] = exchange.served_model
+    if exchange.model_fallback or decision.resolution.is_fallback:
+        response["x-gateway-model-fallback"] = exchange.served_model
+    return response
+
+
+@csrf_exempt
+@require_POST
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await _proxy(request, "/v1/chat/completions")
+
+
+@csrf_exempt
+@require_POST
+async def responses(request: HttpRequest) -> HttpResponse:
+    return await _proxy(request, "/v1/responses")
+
+
+def _models_for(key) -> list[str]:
+    from catalog.models import CatalogEntry
+
+    models = CatalogEntry.objects.filter(assignment__pool_id__in=key.pool_ids, assignment__enabled=True)
+    return sorted({m for m in models.values_list("model", flat=True) if is_allowed(m, key.allowed_models)})
+
+
+@require_GET
+async def models(request: HttpRequest) -> HttpResponse:
+    key = await sync_to_async(key_authenticate)(_bearer(request))
+    if key is None:
+        body = error_body(
+            message=ERROR_MESSAGES["authentication_error"],
+            type="authentication_error",
+            code="invalid_api_key",
+        )
+        return HttpResponse(body, status=401, content_type="application/json")
+    ids = await sync_to_async(_models_for)(key)
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "gateway"} for m in ids]
+    return JsonResponse({"object": "list", "data": data})
