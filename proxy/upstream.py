@@ -37,6 +37,13 @@ def client() -> httpx.AsyncClient:
     return shared
 
 
+async def close_client() -> None:
+    """Close the running loop's shared client (at server shutdown)."""
+    shared = _clients.pop(asyncio.get_running_loop(), None)
+    if shared is not None:
+        await shared.aclose()
+
+
 @dataclass(frozen=True, slots=True)
 class TransportFailure(Exception):
     event: TransportEvent

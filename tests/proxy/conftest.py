@@ -10,6 +10,7 @@ import uvicorn
 
 from catalog.models import Provenance
 from pools.models import GatewaySettings
+from proxy import upstream
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
 GATEWAY_KEY = "sk-gw-e2e-test-key-0123456789"
@@ -31,7 +32,14 @@ def gateway(transactional_db):
     server = _Server(
         uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        finally:
+            await upstream.close_client()
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
     thread.start()
     for _ in range(200):
         if server.started:
