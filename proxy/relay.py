@@ -48,6 +48,7 @@ from routing.failures import (
     dispatch_state,
     disposition,
 )
+from routing.models import AffinityKind
 from routing.plan import Plan, next_candidate
 from routing.pricing import cost_micros
 from routing.route import RoutingView
@@ -90,6 +91,19 @@ class Exchange:
     attempts: list[AttemptLog] = field(default_factory=list)
     finished_at: datetime | None = None
     model_fallback: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Which affinities a success should record (SPEC §7.2)."""
+
+    response_ids: bool = False  # Responses routes: response id -> assignment, for previous_response_id
+    session: str | None = None  # x-gateway-session
+    session_seen: tuple[int | None, str] | None = None  # (assignment, model) already stored for it
+
+
+RESPONSE_AFFINITY_TTL = timedelta(days=30)  # as long as the providers keep stored responses
+SESSION_AFFINITY_TTL = timedelta(hours=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +158,18 @@ def _finish_reason(payload: object) -> str | None:
     return None
 
 
+def _response_id(payload: object) -> str | None:
+    """The id of a Responses object, plain (`{"id": "resp_..."}`) or in a stream event's `response`."""
+    if not isinstance(payload, dict):
+        return None
+    inner = payload.get("response")
+    source = inner if isinstance(inner, dict) else payload
+    if source.get("object") not in (None, "response"):
+        return None
+    value = source.get("id")
+    return value if isinstance(value, str) and 0 < len(value) <= 300 else None
+
+
 def error_body(*, message: str, type: str, code: str | None, param: str | None = None) -> bytes:
     return json.dumps({"error": {"message": message, "type": type, "code": code, "param": param}}).encode()
 
@@ -171,6 +197,8 @@ class Relay:
         route_class: RouteClass,
         dialect: Dialect | None,
         on_finish: Callable[[Exchange], Awaitable[None]],
+        single_attempt: bool = False,
+        memory: Memory = Memory(),
     ) -> None:
         self.x = exchange
         self.view = view
@@ -185,6 +213,10 @@ class Relay:
         self.route_class = route_class
         self.dialect = dialect
         self.on_finish = on_finish
+        self.single_attempt = single_attempt
+        self.memory = memory
+        self.response_id: str | None = None
+        self.held_probe = False
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -211,7 +243,29 @@ class Relay:
         self.x.finished_at = datetime.now(UTC)
         await self.on_finish(self.x)
 
+    def _remember(self, c: Candidate) -> None:
+        now = datetime.now(UTC)
+        if self.memory.response_ids and self.response_id:
+            services.affinity_record(
+                kind=AffinityKind.RESPONSE,
+                key=self.response_id,
+                assignment_id=c.assignment_id,
+                ttl=RESPONSE_AFFINITY_TTL,
+                now=now,
+            )
+        if self.memory.session and self.memory.session_seen != (c.assignment_id, c.model):
+            services.affinity_record(
+                kind=AffinityKind.SESSION,
+                key=self.memory.session,
+                assignment_id=c.assignment_id,
+                model=c.model,
+                ttl=SESSION_AFFINITY_TTL,
+                now=now,
+            )
+
     async def _record_success(self, c: Candidate) -> None:
+        if (self.memory.response_ids and self.response_id) or self.memory.session:
+            await sync_to_async(self._remember)(c)
         seen = Seen(self.view.circuits.get(c.key))
         if seen.snapshot is not None and not seen.snapshot.clean:
             await sync_to_async(services.circuit_record_success)(key=self._key(c), seen=seen)
@@ -268,6 +322,7 @@ class Relay:
         while index is not None and index < len(order):
             c = order[index]
             dispatch, held_probe = await self._admit(c)
+            self.held_probe = held_probe
             if not dispatch:
                 index += 1
                 continue
@@ -299,7 +354,7 @@ class Relay:
             log.error_code = result.code or ""
             await self._record_failure(c, result.failure, held_probe)
             action = disposition(result.failure, result.dispatch)
-            nxt = next_candidate(order, index, action)
+            nxt = None if self.single_attempt else next_candidate(order, index, action)
             if nxt is None:
                 break
             log.status = "retryable_failed"
@@ -356,6 +411,7 @@ class Relay:
         body = parsed if isinstance(parsed, dict) else None
         if 200 <= status < 300:
             log.input_tokens, log.output_tokens = _usage(body)
+            self._note_response_id(body)
             failure = classify(Observation(status=status, finish_reason=_finish_reason(body)))
             if failure is FailureClass.SAFETY_REFUSAL:
                 log.failure_class = str(failure)
@@ -380,6 +436,7 @@ class Relay:
                     ended = False
                 for n, block in enumerate(blocks):
                     cls = classify_block(self.dialect, block)
+                    self._note_response_id(cls.payload)
                     decision = withholder.feed(block, cls)
                     if decision.action is Action.RELEASE:
                         first = b"".join(b.raw for b in decision.write)
@@ -440,6 +497,7 @@ class Relay:
                 out = []
                 for block in batch:
                     cls = classify_block(self.dialect, block)
+                    self._note_response_id(cls.payload)
                     decision = withholder.feed(block, cls)
                     if cls.visibility is Visibility.TERMINAL_SUCCESS or cls.payload is not None:
                         tokens = _usage(cls.payload)
@@ -482,7 +540,13 @@ class Relay:
             if log.status == "succeeded":
                 log.cost_micros = self._cost(c, log)
                 await asyncio.shield(self._record_success(c))
+            elif self.held_probe:  # a verdict-free end frees the probe slot (SPEC §7.1)
+                await asyncio.shield(sync_to_async(services.circuit_release_probe)(key=self._key(c)))
             await asyncio.shield(self._finish(outcome, status))
+
+    def _note_response_id(self, payload: object) -> None:
+        if self.memory.response_ids and self.response_id is None:
+            self.response_id = _response_id(payload)
 
     def _cost(self, c: Candidate, log: AttemptLog) -> int | None:
         if log.input_tokens is None or log.output_tokens is None:

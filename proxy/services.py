@@ -3,13 +3,20 @@
 from django.db import transaction
 
 from proxy.models import Attempt, RequestRecord
-from proxy.relay import Exchange
+from proxy.relay import AttemptLog, Exchange
 
 
 @transaction.atomic
-def request_record_write(*, exchange: Exchange) -> RequestRecord:
-    x = exchange
-    record = RequestRecord.objects.create(
+def request_records_write(*, exchanges: list[Exchange]) -> None:
+    """One transaction for a batch: the records, then all their attempts in one INSERT."""
+    records = RequestRecord.objects.bulk_create([_record(x) for x in exchanges])
+    Attempt.objects.bulk_create(
+        _attempt(record, a) for record, x in zip(records, exchanges, strict=True) for a in x.attempts
+    )
+
+
+def _record(x: Exchange) -> RequestRecord:
+    return RequestRecord(
         request_id=x.request_id,
         key_id=x.key_id,
         route=x.route,
@@ -22,24 +29,23 @@ def request_record_write(*, exchange: Exchange) -> RequestRecord:
         started_at=x.started_at,
         finished_at=x.finished_at,
     )
-    Attempt.objects.bulk_create(
-        Attempt(
-            request=record,
-            ordinal=a.ordinal,
-            assignment_id=a.assignment_id,
-            model=a.model,
-            route_class=a.route_class,
-            status=a.status,
-            failure_class=a.failure_class,
-            ineligible_reason=a.ineligible_reason,
-            dispatch_state=a.dispatch_state,
-            upstream_status=a.upstream_status,
-            error_code=a.error_code[:100],
-            elapsed_ms=a.elapsed_ms,
-            input_tokens=a.input_tokens,
-            output_tokens=a.output_tokens,
-            cost_micros=a.cost_micros,
-        )
-        for a in x.attempts
+
+
+def _attempt(record: RequestRecord, a: AttemptLog) -> Attempt:
+    return Attempt(
+        request=record,
+        ordinal=a.ordinal,
+        assignment_id=a.assignment_id,
+        model=a.model,
+        route_class=a.route_class,
+        status=a.status,
+        failure_class=a.failure_class,
+        ineligible_reason=a.ineligible_reason,
+        dispatch_state=a.dispatch_state,
+        upstream_status=a.upstream_status,
+        error_code=a.error_code[:100],
+        elapsed_ms=a.elapsed_ms,
+        input_tokens=a.input_tokens,
+        output_tokens=a.output_tokens,
+        cost_micros=a.cost_micros,
     )
-    return record

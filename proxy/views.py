@@ -14,9 +14,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from pools.selectors import key_authenticate
+from proxy import ledger
 from proxy.adapters.openai import turn_requirements
-from proxy.relay import Exchange, Final, Relay, Stream, error_body
-from proxy.services import request_record_write
+from proxy.relay import Exchange, Final, Memory, Relay, Stream, error_body
 from proxy.sse import Dialect
 from routing.auto import AutoError
 from routing.eligibility import tighten
@@ -29,7 +29,13 @@ from routing.types import Requirements, RouteClass
 
 log = logging.getLogger("gateway")
 
-DIALECTS = {"/v1/chat/completions": Dialect.CHAT, "/v1/responses": Dialect.RESPONSES}
+DIALECTS = {
+    "/v1/chat/completions": Dialect.CHAT,
+    "/v1/responses": Dialect.RESPONSES,
+    "/v1/responses/compact": Dialect.RESPONSES,
+}
+RESPONSES_ROUTES = ("/v1/responses", "/v1/responses/compact")
+COMPACT = "/v1/responses/compact"
 
 ERROR_STATUS = {
     "invalid_request": 400,
@@ -74,8 +80,9 @@ def _bearer(request: HttpRequest) -> str:
 
 
 async def _write_ledger(exchange: Exchange) -> None:
+    """Hands the finished exchange to the ledger writer (off the critical path) and logs one line."""
     exchange.finished_at = exchange.finished_at or datetime.now(UTC)
-    await sync_to_async(request_record_write)(exchange=exchange)
+    ledger.writer.submit(exchange)
     attempts = sum(1 for a in exchange.attempts if a.status != "ineligible")
     log.info(
         json.dumps(
@@ -172,10 +179,25 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
     requirements = tighten(tighten(key.requirements, extra), turn_requirements(body, len(request.body)))
     pins = []
     previous = body.get("previous_response_id")
-    if path == "/v1/responses" and isinstance(previous, str) and previous:
-        pin = await sync_to_async(affinity_get)(kind=AffinityKind.RESPONSE, key=previous, now=now)
-        pins.append(HardPin(PinKind.RESPONSE, pin.assignment_id if pin else None))
-    decision = decide(view, key, body["model"], requirements, pins=pins)
+    if path in RESPONSES_ROUTES and isinstance(previous, str) and previous:
+        # A response the gateway relayed pins the request to its assignment; one it never saw (or
+        # whose affinity expired) pins nothing, and the upstream answers for itself.
+        pin = await sync_to_async(affinity_get)(kind=AffinityKind.RESPONSE, key=previous[:300], now=now)
+        if pin is not None:
+            pins.append(HardPin(PinKind.RESPONSE, pin.assignment_id))
+    session_key = request.headers.get("x-gateway-session", "")[:300] or None
+    session = None
+    if session_key:
+        session = await sync_to_async(affinity_get)(kind=AffinityKind.SESSION, key=session_key, now=now)
+    decision = decide(
+        view,
+        key,
+        body["model"],
+        requirements,
+        pins=pins,
+        session_assignment_id=session.assignment_id if session else None,
+        session_model=(session.model or None) if session else None,
+    )
     if isinstance(decision.error, ResolutionError | AutoError):
         code = str(decision.error.code)
         param = (
@@ -202,6 +224,12 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
         route_class=route_class,
         dialect=DIALECTS.get(path) if streaming else None,
         on_finish=_write_ledger,
+        single_attempt=path == COMPACT,
+        memory=Memory(
+            response_ids=path in RESPONSES_ROUTES,
+            session=session_key,
+            session_seen=(session.assignment_id, session.model) if session else None,
+        ),
     )
     result = await relay.run()
     if isinstance(result, Stream):
@@ -234,6 +262,12 @@ def _models_for(key) -> list[str]:
 
     models = CatalogEntry.objects.filter(assignment__pool_id__in=key.pool_ids, assignment__enabled=True)
     return sorted({m for m in models.values_list("model", flat=True) if is_allowed(m, key.allowed_models)})
+
+
+@csrf_exempt
+@require_POST
+async def responses_compact(request: HttpRequest) -> HttpResponse:
+    return await _proxy(request, COMPACT)
 
 
 @require_GET

@@ -162,6 +162,10 @@ def demotion_resolve(*, assignment_id: int, model: str) -> None:
 def affinity_record(
     *, kind: AffinityKind, key: str, assignment_id: int | None, model: str = "", ttl: timedelta, now: datetime
 ) -> None:
-    Affinity.objects.update_or_create(
-        kind=kind, key=key, defaults={"assignment_id": assignment_id, "model": model, "expires_at": now + ttl}
+    # One INSERT .. ON CONFLICT UPDATE: the upsert costs a single statement on the request path.
+    Affinity.objects.bulk_create(
+        [Affinity(kind=kind, key=key, assignment_id=assignment_id, model=model, expires_at=now + ttl)],
+        update_conflicts=True,
+        unique_fields=["kind", "key"],
+        update_fields=["assignment", "model", "expires_at"],
     )

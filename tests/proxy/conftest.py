@@ -10,7 +10,7 @@ import uvicorn
 
 from catalog.models import Provenance
 from pools.models import GatewaySettings
-from proxy import upstream
+from proxy import ledger, upstream
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
 GATEWAY_KEY = "sk-gw-e2e-test-key-0123456789"
@@ -48,6 +48,7 @@ def gateway(transactional_db):
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
+    ledger.writer.flush()  # before the test database is emptied under it
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 import httpx
 import pytest
 
+from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord
 from routing.models import Circuit, Demotion
 from tests.fakes.upstream import model_not_found, serve
@@ -31,6 +32,7 @@ def test_model_not_found_on_the_first_assignment_is_served_by_the_second(gateway
     assert response.headers["x-gateway-served-model"] == "gpt-5"
     assert a.hit_count(model="gpt-5") == 1 and b.hit_count(model="gpt-5") == 1
     assert [h.body["model"] for h in a.hits + b.hits] == ["gpt-5", "gpt-5"]
+    writer.flush()
     record = RequestRecord.objects.get(request_id=response.headers["x-gateway-request-id"])
     assert (record.retry_count, record.outcome, record.transport) == (1, "ok", "sse" if stream else "http")
     assert _attempts(record) == ["retryable_failed", "succeeded"]
@@ -52,6 +54,7 @@ def test_the_final_candidate_failure_is_returned_sanitized(gateway, two_assignme
         "invalid_request_error",
     )
     assert "does not exist" not in error["message"]  # the fake's own words never reach the client
+    writer.flush()
     record = RequestRecord.objects.get()
     assert _attempts(record) == ["retryable_failed", "failed"]
 
@@ -73,6 +76,7 @@ def test_bad_input_and_missing_keys_get_typed_errors_and_no_upstream_hit(gateway
         )
         assert (response.status_code, response.json()["error"]["code"]) == (status, code)
     assert a.hits == [] and b.hits == []
+    writer.flush()
     assert RequestRecord.objects.count() == len(cases)
 
 

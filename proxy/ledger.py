@@ -1,0 +1,68 @@
+"""The ledger writer: records finished exchanges off the client's critical path (SPEC §7.3).
+
+A request hands its Exchange to `submit` and returns at once; one writer thread per process saves
+them in batches, each batch in one transaction. `flush` waits until everything submitted so far is
+saved; it runs at interpreter exit (daphne and uvicorn both exit normally on SIGTERM after their
+graceful shutdown), so a graceful stop loses no record.
+"""
+
+import atexit
+import logging
+import queue
+import threading
+
+from django.db import DatabaseError, close_old_connections
+
+from proxy.relay import Exchange
+
+log = logging.getLogger("gateway")
+
+BATCH = 200
+
+
+class LedgerWriter:
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Exchange] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, exchange: Exchange) -> None:
+        self._ensure_thread()
+        self._queue.put(exchange)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every exchange submitted before this call is saved (or `timeout` passes)."""
+        with self._queue.all_tasks_done:
+            return self._queue.all_tasks_done.wait_for(lambda: self._queue.unfinished_tasks == 0, timeout)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        from proxy.services import request_records_write
+
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                close_old_connections()
+                request_records_write(exchanges=batch)
+            except DatabaseError:
+                # The database is unreachable: these records are lost, and we say so (without content).
+                log.exception("ledger: %d request records could not be saved", len(batch))
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+
+writer = LedgerWriter()
+atexit.register(writer.flush)
