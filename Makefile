@@ -29,3 +29,8 @@ format: install
 
 clean:
 	rm -rf $(VENV) var/gateway.sqlite3 var/static
+
+# A real load generator (wrk) on loopback: the gateway under daphne and uvicorn, direct upstream calls and the
+# LiteLLM proxy in the same run; writes bench/results.md. BENCH_ARGS="--quick" for a smoke run.
+bench: install
+	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)

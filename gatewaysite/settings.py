@@ -24,7 +24,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhos
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "gatewaysite.apps.GatewayAdminConfig",  # django.contrib.admin with the gateway's site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -70,9 +70,16 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'gateway.sqlite3'}"),
 }
+# All request-path queries run on asgiref's one sync thread (and the ledger writer's), so a few
+# long-lived connections serve everything; the health check reconnects after a database restart.
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=300))
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several async request handlers write the ledger at once; wait for the lock instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 20})
+    # WAL lets the request path read while the ledger writer commits (the default journal makes
+    # readers wait out every commit); the busy timeout waits for the lock instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

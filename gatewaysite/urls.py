@@ -3,12 +3,15 @@ from django.urls import path
 
 from gatewaysite import health
 from proxy import views as proxy
+from proxy.metrics import metrics_view
 
 urlpatterns = [
     path("healthz", health.healthz),
     path("readyz", health.readyz),
+    path("metrics", metrics_view),
     path("v1/chat/completions", proxy.chat_completions),
     path("v1/responses", proxy.responses),
+    path("v1/responses/compact", proxy.responses_compact),
     path("v1/models", proxy.models),
     path("admin/", admin.site.urls),
 ]

@@ -1,6 +1,7 @@
 from django import forms
 from django.contrib import admin
 
+from gatewaysite.admin import PoolScopedAdmin
 from pools.models import (
     MIN_KEY_LENGTH,
     Assignment,
@@ -20,16 +21,23 @@ class AssignmentInline(admin.TabularInline):
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(PoolScopedAdmin):
+    pool_path = "pk"
     list_display = ("name", "auto_models")
     search_fields = ("name",)
     inlines = [AssignmentInline]
+    fields = ("name", "auto_models", "operator_groups")
+    filter_horizontal = ("operator_groups",)
+
+    def get_readonly_fields(self, request, obj=None):
+        # Granting a pool is granting access: only a superuser decides who operates which pool.
+        return () if request.user.is_superuser else ("operator_groups",)
 
 
 @admin.register(Assignment)
-class AssignmentAdmin(admin.ModelAdmin):
+class AssignmentAdmin(PoolScopedAdmin):
     list_display = ("name", "pool", "adapter", "tier", "weight", "region", "router", "enabled")
-    list_filter = ("pool", "adapter", "router", "enabled")
+    list_filter = (("pool", admin.RelatedOnlyFieldListFilter), "adapter", "router", "enabled")
     list_select_related = ("pool",)
     search_fields = ("name", "base_url")
     fieldsets = (
@@ -102,7 +110,8 @@ class GatewaySettingsAdmin(admin.ModelAdmin):
     )
 
     def has_add_permission(self, request) -> bool:
-        return not GatewaySettings.objects.exists()
+        # A singleton: addable once, and only by a user who may add it at all.
+        return super().has_add_permission(request) and not GatewaySettings.objects.exists()
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -101,6 +101,25 @@ class GatewaySettings(models.Model):
         return obj
 
 
+class ConfigVersion(models.Model):
+    """A counter bumped by every change to what routing caches per process (pools, assignments,
+    catalog, aliases, fallbacks, settings). Each request reads it with its key, so a node sees a
+    change made through any other node on its next request. Only `bump` writes it."""
+
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(pk=1), name="configversion_singleton")]
+
+    def __str__(self) -> str:
+        return f"config version {self.value}"
+
+    @classmethod
+    def bump(cls) -> None:
+        if not cls.objects.filter(pk=1).update(value=models.F("value") + 1):
+            cls.objects.get_or_create(pk=1, defaults={"value": 1})
+
+
 class ModelAlias(models.Model):
     """`model_aliases`: alias -> canonical model, one hop."""
 
@@ -135,8 +154,21 @@ class ModelFallback(models.Model):
 
 
 class Pool(models.Model):
+    """A set of assignments that keys are granted.
+
+    Operator access is granted per pool to auth groups (`operator_groups`), not to single users: a team's
+    group carries both the model permission (`pools.view_assignment`) and its pools, so on-call rotations
+    change group membership, never pool rows. Superusers see every pool (`pools.selectors.pools_visible_to`).
+    """
+
     name = models.CharField(max_length=100, unique=True)
     auto_models = models.JSONField(default=list, blank=True, help_text="Candidates for model=auto, in order.")
+    operator_groups = models.ManyToManyField(
+        "auth.Group",
+        blank=True,
+        related_name="operated_pools",
+        help_text="Groups whose staff see this pool in the admin (with the view permission on assignments).",
+    )
 
     class Meta:
         ordering = ["name"]

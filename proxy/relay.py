@@ -16,9 +16,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 import httpx
-from asgiref.sync import sync_to_async
 
-from proxy import upstream
+from proxy import db, upstream
 from proxy.adapters import openai as openai_adapter
 from proxy.sse import (
     Action,
@@ -26,7 +25,6 @@ from proxy.sse import (
     Dialect,
     SSEParser,
     SSEProtocolError,
-    Visibility,
     Withholder,
     encode_error_event,
 )
@@ -90,7 +88,8 @@ class Exchange:
     retry_count: int = 0
     attempts: list[AttemptLog] = field(default_factory=list)
     finished_at: datetime | None = None
-    model_fallback: bool = False
+    model_fallback: bool = False  # served by a cross-model candidate after a model_not_found
+    fallback_reason: str = ""  # the requested model was substituted before routing: explicit | family
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +145,14 @@ def _usage(payload: object) -> tuple[int | None, int | None]:
 
 
 def _finish_reason(payload: object) -> str | None:
+    """finish_reason (chat), incomplete reason (Responses, plain or in a stream event), stop_reason."""
     if not isinstance(payload, dict):
         return None
+    if isinstance(payload.get("response"), dict):
+        payload = payload["response"]
+    for holder in (payload, payload.get("delta")):
+        if isinstance(holder, dict) and isinstance(holder.get("stop_reason"), str):
+            return holder["stop_reason"]
     choices = payload.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         reason = choices[0].get("finish_reason")
@@ -265,29 +270,30 @@ class Relay:
 
     async def _record_success(self, c: Candidate) -> None:
         if (self.memory.response_ids and self.response_id) or self.memory.session:
-            await sync_to_async(self._remember)(c)
+            await db.run(self._remember, c)
         seen = Seen(self.view.circuits.get(c.key))
         if seen.snapshot is not None and not seen.snapshot.clean:
-            await sync_to_async(services.circuit_record_success)(key=self._key(c), seen=seen)
+            await db.run(services.circuit_record_success, key=self._key(c), seen=seen)
         if c.demoted:
-            await sync_to_async(services.demotion_resolve)(assignment_id=c.assignment_id, model=c.model)
+            await db.run(services.demotion_resolve, assignment_id=c.assignment_id, model=c.model)
 
     async def _record_failure(self, c: Candidate, failure: FailureClass, held_probe: bool) -> None:
         reason = circuit_reason(failure)
         now = datetime.now(UTC)
         if reason is not None:
-            await sync_to_async(services.circuit_record_failure)(
-                key=self._key(c), reason=reason, settings=self.bs, now=now
+            await db.run(
+                services.circuit_record_failure, key=self._key(c), reason=reason, settings=self.bs, now=now
             )
             if demotes(failure):
-                await sync_to_async(services.demotion_record)(
+                await db.run(
+                    services.demotion_record,
                     assignment_id=c.assignment_id,
                     model=c.model,
                     reason=reason,
                     until=now + timedelta(seconds=self.demotion_seconds),
                 )
         elif held_probe:
-            await sync_to_async(services.circuit_release_probe)(key=self._key(c))
+            await db.run(services.circuit_release_probe, key=self._key(c))
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -302,8 +308,8 @@ class Relay:
             return False, False
         if c.health is not Health.PROBE:
             return True, False
-        won = await sync_to_async(services.circuit_take_probe)(
-            key=self._key(c), settings=self.bs, now=datetime.now(UTC)
+        won = await db.run(
+            services.circuit_take_probe, key=self._key(c), settings=self.bs, now=datetime.now(UTC)
         )
         if won:
             return True, True
@@ -339,7 +345,7 @@ class Relay:
                 log.dispatch_state = DispatchState.UNKNOWN
                 log.elapsed_ms = int((time.monotonic() - started) * 1000)
                 if held_probe:
-                    await asyncio.shield(sync_to_async(services.circuit_release_probe)(key=self._key(c)))
+                    await asyncio.shield(db.run(services.circuit_release_probe, key=self._key(c)))
                 await asyncio.shield(self._finish("cancelled", 499))
                 raise
             log.elapsed_ms = int((time.monotonic() - started) * 1000)
@@ -436,12 +442,10 @@ class Relay:
                     ended = False
                 for n, block in enumerate(blocks):
                     cls = classify_block(self.dialect, block)
-                    self._note_response_id(cls.payload)
+                    self._inspect(log, cls.payload)
                     decision = withholder.feed(block, cls)
                     if decision.action is Action.RELEASE:
                         first = b"".join(b.raw for b in decision.write)
-                        if cls.visibility is Visibility.TERMINAL_SUCCESS:
-                            log.input_tokens, log.output_tokens = _usage(cls.payload)
                         pending = blocks[n + 1 :]
                         rest = self._relay_rest(c, log, response, chunks, parser, withholder, first, pending)
                         return Stream(rest)
@@ -497,12 +501,8 @@ class Relay:
                 out = []
                 for block in batch:
                     cls = classify_block(self.dialect, block)
-                    self._note_response_id(cls.payload)
+                    self._inspect(log, cls.payload)
                     decision = withholder.feed(block, cls)
-                    if cls.visibility is Visibility.TERMINAL_SUCCESS or cls.payload is not None:
-                        tokens = _usage(cls.payload)
-                        if tokens != (None, None):
-                            log.input_tokens, log.output_tokens = tokens
                     if decision.action is Action.POST_VISIBLE_FAILURE:
                         error = decision.error
                         out.append(
@@ -541,12 +541,24 @@ class Relay:
                 log.cost_micros = self._cost(c, log)
                 await asyncio.shield(self._record_success(c))
             elif self.held_probe:  # a verdict-free end frees the probe slot (SPEC §7.1)
-                await asyncio.shield(sync_to_async(services.circuit_release_probe)(key=self._key(c)))
-            await asyncio.shield(self._finish(outcome, status))
+                await asyncio.shield(db.run(services.circuit_release_probe, key=self._key(c)))
+            await asyncio.shield(self._finish(self.x.outcome or outcome, status))
 
     def _note_response_id(self, payload: object) -> None:
         if self.memory.response_ids and self.response_id is None:
             self.response_id = _response_id(payload)
+
+    def _inspect(self, log: AttemptLog, payload: object) -> None:
+        """What a stream event tells the ledger: usage, the response id, a refusal. Never content."""
+        if payload is None:
+            return
+        self._note_response_id(payload)
+        tokens = _usage(payload)
+        if tokens != (None, None):
+            log.input_tokens, log.output_tokens = tokens
+        if classify(Observation(finish_reason=_finish_reason(payload))) is FailureClass.SAFETY_REFUSAL:
+            log.failure_class = str(FailureClass.SAFETY_REFUSAL)
+            self.x.outcome = "terminal_refusal"
 
     def _cost(self, c: Candidate, log: AttemptLog) -> int | None:
         if log.input_tokens is None or log.output_tokens is None:

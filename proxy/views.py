@@ -4,27 +4,28 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from pools.selectors import key_authenticate
-from proxy import ledger
+from pools.selectors import Authenticated, key_authenticate
+from proxy import db, ledger
 from proxy.adapters.openai import turn_requirements
+from proxy.metrics import observe_exchange
 from proxy.relay import Exchange, Final, Memory, Relay, Stream, error_body
 from proxy.sse import Dialect
 from routing.auto import AutoError
 from routing.eligibility import tighten
-from routing.models import AffinityKind
+from routing.models import Affinity, AffinityKind
 from routing.plan import HardPin, PinKind, PlanError
 from routing.resolution import ResolutionError, is_allowed
-from routing.route import RequirementsHeaderError, decide, parse_requirements_header
-from routing.selectors import affinity_get, routing_view_load
+from routing.route import RequirementsHeaderError, RoutingView, decide, parse_requirements_header
+from routing.selectors import RouteSettings, affinity_get, routing_view_load
 from routing.types import Requirements, RouteClass
 
 log = logging.getLogger("gateway")
@@ -82,6 +83,7 @@ def _bearer(request: HttpRequest) -> str:
 async def _write_ledger(exchange: Exchange) -> None:
     """Hands the finished exchange to the ledger writer (off the critical path) and logs one line."""
     exchange.finished_at = exchange.finished_at or datetime.now(UTC)
+    observe_exchange(exchange)
     ledger.writer.submit(exchange)
     attempts = sum(1 for a in exchange.attempts if a.status != "ineligible")
     log.info(
@@ -158,37 +160,65 @@ async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
         response = _typed(exchange, failed.code, failed.param)
         await _write_ledger(exchange)
     response["x-gateway-request-id"] = exchange.request_id
+    response["x-content-type-options"] = "nosniff"  # the API skips SecurityMiddleware (gatewaysite/asgi.py)
     return response
 
 
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """Everything the request path reads from the database, fetched in one thread hop."""
+
+    authenticated: Authenticated
+    view: RoutingView | None = None
+    settings: RouteSettings | None = None
+    pin: Affinity | None = None
+    session: Affinity | None = None
+
+
+def _load(
+    raw_key: str, body: dict | None, path: str, session_key: str | None, now: datetime
+) -> Loaded | None:
+    authenticated = key_authenticate(raw_key)
+    if authenticated is None or body is None:
+        return Loaded(authenticated) if authenticated else None
+    key = authenticated.key
+    route_class = RouteClass.SSE if body.get("stream") is True else RouteClass.HTTP
+    view, settings = routing_view_load(
+        pool_ids=key.pool_ids, route_class=route_class, now=now, config_version=authenticated.config_version
+    )
+    previous = body.get("previous_response_id")
+    pin = None
+    if path in RESPONSES_ROUTES and isinstance(previous, str) and previous:
+        pin = affinity_get(kind=AffinityKind.RESPONSE, key=previous[:300], now=now)
+    session = affinity_get(kind=AffinityKind.SESSION, key=session_key, now=now) if session_key else None
+    return Loaded(authenticated, view, settings, pin, session)
+
+
 async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: float) -> HttpResponse:
-    key = await sync_to_async(key_authenticate)(_bearer(request))
-    if key is None:
+    try:
+        body, body_error = _parse_body(request), None
+    except RequestFailed as failed:
+        body, body_error = None, failed
+    session_key = request.headers.get("x-gateway-session", "")[:300] or None
+    now = datetime.now(UTC)
+    loaded = await db.run(_load, _bearer(request), body, path, session_key, now)
+    if loaded is None:
         raise RequestFailed("authentication_error")
+    key = loaded.authenticated.key
     exchange.key_id = key.key_id
-    body = _parse_body(request)
+    if body_error is not None or body is None:
+        raise body_error or RequestFailed("invalid_request")
+    view, route_settings, session = loaded.view, loaded.settings, loaded.session
+    assert view is not None and route_settings is not None
     exchange.requested_model = body["model"]
     streaming = body.get("stream") is True
     exchange.transport = "sse" if streaming else "http"
     route_class = RouteClass.SSE if streaming else RouteClass.HTTP
-    now = datetime.now(UTC)
-    view, gsettings, bsettings = await sync_to_async(routing_view_load)(
-        pool_ids=key.pool_ids, route_class=route_class, now=now
-    )
-    extra, deadline_ms = _headers_requirements(request, gsettings.default_deadline_ms)
+    extra, deadline_ms = _headers_requirements(request, route_settings.default_deadline_ms)
     requirements = tighten(tighten(key.requirements, extra), turn_requirements(body, len(request.body)))
-    pins = []
-    previous = body.get("previous_response_id")
-    if path in RESPONSES_ROUTES and isinstance(previous, str) and previous:
-        # A response the gateway relayed pins the request to its assignment; one it never saw (or
-        # whose affinity expired) pins nothing, and the upstream answers for itself.
-        pin = await sync_to_async(affinity_get)(kind=AffinityKind.RESPONSE, key=previous[:300], now=now)
-        if pin is not None:
-            pins.append(HardPin(PinKind.RESPONSE, pin.assignment_id))
-    session_key = request.headers.get("x-gateway-session", "")[:300] or None
-    session = None
-    if session_key:
-        session = await sync_to_async(affinity_get)(kind=AffinityKind.SESSION, key=session_key, now=now)
+    # A response the gateway relayed pins the request to its assignment; one it never saw (or whose
+    # affinity expired) pins nothing, and the upstream answers for itself.
+    pins = [HardPin(PinKind.RESPONSE, loaded.pin.assignment_id)] if loaded.pin else []
     decision = decide(
         view,
         key,
@@ -210,13 +240,15 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
         raise RequestFailed(str(decision.error.code))
     assert decision.plan is not None and decision.resolution is not None
     exchange.served_model = decision.resolution.served
+    if decision.resolution.is_fallback:
+        exchange.fallback_reason = str(decision.resolution.fallback)
     relay = Relay(
         exchange=exchange,
         view=view,
         plan=decision.plan,
-        breaker_settings=bsettings,
-        demotion_seconds=gsettings.demotion_seconds,
-        backoff_base_ms=gsettings.backoff_base_ms,
+        breaker_settings=route_settings.breaker,
+        demotion_seconds=route_settings.demotion_seconds,
+        backoff_base_ms=route_settings.backoff_base_ms,
         requirements=requirements,
         deadline=started + deadline_ms / 1000,
         path=path.removeprefix("/v1"),
@@ -272,14 +304,14 @@ async def responses_compact(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 async def models(request: HttpRequest) -> HttpResponse:
-    key = await sync_to_async(key_authenticate)(_bearer(request))
-    if key is None:
+    authenticated = await db.run(key_authenticate, _bearer(request))
+    if authenticated is None:
         body = error_body(
             message=ERROR_MESSAGES["authentication_error"],
             type="authentication_error",
             code="invalid_api_key",
         )
         return HttpResponse(body, status=401, content_type="application/json")
-    ids = await sync_to_async(_models_for)(key)
+    ids = await db.run(_models_for, authenticated.key)
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "gateway"} for m in ids]
     return JsonResponse({"object": "list", "data": data})

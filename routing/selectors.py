@@ -1,7 +1,19 @@
-"""Loads everything a routing decision needs, in a constant number of queries (no per-candidate
-query), and hands the pure core plain values (SPEC §5, §7)."""
+"""Loads everything a routing decision needs and hands the pure core plain values (SPEC §5, §7).
 
+Two kinds of input, read differently:
+- configuration (settings, aliases, fallbacks, the pools' assignments and catalog) changes rarely:
+  it is cached per process and per set of pools, and reloaded when the config version that the key
+  lookup read alongside the key has moved (`pools.models.ConfigVersion`);
+- health (circuits of the request's route class, active demotions) is shared, durable state that
+  must be seen at once by every node: it is read on every request, in ONE query.
+So a successful request costs two reads before dispatch: the key (with its pools and the config
+version) and the health. No per-candidate query anywhere.
+"""
+
+from dataclasses import dataclass, replace
 from datetime import datetime
+
+from django.db.models import DateTimeField, F, IntegerField, Value
 
 from catalog.models import CatalogEntry
 from pools.models import GatewaySettings, ModelAlias, ModelFallback, Pool
@@ -10,11 +22,12 @@ from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
 from routing.resolution import ModelPolicy
 from routing.route import RoutingView, Target
-from routing.services import breaker_settings, circuit_snapshot
+from routing.services import breaker_settings
 from routing.types import (
     Candidate,
+    CircuitReason,
+    CircuitState,
     DataCollection,
-    Health,
     Price,
     RouteClass,
     Router,
@@ -22,8 +35,32 @@ from routing.types import (
     TriState,
 )
 
+CACHE_LIMIT = 512
 
-def _candidate(entry: CatalogEntry, health: Health, demoted: bool) -> Candidate:
+
+@dataclass(frozen=True, slots=True)
+class RouteSettings:
+    max_attempts: int
+    demotion_seconds: int
+    backoff_base_ms: int
+    default_deadline_ms: int
+    breaker: BreakerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSnapshot:
+    settings: RouteSettings
+    policy: ModelPolicy
+    routes: dict[str, tuple[Candidate, ...]]  # healthy, undemoted: health is applied per request
+    auto_models: tuple[str, ...]
+    targets: dict[int, Target]
+
+    @property
+    def assignment_ids(self) -> set[int]:
+        return set(self.targets)
+
+
+def _candidate(entry: CatalogEntry) -> Candidate:
     a = entry.assignment
     return Candidate(
         assignment_id=a.pk,
@@ -31,8 +68,6 @@ def _candidate(entry: CatalogEntry, health: Health, demoted: bool) -> Candidate:
         assignment=a.name,
         tier=a.tier,
         weight=a.weight,
-        demoted=demoted,
-        health=health,
         region=a.region,
         router=Router(a.router),
         zero_retention=TriState(a.zero_retention),
@@ -51,54 +86,139 @@ def _candidate(entry: CatalogEntry, health: Health, demoted: bool) -> Candidate:
     )
 
 
-def routing_view_load(
-    *, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime
-) -> tuple[RoutingView, GatewaySettings, BreakerSettings]:
-    """Six queries whatever the number of pools, assignments and models."""
-    settings = GatewaySettings.load()
-    bsettings = breaker_settings(settings)
+def config_load(pool_ids: tuple[int, ...]) -> ConfigSnapshot:
+    """Four queries whatever the number of pools, assignments and models."""
+    # Read, never create: creating the singleton here would itself move the config version.
+    settings = GatewaySettings.objects.filter(pk=1).first() or GatewaySettings()
     policy = ModelPolicy(
         aliases=dict(ModelAlias.objects.values_list("alias", "canonical")),
         fallbacks=dict(ModelFallback.objects.values_list("requested", "served")),
         family=settings.model_fallback_family,
     )
-    entries = list(
+    entries = (
         CatalogEntry.objects.filter(assignment__pool_id__in=pool_ids, assignment__enabled=True)
         .select_related("assignment", "assignment__pool")
         .order_by("assignment__pool__name", "assignment__tier", "assignment__name", "model")
     )
-    assignment_ids = {e.assignment_id for e in entries}
-    circuits: dict[tuple[int, str], CircuitSnapshot] = {
-        (row.assignment_id, row.model): circuit_snapshot(row)
-        for row in Circuit.objects.filter(assignment_id__in=assignment_ids, route_class=route_class)
-    }
-    demoted = set(
-        Demotion.objects.filter(assignment_id__in=assignment_ids, until__gt=now).values_list(
-            "assignment_id", "model"
-        )
-    )
     routes: dict[str, list[Candidate]] = {}
     auto_models: list[str] = []
     targets: dict[int, Target] = {}
-    seen_pools: set[int] = set()
+    pools_seen: set[int] = set()
     for entry in entries:
-        key = (entry.assignment_id, entry.model)
-        health = breaker.health(circuits.get(key), bsettings, now)
-        routes.setdefault(entry.model, []).append(_candidate(entry, health, key in demoted))
         a = entry.assignment
+        routes.setdefault(entry.model, []).append(_candidate(entry))
         targets[a.pk] = Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env)
-        if entry.assignment.pool_id not in seen_pools:
-            seen_pools.add(entry.assignment.pool_id)
-            auto_models.extend(m for m in entry.assignment.pool.auto_models if m not in auto_models)
-    view = RoutingView(
+        if a.pool_id not in pools_seen:
+            pools_seen.add(a.pool_id)
+            auto_models.extend(m for m in a.pool.auto_models if m not in auto_models)
+    return ConfigSnapshot(
+        settings=RouteSettings(
+            max_attempts=settings.max_attempts,
+            demotion_seconds=settings.demotion_seconds,
+            backoff_base_ms=settings.backoff_base_ms,
+            default_deadline_ms=settings.default_deadline_ms,
+            breaker=breaker_settings(settings),
+        ),
         policy=policy,
-        max_attempts=settings.max_attempts,
         routes={model: tuple(candidates) for model, candidates in routes.items()},
         auto_models=tuple(auto_models),
-        circuits=circuits,
         targets=targets,
     )
-    return view, settings, bsettings
+
+
+_cache: dict[tuple[int, ...], tuple[int, ConfigSnapshot]] = {}
+
+
+def config_snapshot(pool_ids: tuple[int, ...], version: int | None) -> ConfigSnapshot:
+    """The cached configuration of these pools at `version` (None: always load, never cache)."""
+    if version is not None:
+        hit = _cache.get(pool_ids)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+    snapshot = config_load(pool_ids)
+    if version is not None:
+        if len(_cache) >= CACHE_LIMIT:
+            _cache.clear()
+        _cache[pool_ids] = (version, snapshot)
+    return snapshot
+
+
+def health_load(
+    *, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime
+) -> tuple[dict[tuple[int, str], CircuitSnapshot], set[tuple[int, str]]]:
+    """Circuits of the route class and active demotions, in one UNION query."""
+    columns = ("kind", "assignment_id", "model", "state", "reason", "failures", "cooldown", "until")
+    more = ("probes", "lease")
+    circuits = (
+        Circuit.objects.filter(pool_id__in=pool_ids, route_class=route_class)
+        .annotate(
+            kind=Value(0, output_field=IntegerField()),
+            failures=F("consecutive_failures"),
+            cooldown=F("cooldown_seconds"),
+            until=F("open_until"),
+            probes=F("probes_in_flight"),
+            lease=F("probe_lease_expires_at"),
+        )
+        .values_list(*columns, *more)
+    )
+    demotions = (
+        Demotion.objects.filter(assignment__pool_id__in=pool_ids, until__gt=now)
+        .annotate(
+            kind=Value(1, output_field=IntegerField()),
+            state=Value("", output_field=Circuit._meta.get_field("state")),
+            failures=Value(0, output_field=IntegerField()),
+            cooldown=Value(0, output_field=IntegerField()),
+            probes=Value(0, output_field=IntegerField()),
+            lease=Value(None, output_field=DateTimeField()),
+        )
+        .values_list(*columns, *more)
+    )
+    found: dict[tuple[int, str], CircuitSnapshot] = {}
+    demoted: set[tuple[int, str]] = set()
+    for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in circuits.union(
+        demotions, all=True
+    ):
+        if kind == 1:
+            demoted.add((assignment_id, model))
+            continue
+        found[(assignment_id, model)] = CircuitSnapshot(
+            state=CircuitState(state),
+            reason=CircuitReason(reason) if reason else None,
+            consecutive_failures=failures,
+            cooldown_seconds=cooldown,
+            open_until=until,
+            probes_in_flight=probes,
+            probe_lease_expires_at=lease,
+        )
+    return found, demoted
+
+
+def routing_view_load(
+    *, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime, config_version: int | None = None
+) -> tuple[RoutingView, RouteSettings]:
+    config = config_snapshot(pool_ids, config_version)
+    circuits, demoted = health_load(pool_ids=pool_ids, route_class=route_class, now=now)
+    bs = config.settings.breaker
+    routes = config.routes
+    if circuits or demoted:
+        routes = {
+            model: tuple(
+                c
+                if c.key not in circuits and c.key not in demoted
+                else replace(c, health=breaker.health(circuits.get(c.key), bs, now), demoted=c.key in demoted)
+                for c in candidates
+            )
+            for model, candidates in routes.items()
+        }
+    view = RoutingView(
+        policy=config.policy,
+        max_attempts=config.settings.max_attempts,
+        routes=routes,
+        auto_models=config.auto_models,
+        circuits=circuits,
+        targets=config.targets,
+    )
+    return view, config.settings
 
 
 def pool_names(pool_ids: tuple[int, ...]) -> list[str]:

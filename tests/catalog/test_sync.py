@@ -131,3 +131,13 @@ def test_filters_select_pool_and_assignment(fake_upstream_factory):
 def test_unknown_filters_are_typed_errors(db, option):
     with pytest.raises(CommandError, match="unknown"):
         _sync(**option)
+
+
+def test_a_sync_that_changes_the_catalog_moves_the_config_version(fake_upstream_factory):
+    from pools.models import ConfigVersion
+
+    fake = fake_upstream_factory("a", models=("gpt-5",))
+    AssignmentFactory(base_url=fake.base_url, discovery=True)
+    before = ConfigVersion.objects.get().value
+    _sync()
+    assert ConfigVersion.objects.get().value > before

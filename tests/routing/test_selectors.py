@@ -55,7 +55,7 @@ def _bs():
 
 def _queries(pool_ids):
     with CaptureQueriesContext(connection) as ctx:
-        view, _, _ = routing_view_load(pool_ids=pool_ids, route_class=RouteClass.HTTP, now=timezone.now())
+        view, _ = routing_view_load(pool_ids=pool_ids, route_class=RouteClass.HTTP, now=timezone.now())
     return len(ctx.captured_queries), view
 
 
@@ -88,7 +88,7 @@ def test_the_view_carries_catalog_values_health_and_demotions():
         reason="upstream_model_unavailable",
         open_until=now + timedelta(minutes=1),
     )
-    view, _, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.HTTP, now=now)
+    view, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.HTTP, now=now)
     (candidate,) = view.routes["gpt-5"]  # the disabled assignment is not a route
     assert (candidate.assignment, candidate.tier, candidate.tools) == ("a", 1, TriState.TRUE)
     assert (candidate.context_window, candidate.model_vision, candidate.write_tools) == (
@@ -98,7 +98,7 @@ def test_the_view_carries_catalog_values_health_and_demotions():
     )
     assert candidate.health is Health.BLOCKED
     assert view.routes["gpt-x"][0].health is Health.HEALTHY
-    sse, _, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.SSE, now=now)
+    sse, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.SSE, now=now)
     assert sse.routes["gpt-5"][0].health is Health.HEALTHY  # circuits are per route class
     assert view.auto_models == ("gpt-5",)
 
@@ -106,8 +106,9 @@ def test_the_view_carries_catalog_values_health_and_demotions():
 def test_key_authenticate_accepts_only_the_enabled_secret():
     pool = PoolFactory()
     key = GatewayKeyFactory(raw_key=RAW, pools=[pool], allowed_models=["gpt-5"], budget_micros=100)
-    policy = key_authenticate(RAW)
-    assert policy is not None
+    authenticated = key_authenticate(RAW)
+    assert authenticated is not None
+    policy = authenticated.key
     assert (policy.name, policy.pool_ids, policy.allowed_models) == (key.name, (pool.pk,), ("gpt-5",))
     assert policy.requirements.budget_remaining_micros == 100
     assert key_authenticate(RAW + "x") is None
@@ -184,3 +185,34 @@ def test_routing_explain_rejects_bad_input(explained_setup, options, message):
 
 def test_routing_explain_says_model_not_found(explained_setup):
     assert "no dispatch: model_not_found" in _explain(key="ci", model="gpt-9")
+
+
+def test_a_warm_request_reads_twice_before_dispatch_and_sees_config_changes():
+    pool = PoolFactory()
+    assignment = AssignmentFactory(pool=pool, name="a")
+    CatalogEntryFactory(assignment=assignment, model="gpt-5")
+    GatewayKeyFactory(raw_key=RAW, pools=[pool])
+
+    def request_reads():
+        with CaptureQueriesContext(connection) as ctx:
+            authenticated = key_authenticate(RAW)
+            view, _ = routing_view_load(
+                pool_ids=authenticated.key.pool_ids,
+                route_class=RouteClass.HTTP,
+                now=timezone.now(),
+                config_version=authenticated.config_version,
+            )
+        return len(ctx.captured_queries), view
+
+    request_reads()  # the first request of a process loads the configuration
+    reads, view = request_reads()
+    assert reads == 2
+    assert [c.assignment for c in view.routes["gpt-5"]] == ["a"]
+
+    AssignmentFactory(pool=pool, name="b", tier=1).catalog_entries.create(
+        model="gpt-5", provenance="configured"
+    )
+    reads, view = request_reads()
+    assert reads > 2  # the config version moved: reloaded
+    assert [c.assignment for c in view.routes["gpt-5"]] == ["a", "b"]
+    assert request_reads()[0] == 2

@@ -48,7 +48,7 @@ class Command(BaseCommand):
         )
         requirements = tighten(tighten(key.requirements, header), turn)
         now = timezone.now()
-        view, settings, _ = routing_view_load(
+        view, settings = routing_view_load(
             pool_ids=key.pool_ids, route_class=RouteClass(o["route_class"]), now=now
         )
         pins = []

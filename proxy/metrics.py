@@ -1,0 +1,216 @@
+"""Prometheus metrics (SPEC §10): `GET /metrics` in the text exposition format.
+
+Contract:
+- One dedicated `REGISTRY`, never the client library's global default: only the gateway's own series
+  are exposed, and tests read exact values from it.
+- `observe_exchange` is called once per finished client request (from the ledger write). It only
+  increments in-process counters and histograms: no I/O, no database.
+- `gateway_open_circuits` is computed at scrape time by one aggregate query over the shared Circuit
+  rows (every node sees the same value), never maintained per request.
+- Every label value comes from a bounded set. A value outside its set is folded into `other` (or, for
+  an outcome, into the final attempt's failure class), because the outcome of an upstream final
+  failure is the provider's own error code and a provider can send any string. Nothing is ever
+  labelled by the requested model (a client can send any string), a key, a prompt or a provider
+  message.
+
+/metrics has no authentication, as is usual for Prometheus targets: operators should keep it on a
+private network (or block `/metrics` at the ingress). It exposes counts only, never content.
+"""
+
+import logging
+from collections.abc import Iterable, Iterator
+
+from django.db import DatabaseError
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from proxy.relay import Exchange
+from routing.failures import FailureClass
+from routing.models import Circuit, CircuitReason, CircuitState
+from routing.types import RouteClass
+
+log = logging.getLogger("gateway")
+
+OTHER = "other"
+NONE = "none"
+
+ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/responses/compact",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/models",
+    }
+)
+TRANSPORTS = frozenset({"http", "sse", "websocket"})
+ROUTE_CLASSES = frozenset(RouteClass)
+FAILURE_CLASSES = frozenset(FailureClass)
+CIRCUIT_REASONS = frozenset(CircuitReason)
+ATTEMPT_STATUSES = frozenset({"ineligible", "failed", "retryable_failed", "succeeded", "cancelled"})
+# The gateway's own outcome codes (SPEC §4 typed outcomes, plus the relay's stream outcomes). A new
+# typed code must be added here, or its requests are counted under their last failure class.
+OUTCOMES = frozenset(
+    {
+        "ok",
+        "cancelled",
+        "invalid_request",
+        "authentication_error",
+        "permission_denied",
+        "model_not_found",
+        "file_assignment_conflict",
+        "request_too_large",
+        "no_eligible_backend",
+        "pin_unavailable",
+        "terminal_refusal",
+        "upstream_dispatch_unknown",
+        "upstream_error_after_output",
+        "upstream_interrupted",
+    }
+)
+
+# LLM calls span a cached 5 ms answer to a two-minute reasoning stream.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+
+REGISTRY = CollectorRegistry()
+
+REQUESTS = Counter(
+    "gateway_requests",
+    "Finished client requests by route, transport and outcome.",
+    ["route", "transport", "outcome"],
+    registry=REGISTRY,
+)
+ATTEMPTS = Counter(
+    "gateway_attempts",
+    "Candidates considered per request (ineligible ones included) by route class, status and failure class.",
+    ["route_class", "status", "failure_class"],
+    registry=REGISTRY,
+)
+HANDOFFS = Counter(
+    "gateway_handoffs",
+    "Failed attempts handed on to the next candidate, by failure class.",
+    ["failure_class"],
+    registry=REGISTRY,
+)
+FALLBACKS = Counter(
+    "gateway_fallbacks",
+    "Requests served by another model than the one resolved, by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+FALLBACKS.labels(reason="model_not_found")
+UPSTREAM_LATENCY = Histogram(
+    "gateway_upstream_latency_seconds",
+    "Time of each dispatched attempt, from send to the end of the response (a whole stream).",
+    ["route_class"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+REQUEST_DURATION = Histogram(
+    "gateway_request_duration_seconds",
+    "Time of each client request, from arrival to the ledger write.",
+    ["route", "transport"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
+
+def _bounded(value: str, allowed: frozenset[str]) -> str:
+    return value if value in allowed else OTHER
+
+
+def _failure_class(value: str) -> str:
+    return _bounded(value, FAILURE_CLASSES) if value else NONE
+
+
+def _outcome(exchange: Exchange) -> str:
+    if exchange.outcome in OUTCOMES:
+        return exchange.outcome
+    # An upstream final failure carries the provider's code: count it under its typed failure class.
+    for attempt in reversed(exchange.attempts):
+        if attempt.failure_class in FAILURE_CLASSES:
+            return attempt.failure_class
+    return OTHER
+
+
+# Substitutions before routing (SPEC §5.1): an unrouted model served by its explicit or family fallback.
+FALLBACK_REASONS = frozenset({"explicit", "family"})
+
+
+def observe_exchange(exchange: Exchange) -> None:
+    route = _bounded(exchange.route, ROUTES)
+    transport = _bounded(exchange.transport, TRANSPORTS)
+    REQUESTS.labels(route=route, transport=transport, outcome=_outcome(exchange)).inc()
+    if exchange.finished_at is not None:
+        duration = (exchange.finished_at - exchange.started_at).total_seconds()
+        REQUEST_DURATION.labels(route=route, transport=transport).observe(max(duration, 0.0))
+    if exchange.model_fallback:
+        FALLBACKS.labels(reason="model_not_found").inc()
+    if exchange.fallback_reason in FALLBACK_REASONS:
+        FALLBACKS.labels(reason=exchange.fallback_reason).inc()
+    for attempt in exchange.attempts:
+        route_class = _bounded(attempt.route_class, ROUTE_CLASSES)
+        failure_class = _failure_class(attempt.failure_class)
+        status = _bounded(attempt.status, ATTEMPT_STATUSES)
+        ATTEMPTS.labels(route_class=route_class, status=status, failure_class=failure_class).inc()
+        if status == "retryable_failed":
+            HANDOFFS.labels(failure_class=failure_class).inc()
+        if status != "ineligible":
+            UPSTREAM_LATENCY.labels(route_class=route_class).observe(attempt.elapsed_ms / 1000)
+
+
+def open_circuit_counts() -> list[tuple[str, str, int]]:
+    """(route class, reason, count) of every circuit not closed: one GROUP BY, however many rows."""
+    rows = (
+        Circuit.objects.exclude(state=CircuitState.CLOSED)
+        .values_list("route_class", "reason")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return list(rows)
+
+
+class OpenCircuitsCollector(Collector):
+    NAME = "gateway_open_circuits"
+    HELP = "Circuits currently open or half-open (all nodes), by route class and reason."
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        # Without describe, registering would call collect() and query the database at import.
+        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["route_class", "reason"])]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(self.NAME, self.HELP, labels=["route_class", "reason"])
+        # Every known pair is exported, at 0 when nothing is open, so the series never vanish.
+        values = {(rc, str(reason)): 0 for rc in sorted(ROUTE_CLASSES) for reason in CircuitReason}
+        try:
+            counts = open_circuit_counts()
+        except DatabaseError:
+            # The process counters matter most during an outage: serve them without this gauge.
+            # Django drops the unusable connection itself when the request finishes.
+            log.warning("metrics: open circuits unavailable (database error)")
+            yield gauge
+            return
+        for route_class, reason, n in counts:
+            key = (
+                _bounded(route_class, ROUTE_CLASSES),
+                _bounded(reason, CIRCUIT_REASONS) if reason else NONE,
+            )
+            values[key] = values.get(key, 0) + n
+        for (route_class, reason), n in sorted(values.items()):
+            gauge.add_metric([route_class, reason], n)
+        yield gauge
+
+
+REGISTRY.register(OpenCircuitsCollector())
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    # Sync on purpose: the gauge queries the database, and Django runs a sync view in a thread under
+    # ASGI, so the event loop never blocks on it.
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,285 @@
+"""/metrics (SPEC §10): exchanges observed through `observe_exchange`, read back by scraping the view.
+
+The registry is process-global, so every test reads a sample before and after and asserts the delta.
+"""
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy import metrics
+from proxy.metrics import observe_exchange
+from proxy.relay import AttemptLog, Exchange
+from routing.models import Circuit, CircuitState
+from tests.factories import AssignmentFactory
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+CANARY_MODEL = "client-chosen-model-canary-7f3a"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(client) -> Samples:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def attempt(ordinal: int, status: str, failure_class: str = "", elapsed_ms: int = 0, **kw) -> AttemptLog:
+    fields = {"assignment_id": ordinal, "model": "gpt-5", "route_class": "http"} | kw
+    return AttemptLog(
+        ordinal=ordinal, status=status, failure_class=failure_class, elapsed_ms=elapsed_ms, **fields
+    )
+
+
+def exchange(*attempts: AttemptLog, **kw) -> Exchange:
+    fields = {
+        "request_id": "r1",
+        "key_id": 1,
+        "route": "/v1/chat/completions",
+        "transport": "http",
+        "requested_model": "gpt-5",
+        "started_at": T0,
+        "finished_at": T0 + timedelta(milliseconds=1500),
+        "served_model": "gpt-5",
+        "outcome": "ok",
+        "status_code": 200,
+    } | kw
+    return Exchange(attempts=list(attempts), **fields)
+
+
+def test_a_failover_counts_the_request_each_attempt_the_handoff_and_the_latencies(client):
+    before = scrape(client)
+    observe_exchange(
+        exchange(
+            attempt(1, "ineligible", route_class="sse"),
+            attempt(2, "retryable_failed", "rate_limited", 200, route_class="sse"),
+            attempt(3, "succeeded", "", 3000, route_class="sse"),
+            transport="sse",
+            retry_count=1,
+        )
+    )
+    after = scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("gateway_requests_total", route="/v1/chat/completions", transport="sse", outcome="ok") == 1
+    assert delta("gateway_attempts_total", route_class="sse", status="ineligible", failure_class="none") == 1
+    assert (
+        delta(
+            "gateway_attempts_total",
+            route_class="sse",
+            status="retryable_failed",
+            failure_class="rate_limited",
+        )
+        == 1
+    )
+    assert delta("gateway_attempts_total", route_class="sse", status="succeeded", failure_class="none") == 1
+    assert delta("gateway_handoffs_total", failure_class="rate_limited") == 1
+    assert delta("gateway_handoffs_total", failure_class="none") == 0
+    # The ineligible candidate was never dispatched: two latencies, 0.2 s and 3 s.
+    assert delta("gateway_upstream_latency_seconds_count", route_class="sse") == 2
+    assert delta("gateway_upstream_latency_seconds_sum", route_class="sse") == pytest.approx(3.2)
+    assert delta("gateway_upstream_latency_seconds_bucket", route_class="sse", le="0.25") == 1
+    assert delta("gateway_upstream_latency_seconds_bucket", route_class="sse", le="5.0") == 2
+    labels = {"route": "/v1/chat/completions", "transport": "sse"}
+    assert delta("gateway_request_duration_seconds_count", **labels) == 1
+    assert delta("gateway_request_duration_seconds_sum", **labels) == pytest.approx(1.5)
+    assert delta("gateway_fallbacks_total", reason="model_not_found") == 0
+
+
+def test_a_request_served_by_a_cross_model_candidate_counts_a_model_not_found_fallback(client):
+    before = value(scrape(client), "gateway_fallbacks_total", reason="model_not_found")
+    observe_exchange(
+        exchange(
+            attempt(1, "retryable_failed", "model_not_found_cross", 40),
+            attempt(2, "succeeded", "", 900, model="gpt-4.1"),
+            served_model="gpt-4.1",
+            model_fallback=True,
+        )
+    )
+    observe_exchange(exchange(attempt(1, "succeeded", "", 900)))
+    assert value(scrape(client), "gateway_fallbacks_total", reason="model_not_found") - before == 1
+
+
+def test_the_fallback_series_is_exported_at_zero_before_any_fallback():
+    # A fresh process: in this one other tests have already counted fallbacks.
+    code = (
+        "import django; django.setup(); from proxy.metrics import FALLBACKS; "
+        "print([(s.name, s.labels, s.value) for f in FALLBACKS.collect() for s in f.samples])"
+    )
+    env = os.environ | {"DJANGO_SETTINGS_MODULE": "gatewaysite.settings"}
+    env.setdefault("DJANGO_SECRET_KEY", "test-only-secret-key-not-for-deployment")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "('gateway_fallbacks_total', {'reason': 'model_not_found'}, 0.0)" in out.stdout
+
+
+def test_a_provider_error_code_outcome_is_counted_under_its_failure_class(client):
+    labels = {"route": "/v1/responses", "transport": "http"}
+    before = scrape(client)
+    observe_exchange(
+        exchange(
+            attempt(1, "failed", "quota", 50, error_code="provider-says-anything-9c1e"),
+            route="/v1/responses",
+            outcome="provider-says-anything-9c1e",
+            status_code=429,
+        )
+    )
+    after = scrape(client)
+    assert (
+        value(after, "gateway_requests_total", outcome="quota", **labels)
+        - value(before, "gateway_requests_total", outcome="quota", **labels)
+        == 1
+    )
+    assert not [key for key in after if any("provider-says" in v for _, v in key[1])]
+
+
+def test_out_of_set_label_values_fold_into_other(client):
+    before = scrape(client)
+    observe_exchange(
+        exchange(
+            attempt(1, "weird-status", "weird-class", 10, route_class="carrier-pigeon"),
+            route="/v1/whatever/" + CANARY_MODEL,
+            transport="telepathy",
+            outcome="",
+        )
+    )
+    after = scrape(client)
+    other = {"route": "other", "transport": "other", "outcome": "other"}
+    assert (
+        value(after, "gateway_requests_total", **other) - value(before, "gateway_requests_total", **other)
+        == 1
+    )
+    labels = {"route_class": "other", "status": "other", "failure_class": "other"}
+    assert (
+        value(after, "gateway_attempts_total", **labels) - value(before, "gateway_attempts_total", **labels)
+        == 1
+    )
+
+
+def test_no_label_carries_the_requested_model(client):
+    observe_exchange(
+        exchange(
+            attempt(1, "succeeded", "", 10),
+            requested_model=CANARY_MODEL,
+            model_fallback=True,
+        )
+    )
+    observe_exchange(exchange(requested_model=CANARY_MODEL, outcome="model_not_found", status_code=404))
+    body = client.get("/metrics").content.decode()
+    assert "gateway_requests_total" in body
+    assert CANARY_MODEL not in body
+
+
+def _circuit(state: str, route_class: str, reason: str, n: int) -> Circuit:
+    assignment = AssignmentFactory()
+    open_until = datetime.now(UTC) + timedelta(minutes=5) if state != CircuitState.CLOSED else None
+    return Circuit.objects.create(
+        pool=assignment.pool,
+        assignment=assignment,
+        model=f"model-{n}",
+        route_class=route_class,
+        state=state,
+        reason=reason,
+        open_until=open_until,
+    )
+
+
+def test_open_circuits_are_counted_by_route_class_and_reason_from_the_shared_rows(client):
+    _circuit(CircuitState.OPEN, "sse", "timeout", 1)
+    _circuit(CircuitState.OPEN, "sse", "timeout", 2)
+    _circuit(CircuitState.HALF_OPEN, "http", "rate_limited", 3)
+    _circuit(CircuitState.CLOSED, "http", "rate_limited", 4)
+    _circuit(CircuitState.CLOSED, "websocket", "", 5)
+    samples = scrape(client)
+    assert value(samples, "gateway_open_circuits", route_class="sse", reason="timeout") == 2
+    assert value(samples, "gateway_open_circuits", route_class="http", reason="rate_limited") == 1
+    # Known pairs with nothing open are exported at 0 rather than missing.
+    zero = ("gateway_open_circuits", frozenset({("route_class", "websocket"), ("reason", "timeout")}))
+    assert samples[zero] == 0
+    total = sum(v for (name, _), v in samples.items() if name == "gateway_open_circuits")
+    assert total == 3
+
+
+@pytest.mark.parametrize("open_circuits", [1, 20])
+def test_a_scrape_runs_one_query_however_many_circuits_are_open(
+    client, django_assert_num_queries, open_circuits
+):
+    for n in range(open_circuits):
+        _circuit(CircuitState.OPEN, "http", "upstream_unavailable", n)
+    with django_assert_num_queries(1):
+        samples = scrape(client)
+    assert value(samples, "gateway_open_circuits", route_class="http", reason="upstream_unavailable") == (
+        open_circuits
+    )
+
+
+def test_a_scrape_still_serves_the_counters_when_the_database_fails(client, monkeypatch):
+    from django.db import OperationalError
+
+    def broken() -> list:
+        raise OperationalError("database is gone")
+
+    monkeypatch.setattr(metrics, "open_circuit_counts", broken)
+    observe_exchange(exchange(attempt(1, "succeeded", "", 10)))
+    samples = scrape(client)
+    assert value(
+        samples, "gateway_requests_total", route="/v1/chat/completions", transport="http", outcome="ok"
+    )
+    assert not [name for name, _ in samples if name == "gateway_open_circuits"]
+
+
+def test_metrics_is_get_only_in_the_prometheus_text_format(client):
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["content-type"] == CONTENT_TYPE_LATEST
+    assert client.post("/metrics").status_code == 405
+
+
+def test_a_resolution_time_substitution_counts_its_reason():
+    from datetime import UTC, datetime
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from proxy.metrics import REGISTRY, observe_exchange
+    from proxy.relay import Exchange
+
+    def family_count():
+        from prometheus_client import generate_latest
+
+        for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+            if family.name == "gateway_fallbacks":
+                return sum(s.value for s in family.samples if s.labels.get("reason") == "family")
+        return 0
+
+    before = family_count()
+    now = datetime.now(UTC)
+    observe_exchange(
+        Exchange(
+            request_id="r",
+            key_id=None,
+            route="/v1/messages",
+            transport="http",
+            requested_model="claude-opus-5",
+            started_at=now,
+            finished_at=now,
+            fallback_reason="family",
+        )
+    )
+    assert family_count() == before + 1
