@@ -13,10 +13,9 @@ version) and the health. No per-candidate query anywhere.
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from django.db.models import DateTimeField, F, IntegerField, Value
-
 from catalog.models import CatalogEntry
-from pools.models import GatewaySettings, ModelAlias, ModelFallback, Pool
+from gatewaysite import rawsql
+from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback, Pool
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
@@ -143,41 +142,31 @@ def config_snapshot(pool_ids: tuple[int, ...], version: int | None) -> ConfigSna
     return snapshot
 
 
+def _health_sql(pools: int) -> str:
+    circuit, demotion, assignment = Circuit._meta, Demotion._meta, Assignment._meta
+    return (
+        "SELECT 0, assignment_id, model, state, reason, consecutive_failures, cooldown_seconds, "  # noqa: S608
+        "open_until, probes_in_flight, probe_lease_expires_at "
+        f"FROM {circuit.db_table} WHERE route_class = %s AND pool_id IN ({rawsql.placeholders(pools)}) "
+        "UNION ALL "
+        "SELECT 1, d.assignment_id, d.model, '', d.reason, 0, 0, d.until, 0, NULL "
+        f"FROM {demotion.db_table} d JOIN {assignment.db_table} a ON a.id = d.assignment_id "
+        f"WHERE d.until > %s AND a.pool_id IN ({rawsql.placeholders(pools)})"
+    )
+
+
 def health_load(
     *, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime
 ) -> tuple[dict[tuple[int, str], CircuitSnapshot], set[tuple[int, str]]]:
-    """Circuits of the route class and active demotions, in one UNION query."""
-    columns = ("kind", "assignment_id", "model", "state", "reason", "failures", "cooldown", "until")
-    more = ("probes", "lease")
-    circuits = (
-        Circuit.objects.filter(pool_id__in=pool_ids, route_class=route_class)
-        .annotate(
-            kind=Value(0, output_field=IntegerField()),
-            failures=F("consecutive_failures"),
-            cooldown=F("cooldown_seconds"),
-            until=F("open_until"),
-            probes=F("probes_in_flight"),
-            lease=F("probe_lease_expires_at"),
-        )
-        .values_list(*columns, *more)
-    )
-    demotions = (
-        Demotion.objects.filter(assignment__pool_id__in=pool_ids, until__gt=now)
-        .annotate(
-            kind=Value(1, output_field=IntegerField()),
-            state=Value("", output_field=Circuit._meta.get_field("state")),
-            failures=Value(0, output_field=IntegerField()),
-            cooldown=Value(0, output_field=IntegerField()),
-            probes=Value(0, output_field=IntegerField()),
-            lease=Value(None, output_field=DateTimeField()),
-        )
-        .values_list(*columns, *more)
-    )
+    """Circuits of the route class and active demotions, in ONE query (hand-written SQL, see
+    gatewaysite.rawsql)."""
     found: dict[tuple[int, str], CircuitSnapshot] = {}
     demoted: set[tuple[int, str]] = set()
-    for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in circuits.union(
-        demotions, all=True
-    ):
+    if not pool_ids:
+        return found, demoted
+    params = [str(route_class), *pool_ids, rawsql.as_param(now), *pool_ids]
+    rows = rawsql.fetch(_health_sql(len(pool_ids)), params)
+    for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in rows:
         if kind == 1:
             demoted.add((assignment_id, model))
             continue
@@ -186,9 +175,9 @@ def health_load(
             reason=CircuitReason(reason) if reason else None,
             consecutive_failures=failures,
             cooldown_seconds=cooldown,
-            open_until=until,
+            open_until=rawsql.as_datetime(until),
             probes_in_flight=probes,
-            probe_lease_expires_at=lease,
+            probe_lease_expires_at=rawsql.as_datetime(lease),
         )
     return found, demoted
 

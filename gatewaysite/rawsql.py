@@ -1,0 +1,42 @@
+"""Hand-written SQL for the two reads every proxied request makes (the key, the health).
+
+The ORM costs about 0.4 ms of Python per query here against 0.03 ms for the same statement through
+a cursor, and these two run before every dispatch; everything else uses the ORM. Statements are
+built from the models' table and column names, run on SQLite and PostgreSQL alike, and their values
+are normalised here (SQLite returns datetimes and JSON as text and booleans as integers).
+"""
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from django.db import connection
+from django.utils.dateparse import parse_datetime
+
+
+def fetch(sql: str, params: Sequence[object]) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
+def as_datetime(value: object) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value if value is None or value.tzinfo else value.replace(tzinfo=UTC)
+    parsed = parse_datetime(str(value))
+    if parsed is None:
+        raise ValueError("not a datetime")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)  # stored as UTC (USE_TZ)
+
+
+def as_param(value: datetime) -> object:
+    """A datetime as the backend stores it (SQLite compares naive UTC text)."""
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def as_json(value: object) -> object:
+    return json.loads(value) if isinstance(value, str | bytes) else value
