@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from catalog.models import CatalogEntry, Provenance
-from pools.models import Assignment, ConfigVersion
+from pools.models import Assignment
 
 MAX_PAGES = 50
 
@@ -110,15 +110,13 @@ def catalog_entries_observe(
             for m in sorted(seen - entries.keys())
         ]
     )
-    ConfigVersion.bump()  # bulk writes send no signals: tell every node's routing cache ourselves
     return AssignmentSync(assignment=assignment.name, ok=True, observed=len(seen), removed=len(stale))
 
 
 @transaction.atomic
 def catalog_entries_preserve(*, assignment: Assignment, reason: str) -> AssignmentSync:
     discovered = CatalogEntry.objects.filter(assignment=assignment).exclude(provenance=Provenance.CONFIGURED)
-    if discovered.filter(provenance=Provenance.OBSERVED).update(provenance=Provenance.PRESERVED):
-        ConfigVersion.bump()
+    discovered.filter(provenance=Provenance.OBSERVED).update(provenance=Provenance.PRESERVED)
     return AssignmentSync(assignment=assignment.name, ok=False, preserved=discovered.count(), reason=reason)
 
 

@@ -4,8 +4,3 @@ from django.apps import AppConfig
 class PoolsConfig(AppConfig):
     name = "pools"
     default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self) -> None:
-        from pools import signals
-
-        signals.connect()

@@ -102,9 +102,11 @@ class GatewaySettings(models.Model):
 
 
 class ConfigVersion(models.Model):
-    """A counter bumped by every change to what routing caches per process (pools, assignments,
-    catalog, aliases, fallbacks, settings). Each request reads it with its key, so a node sees a
-    change made through any other node on its next request. Only `bump` writes it."""
+    """A counter that moves with every change to what routing caches per process (pools,
+    assignments, catalog, aliases, fallbacks, settings). Database triggers move it (migration
+    pools/0004), so no write path can forget to: admin, load_gateway_config, catalog sync, bulk
+    updates and raw SQL alike. Each request reads it with its key, so every node sees a change on
+    its next request."""
 
     value = models.BigIntegerField(default=0)
 
@@ -113,11 +115,6 @@ class ConfigVersion(models.Model):
 
     def __str__(self) -> str:
         return f"config version {self.value}"
-
-    @classmethod
-    def bump(cls) -> None:
-        if not cls.objects.filter(pk=1).update(value=models.F("value") + 1):
-            cls.objects.get_or_create(pk=1, defaults={"value": 1})
 
 
 class ModelAlias(models.Model):

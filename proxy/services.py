@@ -1,18 +1,29 @@
 """Ledger writes (SPEC §7.3)."""
 
 from django.db import transaction
+from django.db.models import F
 
+from pools.models import GatewayKey
 from proxy.models import Attempt, RequestRecord
 from proxy.relay import AttemptLog, Exchange
 
 
 @transaction.atomic
 def request_records_write(*, exchanges: list[Exchange]) -> None:
-    """One transaction for a batch: the records, then all their attempts in one INSERT."""
+    """One transaction for a batch: the records, all their attempts in one INSERT, and what each key
+    spent (known costs only: an unknown price is never counted as zero, nor as anything)."""
     records = RequestRecord.objects.bulk_create([_record(x) for x in exchanges])
     Attempt.objects.bulk_create(
         _attempt(record, a) for record, x in zip(records, exchanges, strict=True) for a in x.attempts
     )
+    spent: dict[int, int] = {}
+    for x in exchanges:
+        cost = sum(a.cost_micros for a in x.attempts if a.cost_micros)
+        if x.key_id is not None and cost:
+            spent[x.key_id] = spent.get(x.key_id, 0) + cost
+    for key_id, cost in spent.items():
+        # An UPDATE with F() adds atomically, whatever other nodes are adding at the same moment.
+        GatewayKey.objects.filter(pk=key_id).update(spent_micros=F("spent_micros") + cost)
 
 
 def _record(x: Exchange) -> RequestRecord:

@@ -128,6 +128,10 @@ def config_load(pool_ids: tuple[int, ...]) -> ConfigSnapshot:
 _cache: dict[tuple[int, ...], tuple[int, ConfigSnapshot]] = {}
 
 
+def config_cache_clear() -> None:
+    _cache.clear()
+
+
 def config_snapshot(pool_ids: tuple[int, ...], version: int | None) -> ConfigSnapshot:
     """The cached configuration of these pools at `version` (None: always load, never cache)."""
     if version is not None:

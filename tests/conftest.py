@@ -1,1 +1,13 @@
+import pytest
+
+from routing.selectors import config_cache_clear
+
 pytest_plugins = ["tests.fakes.fixtures"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_routing_config_cache():
+    """Each test starts with an empty per-process routing config cache. In production the config
+    version only grows; a test database is emptied between tests, so versions (and SQLite ids) can
+    repeat and a previous test's cached configuration could otherwise match."""
+    config_cache_clear()

@@ -216,3 +216,27 @@ def test_a_warm_request_reads_twice_before_dispatch_and_sees_config_changes():
     assert reads > 2  # the config version moved: reloaded
     assert [c.assignment for c in view.routes["gpt-5"]] == ["a", "b"]
     assert request_reads()[0] == 2
+
+
+def test_every_kind_of_configuration_write_moves_the_version():
+    from catalog.models import CatalogEntry
+    from pools.models import Assignment, ConfigVersion, ModelAlias, Pool
+
+    def version():
+        return ConfigVersion.objects.filter(pk=1).values_list("value", flat=True).first() or 0
+
+    pool = PoolFactory()
+    entry = CatalogEntryFactory(assignment=AssignmentFactory(pool=pool))
+    writes = [
+        lambda: Pool.objects.filter(pk=pool.pk).update(auto_models=["x"]),  # bulk: no signal fires
+        lambda: Assignment.objects.update(tier=5),
+        lambda: CatalogEntry.objects.filter(pk=entry.pk).update(input_per_mtok_micros=1),
+        lambda: GatewaySettings.load(),
+        lambda: ModelAlias.objects.create(alias="g5", canonical="gpt-5"),
+        lambda: ModelFallback.objects.create(requested="gpt-9", served="gpt-5"),
+        lambda: CatalogEntry.objects.all().delete(),
+    ]
+    for write in writes:
+        before = version()
+        write()
+        assert version() > before
