@@ -1,0 +1,58 @@
+"""A client that goes away cancels its upstream call at once; the attempt ends `cancelled`, neutral
+for the circuit."""
+
+import time
+
+import httpx
+import pytest
+
+from proxy.ledger import writer
+from proxy.models import Attempt
+from routing.models import Circuit
+from tests.fakes.upstream import hang, slow_stream
+from tests.proxy.conftest import GATEWAY_KEY
+
+AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
+CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "one two three four five six"}]}
+
+
+def _cancelled_attempt(timeout: float = 5.0) -> Attempt:
+    deadline = time.monotonic() + timeout
+    while True:
+        writer.flush()
+        attempt = Attempt.objects.filter(status="cancelled").first()
+        if attempt is not None or time.monotonic() > deadline:
+            assert attempt is not None, list(Attempt.objects.values_list("status", flat=True))
+            return attempt
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_disconnect_while_waiting_cancels_the_upstream_call(gateway, two_assignments, stream):
+    a, b, _ = two_assignments
+    a.script("gpt-5", hang(seconds=5))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{gateway}/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH, timeout=0.5
+        )
+    attempt = _cancelled_attempt()
+    # Ended when the client left (~0.5 s), not when the upstream would have given up (5 s).
+    assert attempt.elapsed_ms < 3000
+    assert attempt.dispatch_state == "unknown"
+    assert b.hits == []  # never handed on: nobody is left to answer
+    assert not Circuit.objects.exists()  # a disconnect says nothing about the upstream's health
+
+
+def test_a_client_disconnect_mid_stream_cancels_the_upstream_stream(gateway, two_assignments):
+    a, _, _ = two_assignments
+    a.script("gpt-5", slow_stream(0.3))
+    with httpx.stream(
+        "POST", f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH, timeout=10
+    ) as response:
+        chunks = response.iter_bytes()
+        assert b"data:" in next(chunks)  # output began
+    started = time.monotonic()
+    attempt = _cancelled_attempt()
+    assert time.monotonic() - started < 3
+    assert attempt.elapsed_ms < 2500  # the whole stream would take ~2 s more
+    assert not Circuit.objects.exists()
