@@ -10,14 +10,16 @@ import atexit
 import logging
 import queue
 import threading
+import time
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 
 from proxy.relay import Exchange
 
 log = logging.getLogger("gateway")
 
 BATCH = 200
+RETRIES = 8  # about 6 s of backoff in all
 
 
 class LedgerWriter:
@@ -54,14 +56,28 @@ class LedgerWriter:
                 except queue.Empty:
                     break
             try:
-                close_old_connections()
-                request_records_write(exchanges=batch)
-            except DatabaseError:
-                # The database is unreachable: these records are lost, and we say so (without content).
-                log.exception("ledger: %d request records could not be saved", len(batch))
+                self._save(batch, request_records_write)
             finally:
+                if self._queue.empty():
+                    close_old_connections()  # an idle writer holds no connection past CONN_MAX_AGE
                 for _ in batch:
                     self._queue.task_done()
+
+    @staticmethod
+    def _save(batch: list[Exchange], write) -> None:
+        """A transient failure (a lock, a restart) is retried with backoff; records are dropped, and
+        the loss logged without content, only when the database stays unreachable."""
+        for attempt in range(RETRIES):
+            try:
+                close_old_connections()
+                write(exchanges=batch)
+                return
+            except DatabaseError:
+                if attempt == RETRIES - 1:
+                    log.exception("ledger: %d request records could not be saved", len(batch))
+                    return
+                connection.close()
+                time.sleep(min(0.05 * 2**attempt, 2.0))
 
 
 writer = LedgerWriter()

@@ -263,7 +263,14 @@ def test_models_list_and_scripted_failure(fake_upstream_factory: MakeFake) -> No
         (
             generic_404(),
             404,
-            {"error": {"message": "Not found.", "type": "not_found_error", "param": None, "code": None}},
+            {
+                "error": {
+                    "message": "Unknown request URL.",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "unknown_url",
+                }
+            },
         ),
         (
             error(404, {"response": {"error": {"code": "model_not_found", "message": "gone"}}}),

@@ -135,8 +135,9 @@ def codeless_404() -> Reject:
 
 
 def generic_404() -> Reject:
-    """A 404 that names no model (a wrong path, a missing object): never a model failure."""
-    return Reject(404, ApiError("not_found_error", "Not found."))
+    """OpenAI's 404 for a path it does not know: typed, coded, and about no model, so never a model
+    failure (an Anthropic `not_found_error` or a bodiless 404 is the *bare* 404 of SPEC §5.6)."""
+    return Reject(404, ApiError("invalid_request_error", "Unknown request URL.", code="unknown_url"))
 
 
 def error(status: int, body: Mapping[str, Any]) -> RawError:

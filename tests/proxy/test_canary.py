@@ -1,0 +1,144 @@
+"""Secrets and content never persist or leak (SPEC §4, §7.3, §10, §11): a run with failovers, a 503,
+streams and bad requests carries canary strings (prompt, completion, gateway key, upstream credential,
+provider error messages); afterwards no column of any table and no log line contains any of them."""
+
+import json
+import logging
+
+import httpx
+import pytest
+from django.db import connection
+
+from catalog.models import Provenance
+from pools.models import GatewaySettings
+from proxy.models import RequestRecord
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
+from tests.fakes.upstream import error, fail_after_visible, fail_before_visible, serve
+from tests.proxy.fixtures_e2e import TIMEOUT, assert_hits, ledger_settled, sse_events
+
+PROMPT = "canary-prompt-q7w3z9x1"
+COMPLETION = "canary-completion-k2j4h6g8"
+GATEWAY_KEY = "sk-gw-canary-key-r5t8y2u1e3"
+UPSTREAM_KEY = "sk-upstream-canary-m4n6b8v0c2"
+PROVIDER_MESSAGE = "canary-provider-message-p1o3i5u7"
+FAKE_MID_STREAM = "The server had an error while processing your request."
+CANARIES = (PROMPT, COMPLETION, GATEWAY_KEY, UPSTREAM_KEY, PROVIDER_MESSAGE, FAKE_MID_STREAM)
+
+
+def _provider_error(status: int, code: str | None, param: str | None = None) -> object:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return error(status, {"error": {"message": PROVIDER_MESSAGE, "type": kind, "code": code, "param": param}})
+
+
+@pytest.fixture
+def canary_pool(transactional_db, fake_upstream_factory, monkeypatch):
+    monkeypatch.setenv("CANARY_UPSTREAM_KEY", UPSTREAM_KEY)
+    # No demotion and no circuit opening, so every request below meets a first, then b.
+    GatewaySettings.objects.update_or_create(
+        pk=1, defaults={"backoff_base_ms": 0, "demotion_seconds": 0, "failure_threshold": 100}
+    )
+    a = fake_upstream_factory("a", models=("gpt-5",))
+    b = fake_upstream_factory("b", models=("gpt-5",))
+    pool = PoolFactory(name="canary")
+    for tier, fake in enumerate((a, b)):
+        assignment = AssignmentFactory(
+            pool=pool,
+            name=f"acct-{fake.name}",
+            base_url=fake.base_url,
+            tier=tier,
+            api_key_env="CANARY_UPSTREAM_KEY",
+        )
+        CatalogEntryFactory(assignment=assignment, model="gpt-5", provenance=Provenance.CONFIGURED)
+    GatewayKeyFactory(name="canary", raw_key=GATEWAY_KEY, pools=[pool])
+    return a, b
+
+
+@pytest.fixture
+def every_log_record(caplog):
+    """caplog at DEBUG on every logger, including those that do not propagate to the root."""
+    caplog.set_level(logging.DEBUG)
+    attached = []
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if not isinstance(logger, logging.Logger):
+            continue
+        caplog.set_level(logging.DEBUG, logger=name)
+        if not logger.propagate:
+            logger.addHandler(caplog.handler)
+            attached.append(logger)
+    yield caplog
+    for logger in attached:
+        logger.removeHandler(caplog.handler)
+
+
+def _database_values():
+    """(table, value) for every value of every column of every table, as text."""
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names(cursor):
+            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)}")
+            for row in cursor.fetchall():
+                for value in row:
+                    if isinstance(value, bytes | memoryview):
+                        yield table, bytes(value).decode("utf-8", "replace")
+                    elif isinstance(value, str):
+                        yield table, value
+                    elif value is not None:
+                        yield table, json.dumps(value, default=str)
+
+
+def test_no_prompt_completion_key_credential_or_provider_message_is_stored_or_logged(
+    gateway, canary_pool, every_log_record, capfd
+):
+    a, b = canary_pool
+    auth = {"authorization": f"Bearer {GATEWAY_KEY}"}
+    chat = {"model": "gpt-5", "messages": [{"role": "user", "content": f"say {PROMPT}"}]}
+    responses = {"model": "gpt-5", "input": f"say {PROMPT}"}
+    b.script("gpt-5", serve(f"sure {COMPLETION}"))
+    a.script(
+        "gpt-5",
+        _provider_error(404, "model_not_found", "model"),  # handoff: model_not_found
+        _provider_error(503, None),  # handoff: unavailable
+        fail_before_visible(),  # handoff inside a stream
+        fail_after_visible(),  # a stream that fails after output (the provider's words withheld)
+        serve(f"sure {COMPLETION}"),  # a served stream
+    )
+    sent = [
+        ("/v1/chat/completions", chat, auth),
+        ("/v1/chat/completions", chat, auth),
+        ("/v1/chat/completions", {**chat, "stream": True}, auth),
+        ("/v1/responses", {**responses, "stream": True}, auth),
+        ("/v1/responses", {**responses, "stream": True}, auth),
+        ("/v1/chat/completions", chat, {"authorization": f"Bearer {GATEWAY_KEY}-wrong"}),
+        ("/v1/chat/completions", chat, {"x-api-key": GATEWAY_KEY[:-1]}),
+    ]
+    replies = [
+        httpx.post(f"{gateway}{path}", json=body, headers=h, timeout=TIMEOUT) for path, body, h in sent
+    ]
+    bad = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        content=f'{{"model": "gpt-5", "messages": "{PROMPT}"'.encode(),
+        headers={**auth, "content-type": "application/json"},
+        timeout=TIMEOUT,
+    )
+    assert [r.status_code for r in [*replies, bad]] == [200, 200, 200, 200, 200, 401, 401, 400]
+    # The canaries were real: the client got the completion, the upstreams the prompt and credential.
+    assert COMPLETION in replies[0].text and COMPLETION in replies[4].text
+    assert any(e.type == "error" for e in sse_events(replies[3].text))
+    assert_hits((a, 5), (b, 3))
+    for hit in a.hits + b.hits:
+        assert hit.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+        assert PROMPT in json.dumps(hit.body)
+
+    ledger_settled()
+    assert RequestRecord.objects.count() == len(sent) + 1
+    values = list(_database_values())
+    request_ids = {r.headers["x-gateway-request-id"] for r in [*replies, bad]}
+    assert request_ids <= {value for _, value in values}  # the scan reads the ledger it must check
+    leaks = [(table, canary) for table, value in values for canary in CANARIES if canary in value]
+    assert leaks == []
+
+    captured = capfd.readouterr()
+    lines = [every_log_record.handler.format(r) for r in every_log_record.records]
+    lines += [json.dumps(r.__dict__, default=str) for r in every_log_record.records]
+    lines += [captured.out, captured.err]
+    assert any(rid in line for line in lines for rid in request_ids)  # one line per request is logged
+    assert [(canary, line) for line in lines for canary in CANARIES if canary in line] == []
