@@ -1,0 +1,53 @@
+"""Settings refuse unsafe production starts (SPEC §2, §11)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PROBE = "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)"
+
+
+def _start(**env: str) -> subprocess.CompletedProcess:
+    base = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "gatewaysite.settings"}
+    return subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "DJANGO_SECRET_KEY is required when DJANGO_DEBUG is false"),
+        ({"DJANGO_DEBUG": "false"}, "DJANGO_SECRET_KEY is required"),
+        (
+            {"DJANGO_SECRET_KEY": "dev-only-insecure-secret-key-do-not-deploy"},
+            "the development secret key may not be used",
+        ),
+        ({"DJANGO_SECRET_KEY": "x" * 40, "GATEWAY_UPSTREAM_TIMEOUT_S": "ten"}, "GATEWAY_UPSTREAM_TIMEOUT_S"),
+    ],
+)
+def test_an_unsafe_or_malformed_configuration_refuses_to_start(env, message):
+    result = _start(**env)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "debug"),
+    [
+        ({"DJANGO_SECRET_KEY": "a-real-secret-" + "x" * 30}, "False"),
+        ({"DJANGO_DEBUG": "true"}, "True"),  # the development key is fine for a local debug run
+    ],
+)
+def test_a_safe_configuration_starts(env, debug):
+    result = _start(**env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == debug
