@@ -74,6 +74,9 @@ DATABASES = {
 # long-lived connections serve everything; the health check reconnects after a database restart.
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=300))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Fail fast (a typed 503) instead of hanging when the database host does not answer.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 3)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the request path read while the ledger writer commits (the default journal makes
     # readers wait out every commit); the busy timeout waits for the lock instead of failing.

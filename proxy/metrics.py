@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from proxy.errors import TYPED_ERRORS
 from proxy.relay import Exchange
 from routing.failures import FailureClass
 from routing.models import Circuit, CircuitReason, CircuitState
@@ -53,24 +54,15 @@ ROUTE_CLASSES = frozenset(RouteClass)
 FAILURE_CLASSES = frozenset(FailureClass)
 CIRCUIT_REASONS = frozenset(CircuitReason)
 ATTEMPT_STATUSES = frozenset({"ineligible", "failed", "retryable_failed", "succeeded", "cancelled"})
-# The gateway's own outcome codes (SPEC §4 typed outcomes, plus the relay's stream outcomes). A new
-# typed code must be added here, or its requests are counted under their last failure class.
+# The gateway's own outcome codes: its typed errors (proxy.errors) plus the relay's outcomes.
 OUTCOMES = frozenset(
     {
         "ok",
         "cancelled",
-        "invalid_request",
-        "authentication_error",
-        "permission_denied",
-        "model_not_found",
-        "file_assignment_conflict",
-        "request_too_large",
-        "no_eligible_backend",
-        "pin_unavailable",
         "terminal_refusal",
-        "upstream_dispatch_unknown",
         "upstream_error_after_output",
         "upstream_interrupted",
+        *TYPED_ERRORS,
     }
 )
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -16,6 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 from pools.selectors import Authenticated, key_authenticate
 from proxy import db, ledger
 from proxy.adapters.openai import turn_requirements
+from proxy.errors import TYPED_ERRORS
 from proxy.metrics import observe_exchange
 from proxy.relay import Exchange, Final, Memory, Relay, Stream, error_body
 from proxy.sse import Dialect
@@ -38,27 +40,6 @@ DIALECTS = {
 RESPONSES_ROUTES = ("/v1/responses", "/v1/responses/compact")
 COMPACT = "/v1/responses/compact"
 
-ERROR_STATUS = {
-    "invalid_request": 400,
-    "authentication_error": 401,
-    "permission_denied": 403,
-    "model_not_found": 404,
-    "file_assignment_conflict": 409,
-    "request_too_large": 413,
-    "no_eligible_backend": 503,
-    "pin_unavailable": 503,
-}
-ERROR_MESSAGES = {
-    "invalid_request": "The request is malformed.",
-    "authentication_error": "A valid gateway key is required.",
-    "permission_denied": "This key may not use the model.",
-    "model_not_found": "No route serves this model.",
-    "file_assignment_conflict": "The assignment holding the referenced file is no longer in the pool.",
-    "request_too_large": "The request body is too large.",
-    "no_eligible_backend": "No eligible backend can serve this request.",
-    "pin_unavailable": "The pinned upstream cannot serve this request.",
-}
-
 
 class RequestFailed(Exception):
     def __init__(self, code: str, param: str | None = None) -> None:
@@ -67,9 +48,9 @@ class RequestFailed(Exception):
 
 
 def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
-    status = ERROR_STATUS[code]
+    status, message = TYPED_ERRORS[code]
     exchange.outcome, exchange.status_code = code, status
-    body = error_body(message=ERROR_MESSAGES[code], type=code, code=code, param=param)
+    body = error_body(message=message, type=code, code=code, param=param)
     return HttpResponse(body, status=status, content_type="application/json")
 
 
@@ -201,7 +182,12 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
         body, body_error = None, failed
     session_key = request.headers.get("x-gateway-session", "")[:300] or None
     now = datetime.now(UTC)
-    loaded = await db.run(_load, _bearer(request), body, path, session_key, now)
+    try:
+        loaded = await db.run(_load, _bearer(request), body, path, session_key, now)
+    except DatabaseError:
+        # Without the database nothing can be authorized or routed: fail fast, typed, and let the
+        # pool's health-checked connections recover on their own once it is back.
+        raise RequestFailed("gateway_unavailable") from None
     if loaded is None:
         raise RequestFailed("authentication_error")
     key = loaded.authenticated.key
@@ -304,10 +290,18 @@ async def responses_compact(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 async def models(request: HttpRequest) -> HttpResponse:
-    authenticated = await db.run(key_authenticate, _bearer(request))
+    try:
+        authenticated = await db.run(key_authenticate, _bearer(request))
+    except DatabaseError:
+        body = error_body(
+            message=TYPED_ERRORS["gateway_unavailable"][1],
+            type="gateway_unavailable",
+            code="gateway_unavailable",
+        )
+        return HttpResponse(body, status=503, content_type="application/json")
     if authenticated is None:
         body = error_body(
-            message=ERROR_MESSAGES["authentication_error"],
+            message=TYPED_ERRORS["authentication_error"][1],
             type="authentication_error",
             code="invalid_api_key",
         )

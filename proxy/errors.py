@@ -1,0 +1,18 @@
+"""The gateway's own typed errors (SPEC §4): code -> (HTTP status, the gateway's own message).
+
+Every ingress (OpenAI and Anthropic shapes, websocket events) and the metrics' outcome labels
+read this one table; a provider's message never appears here or anywhere a client can see.
+"""
+
+TYPED_ERRORS: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "The request is malformed."),
+    "authentication_error": (401, "A valid gateway key is required."),
+    "permission_denied": (403, "This key may not use the model."),
+    "model_not_found": (404, "No route serves this model."),
+    "file_assignment_conflict": (409, "The assignment holding the referenced file is no longer in the pool."),
+    "request_too_large": (413, "The request body is too large."),
+    "no_eligible_backend": (503, "No eligible backend can serve this request."),
+    "pin_unavailable": (503, "The pinned upstream cannot serve this request."),
+    "gateway_unavailable": (503, "The gateway cannot reach its database; try again shortly."),
+    "upstream_dispatch_unknown": (504, "The upstream may have executed the request; it was not replayed."),
+}
