@@ -1,0 +1,145 @@
+"""Anthropic upstreams (`anthropic`): request building for the Messages routes, the turn's requirements
+from a Messages body, and the Anthropic error envelope.
+
+Contract:
+
+- `build_request` is the pass-through for a client that already speaks Anthropic Messages: the body is
+  forwarded as sent with only `model` set to the candidate's model (the same model on every same-model
+  hop). Only the two Messages operations exist (`/messages`, `/messages/count_tokens`); any other path
+  is a caller bug. The credential header comes from the environment at call time.
+- `turn_requirements` is SPEC §5.3 for a Messages body, the counterpart of the OpenAI adapter's.
+- `error_body` builds `{"type": "error", "error": {"type", "message"}}` (SPEC §4); the message must be the
+  gateway's own words. `error_type` maps the gateway's typed codes, and an upstream's sanitized status,
+  to the Anthropic error type an Anthropic SDK expects (table below). Anthropic errors have no `code`
+  or `param`: the status and the type are all a client can act on.
+"""
+
+import json
+from collections.abc import Mapping
+
+from pools.models import upstream_auth_headers
+from routing.route import Target
+from routing.types import Requirements
+
+MESSAGES_PATHS = frozenset({"/messages", "/messages/count_tokens"})
+
+# The gateway's typed codes (SPEC §4, `proxy.errors.TYPED_ERRORS`) -> Anthropic error types. Anthropic
+# has no conflict type, so a 409 reads as a request the client must change; `upstream_dispatch_unknown`
+# is Anthropic's own 504 `timeout_error`; a gateway that cannot reach its database is an `api_error`.
+# `no_eligible_backend` is decided in `error_type`: its meaning depends on the excluding condition.
+ERROR_TYPES: Mapping[str, str] = {
+    "invalid_request": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "permission_denied": "permission_error",
+    "model_not_found": "not_found_error",
+    "file_assignment_conflict": "invalid_request_error",
+    "request_too_large": "request_too_large",
+    "pin_unavailable": "api_error",
+    "gateway_unavailable": "api_error",
+    "upstream_dispatch_unknown": "timeout_error",
+}
+
+# An upstream failure relayed to an Anthropic client after sanitizing keeps its status; its type
+# follows the status the way Anthropic's own API assigns it (an OpenAI type such as `server_error`
+# means nothing to an Anthropic SDK).
+STATUS_ERROR_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+# `no_eligible_backend` with `param == "circuit_open"` means every candidate is cooling down: capacity
+# that will come back, which Anthropic clients know as `overloaded_error` and retry. Any other excluding
+# condition (capability, privacy, region, budget...) does not heal by retrying, so it is a plain
+# `api_error` rather than an invitation to hammer the gateway.
+_CIRCUIT_OPEN = "circuit_open"
+
+
+def build_request(
+    target: Target,
+    path: str,
+    body: dict,
+    *,
+    model: str,
+    requirements: Requirements,
+    anthropic_beta: str | None = None,
+) -> tuple[str, dict[str, str], dict]:
+    """URL, headers and payload for an Anthropic Messages upstream.
+
+    `requirements` is accepted for the adapters' common signature: Anthropic has no per-request privacy
+    routing block to add (zero retention is an assignment property, checked by eligibility).
+    `anthropic_beta` is the client's `anthropic-beta` header, forwarded as sent when given: beta
+    features change the request's meaning, so they travel with the body they describe.
+    """
+    del requirements
+    if path not in MESSAGES_PATHS:
+        raise ValueError(f"not an Anthropic Messages operation: {path!r}")
+    payload = {**body, "model": model}
+    headers = upstream_auth_headers(target.adapter, target.api_key_env)
+    headers["content-type"] = "application/json"
+    if anthropic_beta:
+        headers["anthropic-beta"] = anthropic_beta
+    return f"{target.base_url.rstrip('/')}{path}", headers, payload
+
+
+def _blocks(message: object) -> list[dict]:
+    if not isinstance(message, dict):
+        return []
+    content = message.get("content")
+    return [block for block in content if isinstance(block, dict)] if isinstance(content, list) else []
+
+
+def _is_tool_result(block: dict) -> bool:
+    # `tool_result` for client tools; server tools' results (`web_search_tool_result`,
+    # `mcp_tool_result`, ...) are third-party content just the same.
+    kind = block.get("type")
+    return isinstance(kind, str) and kind.endswith("tool_result")
+
+
+def _has_image(blocks: list[dict]) -> bool:
+    for block in blocks:
+        if block.get("type") == "image":
+            return True
+        # Images returned by a tool (a screenshot, a read image file) are image input all the same.
+        if _is_tool_result(block) and _has_image(_blocks(block)):
+            return True
+    return False
+
+
+def turn_requirements(body: dict, body_size: int) -> Requirements:
+    """What this Anthropic Messages turn needs from any route (SPEC §5.3)."""
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    blocks = [block for message in messages for block in _blocks(message)]
+    max_tokens = body.get("max_tokens")
+    valid_max = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
+    return Requirements(
+        tools_offered=bool(body.get("tools")),
+        untrusted_content=any(_is_tool_result(block) for block in blocks),
+        vision=_has_image(blocks),
+        # About four bytes of JSON per token: a deliberately generous estimate for the gate.
+        prompt_tokens=body_size // 4,
+        max_output_tokens=max_tokens if valid_max else 0,
+    )
+
+
+def error_type(code: str | None, *, status: int, param: str | None = None) -> str:
+    """The Anthropic error type for a gateway outcome `code`, or for an upstream failure's `status`."""
+    if code == "no_eligible_backend":
+        return "overloaded_error" if param == _CIRCUIT_OPEN else "api_error"
+    if code is not None and code in ERROR_TYPES:
+        return ERROR_TYPES[code]
+    if status in STATUS_ERROR_TYPES:
+        return STATUS_ERROR_TYPES[status]
+    return "api_error" if status >= 500 else "invalid_request_error"
+
+
+def error_body(type: str, message: str) -> bytes:  # `type` is the wire name of the field
+    """An Anthropic error envelope; `message` must be the gateway's own words (SPEC §4)."""
+    return json.dumps({"type": "error", "error": {"type": type, "message": message}}).encode()

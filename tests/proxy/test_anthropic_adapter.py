@@ -1,0 +1,233 @@
+"""proxy/adapters/anthropic.py: Messages pass-through requests, the turn's requirements, error envelopes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import typing
+from typing import Any
+
+import anthropic
+import httpx2
+import pytest
+from anthropic.types.shared.error_type import ErrorType
+
+from proxy.adapters import anthropic as adapter
+from proxy.adapters import openai as openai_adapter
+from proxy.errors import TYPED_ERRORS
+from routing.route import Target
+from routing.types import Requirements
+from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL, CHAT_ADVERSARIAL, FORGED, INSTRUCTION
+
+KEY_ENV = "TEST_ANTHROPIC_ADAPTER_KEY"
+
+
+def target(adapter_name: str = "anthropic", base_url: str = "http://127.0.0.1:9101/v1/") -> Target:
+    return Target(
+        assignment_id=1, name="acct", pool_id=1, adapter=adapter_name, base_url=base_url, api_key_env=KEY_ENV
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# build_request
+
+
+@pytest.mark.parametrize("path", ["/messages", "/messages/count_tokens"])
+def test_build_request_replaces_only_the_model(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-ant-test")
+    body = {"model": "claude-opus-5", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    before = copy.deepcopy(body)
+
+    url, headers, payload = adapter.build_request(
+        target(), path, body, model="claude-opus-4-8", requirements=Requirements()
+    )
+
+    assert url == f"http://127.0.0.1:9101/v1{path}"
+    assert headers == {
+        "x-api-key": "sk-ant-test",
+        "anthropic-version": "2023-06-01",
+        "content-type": "application/json",
+    }
+    assert payload == {**before, "model": "claude-opus-4-8"}
+    assert body == before  # the client's body is not modified in place
+
+
+def test_build_request_without_credential_and_with_beta(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    _, headers, _ = adapter.build_request(
+        target(),
+        "/messages",
+        {"model": "m"},
+        model="m",
+        requirements=Requirements(zero_retention=True),
+        anthropic_beta="context-1m-2025-08-07",
+    )
+    assert headers == {
+        "anthropic-version": "2023-06-01",
+        "content-type": "application/json",
+        "anthropic-beta": "context-1m-2025-08-07",
+    }
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/v1/messages", "/messages/batches", ""])
+def test_build_request_refuses_other_operations(path: str) -> None:
+    with pytest.raises(ValueError):
+        adapter.build_request(target(), path, {"model": "m"}, model="m", requirements=Requirements())
+
+
+def test_pass_through_routes_carry_the_adversarial_fixture_unchanged() -> None:
+    # Same-API routes are the other two directions of seed 002's fixture: nothing but the model moves.
+    _, _, payload = adapter.build_request(
+        target(), "/messages", ANTHROPIC_ADVERSARIAL, model="claude-served", requirements=Requirements()
+    )
+    assert payload == {**ANTHROPIC_ADVERSARIAL, "model": "claude-served"}
+    assert payload["system"] == INSTRUCTION
+    assert payload["messages"][2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "toolu_01", "content": FORGED}
+    ]
+
+    _, _, payload = openai_adapter.build_request(
+        target("openai"),
+        "/chat/completions",
+        CHAT_ADVERSARIAL,
+        model="gpt-served",
+        requirements=Requirements(),
+    )
+    assert payload == {**CHAT_ADVERSARIAL, "model": "gpt-served"}
+    assert [m["role"] for m in payload["messages"]] == ["system", "user", "assistant", "tool"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# turn_requirements
+
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+TOOL = {"name": "delete_file", "input_schema": {"type": "object"}}
+
+
+def user(*blocks: Any) -> dict[str, Any]:
+    return {"role": "user", "content": list(blocks)}
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, {}),
+        ({"messages": [], "tools": [TOOL]}, {"tools_offered": True}),
+        ({"messages": [], "tools": []}, {}),
+        (
+            {"messages": [user({"type": "tool_result", "tool_use_id": "t", "content": "x"})]},
+            {"untrusted_content": True},
+        ),
+        (
+            {"messages": [user({"type": "web_search_tool_result", "tool_use_id": "t", "content": []})]},
+            {"untrusted_content": True},
+        ),
+        ({"messages": [user({"type": "text", "text": "tool_result"})]}, {}),
+        ({"messages": [user(IMAGE)]}, {"vision": True}),
+        (
+            {"messages": [user({"type": "tool_result", "tool_use_id": "t", "content": [IMAGE]})]},
+            {"untrusted_content": True, "vision": True},
+        ),
+        # An image in assistant history is still image input to the next turn.
+        ({"messages": [{"role": "assistant", "content": [IMAGE]}]}, {"vision": True}),
+        ({"messages": [], "max_tokens": 2048}, {"max_output_tokens": 2048}),
+        ({"messages": [], "max_tokens": True}, {}),
+        ({"messages": [], "max_tokens": -5}, {}),
+        # Malformed shapes never crash the gate; the upstream or the translator refuses them.
+        ({"messages": "hi"}, {}),
+        ({"messages": [None, {"role": "user", "content": None}, user("not a block")]}, {}),
+    ],
+)
+def test_turn_requirements(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert adapter.turn_requirements(body, 4000) == Requirements(prompt_tokens=1000, **expected)
+
+
+def test_turn_requirements_for_the_adversarial_fixture() -> None:
+    size = len(json.dumps(ANTHROPIC_ADVERSARIAL).encode())
+    requirements = adapter.turn_requirements(ANTHROPIC_ADVERSARIAL, size)
+    assert requirements == Requirements(
+        tools_offered=True, untrusted_content=True, prompt_tokens=size // 4, max_output_tokens=512
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors
+
+SDK_ERROR_TYPES = set(typing.get_args(ErrorType)) | {"request_too_large"}
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "param", "expected"),
+    [
+        ("invalid_request", 400, None, "invalid_request_error"),
+        ("authentication_error", 401, None, "authentication_error"),
+        ("permission_denied", 403, None, "permission_error"),
+        ("model_not_found", 404, None, "not_found_error"),
+        ("file_assignment_conflict", 409, None, "invalid_request_error"),
+        ("request_too_large", 413, None, "request_too_large"),
+        ("no_eligible_backend", 503, "circuit_open", "overloaded_error"),
+        ("no_eligible_backend", 503, "capability", "api_error"),
+        ("no_eligible_backend", 503, "privacy", "api_error"),
+        ("pin_unavailable", 503, None, "api_error"),
+        ("gateway_unavailable", 503, None, "api_error"),
+        ("upstream_dispatch_unknown", 504, None, "timeout_error"),
+        # Sanitized upstream failures: the status decides, never an OpenAI type or code.
+        ("rate_limit_exceeded", 429, None, "rate_limit_error"),
+        ("insufficient_quota", 429, None, "rate_limit_error"),
+        (None, 402, None, "billing_error"),
+        (None, 404, None, "not_found_error"),
+        (None, 422, None, "invalid_request_error"),
+        (None, 500, None, "api_error"),
+        (None, 502, None, "api_error"),
+        (None, 529, None, "overloaded_error"),
+    ],
+)
+def test_error_type(code: str | None, status: int, param: str | None, expected: str) -> None:
+    assert adapter.error_type(code, status=status, param=param) == expected
+
+
+@pytest.mark.parametrize("code", sorted(TYPED_ERRORS))
+def test_every_gateway_code_has_an_anthropic_type(code: str) -> None:
+    # A typed code added without a decision here would fall back to the status table silently.
+    assert code in adapter.ERROR_TYPES or code == "no_eligible_backend"
+    assert adapter.error_type(code, status=TYPED_ERRORS[code][0]) in SDK_ERROR_TYPES
+
+
+def test_error_body_is_the_anthropic_envelope() -> None:
+    body = adapter.error_body("not_found_error", "No route serves this model.")
+    assert json.loads(body) == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "No route serves this model."},
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "exception"),
+    [
+        (400, "invalid_request", anthropic.BadRequestError),
+        (401, "authentication_error", anthropic.AuthenticationError),
+        (403, "permission_denied", anthropic.PermissionDeniedError),
+        (404, "model_not_found", anthropic.NotFoundError),
+        (503, "no_eligible_backend", anthropic.InternalServerError),
+    ],
+)
+def test_error_body_parses_in_the_anthropic_sdk(status: int, code: str, exception: type[Exception]) -> None:
+    kind = adapter.error_type(code, status=status)
+    body = adapter.error_body(kind, "The gateway's own words.")
+
+    # This anthropic SDK runs on httpx2; MockTransport is fine for adapter unit tests (STYLE.md).
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(status, headers={"content-type": "application/json"}, content=body)
+
+    client = anthropic.Anthropic(
+        api_key="test",
+        base_url="http://gateway.test",
+        max_retries=0,
+        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+    )
+    with pytest.raises(exception) as info:
+        client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    error = info.value
+    assert isinstance(error, anthropic.APIStatusError)
+    assert error.status_code == status
+    assert error.body == {"type": "error", "error": {"type": kind, "message": "The gateway's own words."}}
