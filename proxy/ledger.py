@@ -1,5 +1,6 @@
 """The ledger writer: records finished exchanges off the client's critical path (SPEC §7.3).
 
+`record` is every ingress's `on_finish`: the metrics, the ledger and one log line per request.
 A request hands its Exchange to `submit` and returns at once; one writer thread per process saves
 them in batches, each batch in one transaction. `flush` waits until everything submitted so far is
 saved; it runs at interpreter exit (daphne and uvicorn both exit normally on SIGTERM after their
@@ -7,13 +8,16 @@ graceful shutdown), so a graceful stop loses no record.
 """
 
 import atexit
+import json
 import logging
 import queue
 import threading
 import time
+from datetime import UTC, datetime
 
 from django.db import DatabaseError, close_old_connections, connection
 
+from proxy.metrics import observe_exchange
 from proxy.relay import Exchange
 
 log = logging.getLogger("gateway")
@@ -82,3 +86,27 @@ class LedgerWriter:
 
 writer = LedgerWriter()
 atexit.register(writer.flush)
+
+
+async def record(exchange: Exchange) -> None:
+    """Hands the finished exchange to the ledger writer (off the critical path), counts it in the
+    metrics and logs one line: ids, outcome and counts, never content."""
+    exchange.finished_at = exchange.finished_at or datetime.now(UTC)
+    observe_exchange(exchange)
+    writer.submit(exchange)
+    attempts = sum(1 for a in exchange.attempts if a.status != "ineligible")
+    log.info(
+        json.dumps(
+            {
+                "event": "request",
+                "request_id": exchange.request_id,
+                "route": exchange.route,
+                "transport": exchange.transport,
+                "served_model": exchange.served_model,
+                "outcome": exchange.outcome,
+                "status": exchange.status_code,
+                "attempts": attempts,
+                "retries": exchange.retry_count,
+            }
+        )
+    )

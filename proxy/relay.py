@@ -1,19 +1,27 @@
 """The attempt loop (SPEC §5.6, §6.1, §6.2): dispatch the plan's candidates in order, classify each
 failure, and hand the request on only while the client has seen nothing.
 
-One Exchange per client request. `run` returns a Final (a complete answer or typed failure, for
-plain HTTP and for streams that ended before any visible output) or a Stream (the first visible
-bytes are ready; the rest is relayed as it arrives, never retried). Health writes go through the
-routing services; a success on a healthy candidate writes nothing.
+One Exchange per client request (per `response.create` on a websocket). `run` returns a Final (a
+complete answer or typed failure, for plain HTTP and for streams that ended before any visible
+output) or a Stream (the first visible output is ready; the rest is relayed as it arrives, never
+retried). Health writes go through the routing services; a success on a healthy candidate writes
+nothing.
+
+The transport is a seam, `Dispatch`: how one attempt reaches its upstream (HTTP here;
+`proxy.ws_relay` for the Responses websocket) and how output is framed for the client. Whatever
+the transport, an upstream's events arrive as an `EventSource` of `proxy.sse.Block`s and go through
+the same classification and `Withholder`, so "visible", "pre-visible failure" and "never retry after
+output" mean the same thing on SSE and on a websocket.
 """
 
 import asyncio
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import httpx
 
@@ -25,6 +33,7 @@ from proxy.sse import (
     Dialect,
     SSEParser,
     SSEProtocolError,
+    Visibility,
     Withholder,
     encode_error_event,
 )
@@ -110,6 +119,7 @@ class Final:
     status: int
     body: bytes
     content_type: str = "application/json"
+    frames: tuple[bytes, ...] = ()  # websocket: the events to send, one per frame (`body` is unused)
 
 
 @dataclass(slots=True)
@@ -185,6 +195,61 @@ FINAL_MESSAGES = {
 }
 
 
+class EventSource(Protocol):
+    """One attempt's upstream events, as batches of blocks (SSE: the blocks of one network chunk;
+    websocket: one event per frame). `batches` raises TransportFailure when the transport fails."""
+
+    # A websocket response ends at its terminal event while the connection stays open for the next
+    # one; an SSE response ends at EOF.
+    ends_at_terminal: bool
+
+    def batches(self) -> AsyncGenerator[list[Block], None]: ...
+
+    async def aclose(self, *, complete: bool) -> None:
+        """The attempt is over; `complete`: its response reached a terminal event."""
+        ...
+
+
+class SSESource:
+    """An upstream SSE response; closing it drops the connection (httpx releases it)."""
+
+    ends_at_terminal = False
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+
+    async def batches(self) -> AsyncGenerator[list[Block], None]:
+        parser = SSEParser()
+        try:
+            async for chunk in self.response.aiter_raw():
+                yield parser.feed(chunk)
+            tail = parser.flush()
+            if tail is not None:
+                yield [tail]
+        except SSEProtocolError:
+            raise TransportFailure(TransportEvent.STREAM_TRUNCATED) from None
+        except httpx.HTTPError as exc:
+            raise TransportFailure(upstream.transport_event(exc)) from None
+
+    async def aclose(self, *, complete: bool) -> None:
+        await self.response.aclose()
+
+
+TERMINAL = frozenset({Visibility.TERMINAL_SUCCESS, Visibility.TERMINAL_FAILURE})
+
+
+async def settle(work: Awaitable[None]) -> None:
+    """Run bookkeeping to its end even when the caller is cancelled meanwhile (a client that leaves
+    right after the last event must not lose the ledger row); the cancel is re-raised afterwards."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            await asyncio.wait([task])
+        raise
+
+
 class Relay:
     def __init__(
         self,
@@ -204,6 +269,7 @@ class Relay:
         on_finish: Callable[[Exchange], Awaitable[None]],
         single_attempt: bool = False,
         memory: Memory = Memory(),
+        dispatch: "Dispatch | None" = None,
     ) -> None:
         self.x = exchange
         self.view = view
@@ -220,6 +286,7 @@ class Relay:
         self.on_finish = on_finish
         self.single_attempt = single_attempt
         self.memory = memory
+        self.dispatch: Dispatch = dispatch or HttpDispatch()
         self.response_id: str | None = None
         self.held_probe = False
 
@@ -332,21 +399,15 @@ class Relay:
             if not dispatch:
                 index += 1
                 continue
-            target = self.view.targets[c.assignment_id]
-            url, headers, payload = openai_adapter.build_request(
-                target, self.path, self.body, model=c.model, requirements=self.requirements
-            )
             started = time.monotonic()
             log = self._log(c, "failed")
             try:
-                result = await self._attempt(c, log, url, headers, payload)
+                result = await self.dispatch.attempt(self, c, log)
             except asyncio.CancelledError:
                 log.status, log.failure_class = "cancelled", FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN
                 log.elapsed_ms = int((time.monotonic() - started) * 1000)
-                if held_probe:
-                    await asyncio.shield(db.run(services.circuit_release_probe, key=self._key(c)))
-                await asyncio.shield(self._finish("cancelled", 499))
+                await settle(self._end_cancelled(c, held_probe))
                 raise
             log.elapsed_ms = int((time.monotonic() - started) * 1000)
             if not isinstance(result, Failure):
@@ -369,34 +430,21 @@ class Relay:
             index = nxt
         return await self._final_failure(last)
 
+    async def _end_cancelled(self, c: Candidate, held_probe: bool) -> None:
+        if held_probe:
+            await db.run(services.circuit_release_probe, key=self._key(c))
+        await self._finish("cancelled", 499)
+
     async def _backoff(self) -> None:
         # Full jitter, inside the one deadline of the whole sequence.
         delay = random.uniform(0, self.backoff_base_ms / 1000 * (2 ** min(self.x.retry_count - 1, 6)))  # noqa: S311
         await asyncio.sleep(min(delay, max(self.deadline - time.monotonic(), 0)))
 
-    async def _attempt(
-        self, c: Candidate, log: AttemptLog, url: str, headers: dict, payload: dict
-    ) -> Failure | Final | Stream:
-        try:
-            response = await upstream.open_stream(
-                "POST",
-                url,
-                headers=headers,
-                json=payload,
-                read_timeout_s=max(self._remaining_ms() / 1000, 0.001),
-            )
-        except TransportFailure as failure:
-            return self._failure(Observation(transport=failure.event), None)
-        log.upstream_status = response.status_code
-        if response.status_code != 200 or self.dialect is None:
-            try:
-                raw = await upstream.read_body(response)
-            except TransportFailure as failure:
-                return self._failure(Observation(status=response.status_code, transport=failure.event), None)
-            return self._plain(c, log, response.status_code, raw)
-        return await self._stream(c, log, response)
+    def read_timeout_s(self) -> float:
+        """How long one upstream read may wait: what is left of the request's deadline."""
+        return max(self._remaining_ms() / 1000, 0.001)
 
-    def _failure(self, observation: Observation, withheld: tuple[Block, ...]) -> Failure:
+    def failure(self, observation: Observation, withheld: tuple[Block, ...]) -> Failure:
         failure = classify(observation) or FailureClass.UPSTREAM_ERROR
         error = canonical_error(observation.body)
         return Failure(
@@ -409,7 +457,7 @@ class Relay:
             withheld=withheld or (),
         )
 
-    def _plain(self, c: Candidate, log: AttemptLog, status: int, raw: bytes) -> Failure | Final:
+    def plain(self, c: Candidate, log: AttemptLog, status: int, raw: bytes) -> Failure | Final:
         try:
             parsed = json.loads(raw)
         except ValueError:
@@ -423,126 +471,166 @@ class Relay:
                 log.failure_class = str(failure)
                 self.x.outcome = "terminal_refusal"
             return Final(status=status, body=raw)
-        return self._failure(Observation(status=status, body=body, has_provenance=True), ())
+        return self.failure(Observation(status=status, body=body, has_provenance=True), ())
 
-    async def _stream(self, c: Candidate, log: AttemptLog, response: httpx.Response) -> Failure | Stream:
-        parser, withholder = SSEParser(), Withholder()
-        chunks = response.aiter_raw()
+    async def read_events(self, c: Candidate, log: AttemptLog, source: EventSource) -> Failure | Stream:
+        """Withhold the leading non-visible events; return a Stream at the first visible one, or the
+        Failure that ended the attempt before anything was shown (SPEC §6.2, §6.3)."""
+        withholder = Withholder()
+        batches = source.batches()
         assert self.dialect is not None
         try:
-            while True:
-                try:
-                    chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    tail = parser.flush()
-                    blocks = [tail] if tail else []
-                    ended = True
-                else:
-                    blocks = parser.feed(chunk)
-                    ended = False
+            async for blocks in batches:
                 for n, block in enumerate(blocks):
                     cls = classify_block(self.dialect, block)
                     self._inspect(log, cls.payload)
                     decision = withholder.feed(block, cls)
                     if decision.action is Action.RELEASE:
-                        first = b"".join(b.raw for b in decision.write)
-                        pending = blocks[n + 1 :]
-                        rest = self._relay_rest(c, log, response, chunks, parser, withholder, first, pending)
-                        return Stream(rest)
+                        first = [b.raw for b in decision.write]
+                        done = source.ends_at_terminal and cls.visibility in TERMINAL
+                        rest = blocks[n + 1 :]
+                        return Stream(
+                            self._relay_rest(c, log, source, batches, withholder, first, rest, done)
+                        )
                     if decision.action is Action.PRE_VISIBLE_FAILURE:
-                        await response.aclose()
-                        return self._failure(
+                        await batches.aclose()
+                        await source.aclose(complete=True)
+                        # A websocket `error` event names the HTTP status it stands for; classify by it.
+                        status = decision.error.status if decision.error and decision.error.status else 200
+                        return self.failure(
                             Observation(
-                                status=200,
+                                status=status if status >= 400 else 200,
                                 body=cls.payload if isinstance(cls.payload, dict) else None,
                                 transport=TransportEvent.STREAM_ERROR_EVENT,
                                 has_provenance=True,
                             ),
                             withholder.withheld(),
                         )
-                if ended:
-                    await response.aclose()
-                    return self._failure(
-                        Observation(status=200, transport=TransportEvent.STREAM_TRUNCATED), ()
+        except TransportFailure as exc:
+            await source.aclose(complete=False)
+            event = exc.event if exc.event is TransportEvent.READ_TIMEOUT else TransportEvent.STREAM_TRUNCATED
+            return self.failure(Observation(status=200, transport=event), ())
+        except asyncio.CancelledError:
+            await settle(source.aclose(complete=False))
+            raise
+        await source.aclose(complete=False)
+        return self.failure(Observation(status=200, transport=TransportEvent.STREAM_TRUNCATED), ())
+
+    def _relay_batch(
+        self, log: AttemptLog, batch: list[Block], withholder: Withholder, *, ends_at_terminal: bool
+    ) -> tuple[list[bytes], bool]:
+        """The client output for a batch of post-release blocks, and whether the response ended."""
+        assert self.dialect is not None
+        out: list[bytes] = []
+        for block in batch:
+            cls = classify_block(self.dialect, block)
+            self._inspect(log, cls.payload)
+            decision = withholder.feed(block, cls)
+            if decision.action is Action.POST_VISIBLE_FAILURE:
+                error = decision.error
+                out.append(
+                    self.dispatch.error_event(
+                        self.dialect,
+                        type=(error.type if error and error.type else "upstream_error"),
+                        code=error.code if error else None,
+                        param=error.param if error else None,
+                        message=POST_VISIBLE_MESSAGE,
+                        status=error.status if error else None,
                     )
-        except (TransportFailure, httpx.HTTPError, SSEProtocolError) as exc:
-            await response.aclose()
-            event = exc.event if isinstance(exc, TransportFailure) else upstream.transport_event(exc)
-            if event is not TransportEvent.READ_TIMEOUT:
-                event = TransportEvent.STREAM_TRUNCATED
-            return self._failure(Observation(status=200, transport=event), ())
+                )
+                log.status, log.failure_class = "failed", "upstream_error"
+                self.x.outcome = self.x.outcome or "upstream_error_after_output"
+            else:
+                out.extend(b.raw for b in decision.write)
+            if ends_at_terminal and cls.visibility in TERMINAL:
+                return out, True
+        return out, False
 
     async def _relay_rest(
         self,
         c: Candidate,
         log: AttemptLog,
-        response: httpx.Response,
-        chunks: AsyncIterator[bytes],
-        parser: SSEParser,
+        source: EventSource,
+        batches: AsyncGenerator[list[Block], None],
         withholder: Withholder,
-        first: bytes,
+        first: list[bytes],
         pending: list[Block],
+        done: bool,
     ) -> AsyncIterator[bytes]:
         outcome, status = "ok", 200
         log.status, log.dispatch_state = "succeeded", DispatchState.COMPLETED
         started = time.monotonic()
-
-        async def batches() -> AsyncIterator[list[Block]]:
-            yield pending
-            async for chunk in chunks:
-                yield parser.feed(chunk)
-            tail = parser.flush()
-            if tail is not None:
-                yield [tail]
-
+        ends = source.ends_at_terminal
+        ended = False  # the exchange is settled (and handed to the ledger): touch it no more
         try:
-            yield first
-            async for batch in batches():
-                out = []
-                for block in batch:
-                    cls = classify_block(self.dialect, block)
-                    self._inspect(log, cls.payload)
-                    decision = withholder.feed(block, cls)
-                    if decision.action is Action.POST_VISIBLE_FAILURE:
-                        error = decision.error
-                        out.append(
-                            encode_error_event(
-                                self.dialect,
-                                type=(error.type if error and error.type else "upstream_error"),
-                                code=error.code if error else None,
-                                param=error.param if error else None,
-                                message=POST_VISIBLE_MESSAGE,
-                            )
-                        )
-                        log.status, log.failure_class = "failed", "upstream_error"
-                        outcome = "upstream_error_after_output"
-                    else:
-                        out.extend(b.raw for b in decision.write)
-                if out:
-                    yield b"".join(out)
-        except asyncio.CancelledError:
-            log.status, log.failure_class, log.dispatch_state = "cancelled", FailureClass.CANCELLED, "unknown"
-            outcome, status = "cancelled", 499
+            out = first
+            if pending and not done:
+                more, done = self._relay_batch(log, pending, withholder, ends_at_terminal=ends)
+                out = [*out, *more]
+            while True:
+                if done:
+                    # A websocket response is over at its terminal event: settle it before the client
+                    # sees that event, so a continuation sent at once finds its affinity (and a reader
+                    # of the ledger its row).
+                    ended = True
+                    log.elapsed_ms += int((time.monotonic() - started) * 1000)
+                    await settle(
+                        self._end_stream(c, log, source, batches, True, self.x.outcome or outcome, status)
+                    )
+                for part in self.dispatch.pack(out):
+                    yield part
+                if done:
+                    return
+                try:
+                    batch = await anext(batches)
+                except StopAsyncIteration:
+                    break
+                out, done = self._relay_batch(log, batch, withholder, ends_at_terminal=ends)
+        except (asyncio.CancelledError, GeneratorExit):
+            # GeneratorExit: the client stopped reading before the end (it went away while a write
+            # was pending); nobody is left to answer, as with a cancel.
+            if not ended:
+                log.status, log.failure_class = "cancelled", FailureClass.CANCELLED
+                log.dispatch_state = DispatchState.UNKNOWN
+                outcome, status = "cancelled", 499
             raise
-        except (httpx.HTTPError, SSEProtocolError):
+        except TransportFailure:
             log.status, log.failure_class, log.dispatch_state = "failed", FailureClass.INTERRUPTED, "unknown"
             outcome = "upstream_interrupted"
-            yield encode_error_event(
+            yield self.dispatch.error_event(
                 self.dialect,
                 type="upstream_error",
                 code="upstream_interrupted",
                 param=None,
                 message="The upstream stream ended abnormally after output began.",
+                status=None,
             )
         finally:
-            log.elapsed_ms += int((time.monotonic() - started) * 1000)
-            await asyncio.shield(response.aclose())
-            if log.status == "succeeded":
-                log.cost_micros = self._cost(c, log)
-                await asyncio.shield(self._record_success(c))
-            elif self.held_probe:  # a verdict-free end frees the probe slot (SPEC §7.1)
-                await asyncio.shield(db.run(services.circuit_release_probe, key=self._key(c)))
-            await asyncio.shield(self._finish(self.x.outcome or outcome, status))
+            if not ended:
+                log.elapsed_ms += int((time.monotonic() - started) * 1000)
+                await settle(
+                    self._end_stream(c, log, source, batches, False, self.x.outcome or outcome, status)
+                )
+
+    async def _end_stream(
+        self,
+        c: Candidate,
+        log: AttemptLog,
+        source: EventSource,
+        batches: AsyncGenerator[list[Block], None],
+        done: bool,
+        outcome: str,
+        status: int,
+    ) -> None:
+        # `done` is set only by a terminal event: a websocket at a response boundary stays usable.
+        await batches.aclose()
+        await source.aclose(complete=done)
+        if log.status == "succeeded":
+            log.cost_micros = self._cost(c, log)
+            await self._record_success(c)
+        elif self.held_probe:  # a verdict-free end frees the probe slot (SPEC §7.1)
+            await db.run(services.circuit_release_probe, key=self._key(c))
+        await self._finish(outcome, status)
 
     def _note_response_id(self, payload: object) -> None:
         if self.memory.response_ids and self.response_id is None:
@@ -578,45 +666,138 @@ class Relay:
         if last is None:
             reason = self.plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
             await self._finish("no_eligible_backend", 503)
-            return Final(
+            return self.dispatch.error_final(
                 503,
-                error_body(
-                    message="No eligible backend can serve this request.",
-                    type="service_unavailable",
-                    code="no_eligible_backend",
-                    param=str(reason),
-                ),
+                message="No eligible backend can serve this request.",
+                type="service_unavailable",
+                code="no_eligible_backend",
+                param=str(reason),
             )
         action = disposition(last.failure, last.dispatch)
         if action is Disposition.DISPATCH_UNKNOWN:
             await self._finish("upstream_dispatch_unknown", 504)
-            return Final(
+            return self.dispatch.error_final(
                 504,
-                error_body(
-                    message=FINAL_MESSAGES[FailureClass.DISPATCH_UNKNOWN],
-                    type="upstream_error",
-                    code="upstream_dispatch_unknown",
-                ),
+                message=FINAL_MESSAGES[FailureClass.DISPATCH_UNKNOWN],
+                type="upstream_error",
+                code="upstream_dispatch_unknown",
+                param=None,
             )
         if last.withheld and self.dialect is not None:
             # A stream that failed before any output: the withheld lifecycle once, then the failure.
-            body = b"".join(b.raw for b in last.withheld) + encode_error_event(
+            error = self.dispatch.error_event(
                 self.dialect,
                 type=last.error_type or "upstream_error",
                 code=last.code,
                 param=last.param,
                 message="The upstream rejected the request.",
+                status=last.status if last.status and last.status >= 400 else None,
             )
             await self._finish(last.code or str(last.failure), 200)
-            return Final(200, body, content_type="text/event-stream")
+            return self.dispatch.events_final([*(b.raw for b in last.withheld), error])
         status = last.status if last.status and last.status >= 400 else 502
         await self._finish(last.code or str(last.failure), status)
-        return Final(
+        return self.dispatch.error_final(
             status,
-            error_body(
-                message="The upstream rejected the request.",
-                type=last.error_type or "upstream_error",
-                code=last.code,
-                param=last.param,
-            ),
+            message="The upstream rejected the request.",
+            type=last.error_type or "upstream_error",
+            code=last.code,
+            param=last.param,
         )
+
+
+class Dispatch(Protocol):
+    """A transport: how one attempt reaches its upstream, and how the gateway's output is framed for
+    the client. `HttpDispatch` (plain JSON and SSE) is the default; `proxy.ws_relay.WebsocketDispatch`
+    is the Responses websocket."""
+
+    async def attempt(self, relay: Relay, c: Candidate, log: AttemptLog) -> Failure | Final | Stream:
+        """Dispatch to `c`: the Failure to classify, or the answer (a Final, or a Stream once output
+        is visible, usually via `relay.read_events`)."""
+        ...
+
+    def pack(self, parts: list[bytes]) -> list[bytes]:
+        """The client writes for consecutive output parts (upstream events or gateway errors)."""
+        ...
+
+    def error_event(
+        self,
+        dialect: Dialect,
+        *,
+        type: str,  # the wire name of the field
+        code: str | None,
+        param: str | None,
+        message: str,
+        status: int | None,
+    ) -> bytes:
+        """The gateway's sanitized terminal event in a stream (never the provider's message)."""
+        ...
+
+    def error_final(
+        self,
+        status: int,
+        *,
+        message: str,
+        type: str,  # the wire name of the field
+        code: str | None,
+        param: str | None,
+    ) -> Final:
+        """A typed failure before any output."""
+        ...
+
+    def events_final(self, parts: list[bytes]) -> Final:
+        """A stream that ended before any output: its withheld events and the error, at once."""
+        ...
+
+
+class HttpDispatch:
+    """Plain HTTP and SSE over the shared httpx client (`proxy.upstream`)."""
+
+    async def attempt(self, relay: Relay, c: Candidate, log: AttemptLog) -> Failure | Final | Stream:
+        target = relay.view.targets[c.assignment_id]
+        url, headers, payload = openai_adapter.build_request(
+            target, relay.path, relay.body, model=c.model, requirements=relay.requirements
+        )
+        try:
+            response = await upstream.open_stream(
+                "POST", url, headers=headers, json=payload, read_timeout_s=relay.read_timeout_s()
+            )
+        except TransportFailure as failure:
+            return relay.failure(Observation(transport=failure.event), ())
+        log.upstream_status = response.status_code
+        if response.status_code != 200 or relay.dialect is None:
+            try:
+                raw = await upstream.read_body(response)
+            except TransportFailure as failure:
+                return relay.failure(Observation(status=response.status_code, transport=failure.event), ())
+            return relay.plain(c, log, response.status_code, raw)
+        return await relay.read_events(c, log, SSESource(response))
+
+    def pack(self, parts: list[bytes]) -> list[bytes]:
+        return [b"".join(parts)] if parts else []  # one write for all of them
+
+    def error_event(
+        self,
+        dialect: Dialect,
+        *,
+        type: str,  # the wire name of the field
+        code: str | None,
+        param: str | None,
+        message: str,
+        status: int | None,
+    ) -> bytes:
+        return encode_error_event(dialect, type=type, code=code, param=param, message=message)
+
+    def error_final(
+        self,
+        status: int,
+        *,
+        message: str,
+        type: str,  # the wire name of the field
+        code: str | None,
+        param: str | None,
+    ) -> Final:
+        return Final(status, error_body(message=message, type=type, code=code, param=param))
+
+    def events_final(self, parts: list[bytes]) -> Final:
+        return Final(200, b"".join(parts), content_type="text/event-stream")

@@ -1,3 +1,7 @@
-"""Websocket routes (SPEC §6.3). The Responses websocket consumer lands with the websocket relay."""
+"""Websocket routes (SPEC §6.3)."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from proxy.consumers import ResponsesConsumer
+
+websocket_urlpatterns = [path("v1/responses", ResponsesConsumer.as_asgi())]

@@ -548,13 +548,9 @@ def encode_error_event(
             body: dict[str, Any] = {"error": {"message": message, "type": type, "code": code, "param": param}}
             return encode_block(None, _json(body))
         case Dialect.RESPONSES:
-            # The documented ResponseErrorEvent puts code/message/param at the top level, while OpenAI
-            # actually sends them nested under `error` with the error type (which also makes the
-            # openai SDK raise). Both, so either kind of client finds them.
-            error = {"type": type, "code": code, "message": message, "param": param}
-            body = {"type": "error", "code": code, "message": message, "param": param, "error": error}
-            if sequence_number is not None:
-                body["sequence_number"] = sequence_number
+            body = responses_error_event(
+                type=type, code=code, param=param, message=message, sequence_number=sequence_number
+            )
             return encode_block("error", _json(body))
         case Dialect.ANTHROPIC:
             # Anthropic errors have no code or param.
@@ -562,6 +558,31 @@ def encode_error_event(
             return encode_block("error", _json(body))
         case _:
             assert_never(dialect)
+
+
+def responses_error_event(
+    *,
+    type: str,  # shadows the builtin on purpose: it is the wire name of the field
+    code: str | None,
+    param: str | None,
+    message: str,
+    sequence_number: int | None = None,
+    status: int | None = None,
+) -> dict[str, Any]:
+    """The gateway's Responses `error` event (the SSE block's data, or one websocket frame).
+
+    The documented ResponseErrorEvent puts code/message/param at the top level, while OpenAI actually
+    sends them nested under `error` with the error type (which also makes the openai SDK raise). Both,
+    so either kind of client finds them. `status`: the HTTP status the error stands for, as the
+    websocket mode's `error` events carry it.
+    """
+    error = {"type": type, "code": code, "message": message, "param": param}
+    body: dict[str, Any] = {"type": "error", "code": code, "message": message, "param": param, "error": error}
+    if status is not None:
+        body["status"] = status
+    if sequence_number is not None:
+        body["sequence_number"] = sequence_number
+    return body
 
 
 def _json(value: object) -> str:

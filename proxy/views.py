@@ -1,9 +1,14 @@
-"""OpenAI-compatible endpoints (SPEC §4): thin async views over routing and the relay."""
+"""OpenAI-compatible endpoints (SPEC §4): thin async views over routing and the relay.
+
+`prepare` is the request path every ingress shares (these views and the Responses websocket consumer,
+`proxy.consumers`): authenticate, read the routing state in one database hop, decide, and build the
+Relay. The ingress only parses its own framing and delivers the result.
+"""
 
 import json
-import logging
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -15,11 +20,11 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from pools.selectors import Authenticated, key_authenticate
-from proxy import db, ledger
+from proxy import db
 from proxy.adapters.openai import turn_requirements
 from proxy.errors import TYPED_ERRORS
-from proxy.metrics import observe_exchange
-from proxy.relay import Exchange, Final, Memory, Relay, Stream, error_body
+from proxy.ledger import record
+from proxy.relay import Dispatch, Exchange, Final, Memory, Relay, Stream, error_body
 from proxy.sse import Dialect
 from routing.auto import AutoError
 from routing.eligibility import tighten
@@ -29,8 +34,6 @@ from routing.resolution import ResolutionError, is_allowed
 from routing.route import RequirementsHeaderError, RoutingView, decide, parse_requirements_header
 from routing.selectors import RouteSettings, affinity_get, routing_view_load
 from routing.types import Requirements, RouteClass
-
-log = logging.getLogger("gateway")
 
 DIALECTS = {
     "/v1/chat/completions": Dialect.CHAT,
@@ -54,34 +57,13 @@ def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpRespo
     return HttpResponse(body, status=status, content_type="application/json")
 
 
-def _bearer(request: HttpRequest) -> str:
-    auth = request.headers.get("authorization", "")
+def bearer(headers: Mapping[str, str]) -> str:
+    """The gateway key of `Authorization: Bearer <key>` or `x-api-key: <key>` (lowercase names, or
+    Django's case-insensitive `request.headers`)."""
+    auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
-    return request.headers.get("x-api-key", "").strip()
-
-
-async def _write_ledger(exchange: Exchange) -> None:
-    """Hands the finished exchange to the ledger writer (off the critical path) and logs one line."""
-    exchange.finished_at = exchange.finished_at or datetime.now(UTC)
-    observe_exchange(exchange)
-    ledger.writer.submit(exchange)
-    attempts = sum(1 for a in exchange.attempts if a.status != "ineligible")
-    log.info(
-        json.dumps(
-            {
-                "event": "request",
-                "request_id": exchange.request_id,
-                "route": exchange.route,
-                "transport": exchange.transport,
-                "served_model": exchange.served_model,
-                "outcome": exchange.outcome,
-                "status": exchange.status_code,
-                "attempts": attempts,
-                "retries": exchange.retry_count,
-            }
-        )
-    )
+    return headers.get("x-api-key", "").strip()
 
 
 def _parse_body(request: HttpRequest) -> dict:
@@ -95,6 +77,11 @@ def _parse_body(request: HttpRequest) -> dict:
         body = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise RequestFailed("invalid_request") from None
+    return validate_body(body)
+
+
+def validate_body(body: object) -> dict:
+    """The checks every OpenAI-shaped body gets before routing (the upstream judges the rest)."""
     if not isinstance(body, dict):
         raise RequestFailed("invalid_request")
     model = body.get("model")
@@ -107,13 +94,13 @@ def _parse_body(request: HttpRequest) -> dict:
     return body
 
 
-def _headers_requirements(request: HttpRequest, default_deadline_ms: int) -> tuple[Requirements, int]:
+def _headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -> tuple[Requirements, int]:
     try:
-        extra = parse_requirements_header(request.headers.get("x-gateway-requirements", ""))
+        extra = parse_requirements_header(headers.get("x-gateway-requirements", ""))
     except RequirementsHeaderError:
         raise RequestFailed("invalid_request", "x-gateway-requirements") from None
     deadline_ms = default_deadline_ms
-    raw = request.headers.get("x-gateway-deadline-ms")
+    raw = headers.get("x-gateway-deadline-ms")
     if raw is not None:
         try:
             asked = int(raw)
@@ -139,7 +126,7 @@ async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
         response = await _handle(request, path, exchange, started_mono)
     except RequestFailed as failed:
         response = _typed(exchange, failed.code, failed.param)
-        await _write_ledger(exchange)
+        await record(exchange)
     response["x-gateway-request-id"] = exchange.request_id
     response["x-content-type-options"] = "nosniff"  # the API skips SecurityMiddleware (gatewaysite/asgi.py)
     return response
@@ -157,13 +144,17 @@ class Loaded:
 
 
 def _load(
-    raw_key: str, body: dict | None, path: str, session_key: str | None, now: datetime
+    raw_key: str,
+    body: dict | None,
+    path: str,
+    session_key: str | None,
+    now: datetime,
+    route_class: RouteClass,
 ) -> Loaded | None:
     authenticated = key_authenticate(raw_key)
     if authenticated is None or body is None:
         return Loaded(authenticated) if authenticated else None
     key = authenticated.key
-    route_class = RouteClass.SSE if body.get("stream") is True else RouteClass.HTTP
     view, settings = routing_view_load(
         pool_ids=key.pool_ids, route_class=route_class, now=now, config_version=authenticated.config_version
     )
@@ -175,15 +166,27 @@ def _load(
     return Loaded(authenticated, view, settings, pin, session)
 
 
-async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: float) -> HttpResponse:
-    try:
-        body, body_error = _parse_body(request), None
-    except RequestFailed as failed:
-        body, body_error = None, failed
-    session_key = request.headers.get("x-gateway-session", "")[:300] or None
+async def prepare(
+    exchange: Exchange,
+    *,
+    headers: Mapping[str, str],
+    path: str,
+    body: dict | None,
+    body_error: RequestFailed | None,
+    body_size: int,
+    started: float,
+    route_class: RouteClass,
+    dialect: Dialect | None,
+    dispatch: Dispatch | None = None,
+    pins: Sequence[HardPin] = (),
+) -> Relay:
+    """The Relay for one client request, or RequestFailed with its typed code (the exchange records
+    what was learnt before: the key, the requested model). `headers` are the request's (an HTTP
+    request's, or a websocket handshake's); `pins` are the ingress's own hard pins (a live websocket)."""
+    session_key = headers.get("x-gateway-session", "")[:300] or None
     now = datetime.now(UTC)
     try:
-        loaded = await db.run(_load, _bearer(request), body, path, session_key, now)
+        loaded = await db.run(_load, bearer(headers), body, path, session_key, now, route_class)
     except DatabaseError:
         # Without the database nothing can be authorized or routed: fail fast, typed, and let the
         # pool's health-checked connections recover on their own once it is back.
@@ -197,14 +200,12 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
     view, route_settings, session = loaded.view, loaded.settings, loaded.session
     assert view is not None and route_settings is not None
     exchange.requested_model = body["model"]
-    streaming = body.get("stream") is True
-    exchange.transport = "sse" if streaming else "http"
-    route_class = RouteClass.SSE if streaming else RouteClass.HTTP
-    extra, deadline_ms = _headers_requirements(request, route_settings.default_deadline_ms)
-    requirements = tighten(tighten(key.requirements, extra), turn_requirements(body, len(request.body)))
+    exchange.transport = str(route_class)
+    extra, deadline_ms = _headers_requirements(headers, route_settings.default_deadline_ms)
+    requirements = tighten(tighten(key.requirements, extra), turn_requirements(body, body_size))
     # A response the gateway relayed pins the request to its assignment; one it never saw (or whose
     # affinity expired) pins nothing, and the upstream answers for itself.
-    pins = [HardPin(PinKind.RESPONSE, loaded.pin.assignment_id)] if loaded.pin else []
+    pins = [*pins, HardPin(PinKind.RESPONSE, loaded.pin.assignment_id)] if loaded.pin else list(pins)
     decision = decide(
         view,
         key,
@@ -228,7 +229,7 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
     exchange.served_model = decision.resolution.served
     if decision.resolution.is_fallback:
         exchange.fallback_reason = str(decision.resolution.fallback)
-    relay = Relay(
+    return Relay(
         exchange=exchange,
         view=view,
         plan=decision.plan,
@@ -240,14 +241,34 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
         path=path.removeprefix("/v1"),
         body=body,
         route_class=route_class,
-        dialect=DIALECTS.get(path) if streaming else None,
-        on_finish=_write_ledger,
+        dialect=dialect,
+        on_finish=record,
         single_attempt=path == COMPACT,
         memory=Memory(
             response_ids=path in RESPONSES_ROUTES,
             session=session_key,
             session_seen=(session.assignment_id, session.model) if session else None,
         ),
+        dispatch=dispatch,
+    )
+
+
+async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: float) -> HttpResponse:
+    try:
+        body, body_error = _parse_body(request), None
+    except RequestFailed as failed:
+        body, body_error = None, failed
+    streaming = body is not None and body.get("stream") is True
+    relay = await prepare(
+        exchange,
+        headers=request.headers,
+        path=path,
+        body=body,
+        body_error=body_error,
+        body_size=len(request.body) if body is not None else 0,
+        started=started,
+        route_class=RouteClass.SSE if streaming else RouteClass.HTTP,
+        dialect=DIALECTS.get(path) if streaming else None,
     )
     result = await relay.run()
     if isinstance(result, Stream):
@@ -258,7 +279,7 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
         response = HttpResponse(result.body, status=result.status, content_type=result.content_type)
     response["x-gateway-attempts"] = str(sum(1 for a in exchange.attempts if a.status != "ineligible"))
     response["x-gateway-served-model"] = exchange.served_model
-    if exchange.model_fallback or decision.resolution.is_fallback:
+    if exchange.model_fallback or exchange.fallback_reason:
         response["x-gateway-model-fallback"] = exchange.served_model
     return response
 
@@ -291,7 +312,7 @@ async def responses_compact(request: HttpRequest) -> HttpResponse:
 @require_GET
 async def models(request: HttpRequest) -> HttpResponse:
     try:
-        authenticated = await db.run(key_authenticate, _bearer(request))
+        authenticated = await db.run(key_authenticate, bearer(request.headers))
     except DatabaseError:
         body = error_body(
             message=TYPED_ERRORS["gateway_unavailable"][1],

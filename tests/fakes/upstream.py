@@ -824,6 +824,12 @@ class FakeUpstream:
         with self._lock:
             return self._ws_connections
 
+    @property
+    def ws_open(self) -> int:
+        """Websocket connections open right now (a closed or dropped one leaves at once)."""
+        running = self._running
+        return len(running.websockets) if running is not None else 0
+
     def reset(self) -> None:
         """Forget hits, websocket connections, scripts and `models_behaviour`."""
         with self._lock:

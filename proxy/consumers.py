@@ -1,0 +1,315 @@
+"""Websocket `/v1/responses`: the Responses websocket mode (SPEC §6.3), a thin Channels consumer.
+
+The client authenticates in the handshake (`Authorization: Bearer <key>` or `x-api-key: <key>`) and
+sends JSON text frames `{"type": "response.create", ...Responses body...}`. Each one is a request of
+its own: `proxy.views.prepare` routes it (the same code as HTTP, route class `websocket`) and the
+Relay runs it through `proxy.ws_relay.WebsocketDispatch`; the upstream's events come back one frame
+each. Once an upstream connection has served a response it is live, and every later frame is
+hard-pinned to it (`PinKind.WEBSOCKET`).
+
+Frames are handled one at a time, in order: a frame sent while a response streams waits its turn
+(at most MAX_PENDING wait). A bad frame (binary, not JSON, not an object, an unknown `type`, over
+GATEWAY_MAX_BODY_BYTES) gets a typed `error` event (`invalid_request` / `request_too_large`, error
+type `invalid_request_error`), reaches no upstream, and the connection stays usable. Typed routing
+outcomes (`model_not_found`, `no_eligible_backend`, ...) are `error` events shaped like the HTTP
+errors, with the HTTP status they stand for.
+
+Close codes (the reason is always sent):
+- 4401 "invalid gateway key": the handshake had no valid key, or the key stopped being valid. The
+  handshake is accepted first so that the code and reason reach the client (a refusal before the
+  upgrade can only be a bare HTTP 403).
+- 1013 "gateway unavailable": the database could not be reached to check the key.
+- 1014 "upstream connection closed" (Bad Gateway): the live upstream connection ended.
+- 1008 "too many pending frames": more than MAX_PENDING frames waiting behind a response.
+- 1011 "internal error": a gateway bug (logged with its traceback, never with content).
+A database error while a frame is routed is a typed `gateway_unavailable` event (503); the
+connection stays open.
+Closing either side closes the other: when the client goes, the response in flight is cancelled
+(ledger: `cancelled`) and the upstream connection closed before the consumer returns.
+
+The database is touched only through `proxy.db.run` (its own long-lived pool), so the per-message
+`aclose_old_connections` thread hop of Channels' dispatch is skipped, and no channel layer is used:
+nothing is ever sent to this connection from elsewhere, and an idle connection keeps no task of its
+own beyond the upstream watcher.
+"""
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from contextlib import aclosing, suppress
+from datetime import UTC, datetime
+
+from channels.consumer import get_handler_name
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.db import DatabaseError
+
+from pools.selectors import key_authenticate
+from proxy import db
+from proxy.errors import TYPED_ERRORS
+from proxy.ledger import record
+from proxy.relay import Exchange, Final, Stream, settle
+from proxy.sse import Dialect
+from proxy.views import RequestFailed, bearer, prepare, validate_body
+from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
+from routing.plan import HardPin, PinKind
+from routing.types import RouteClass
+
+log = logging.getLogger("gateway")
+
+ROUTE = "/v1/responses"
+MAX_PENDING = 8
+# The handshake headers a frame's routing reads; nothing else of the handshake is kept.
+KEPT_HEADERS = frozenset(
+    {"authorization", "x-api-key", "x-gateway-requirements", "x-gateway-deadline-ms", "x-gateway-session"}
+)
+
+CLOSE_INVALID_KEY = (4401, "invalid gateway key")
+CLOSE_GATEWAY_UNAVAILABLE = (1013, "gateway unavailable")
+CLOSE_UPSTREAM_CLOSED = (1014, "upstream connection closed")
+CLOSE_TOO_MANY_PENDING = (1008, "too many pending frames")
+CLOSE_INTERNAL_ERROR = (1011, "internal error")
+
+BINARY_FRAME = "Binary frames are not supported; send response.create as a JSON text frame."
+NOT_AN_OBJECT = "The frame is not a JSON object."
+UNKNOWN_TYPE = "Unknown event type; this endpoint accepts response.create frames."
+
+
+class _Binary:
+    """A binary frame waiting its turn (its bytes are not kept)."""
+
+
+class _TooLarge:
+    """A frame over the size limit waiting its turn (its text is not kept)."""
+
+
+def _not_json(constant: str) -> None:
+    # NaN and Infinity are Python's extensions, not JSON: no upstream would accept them.
+    raise ValueError(constant)
+
+
+class _ClientGone(Exception):
+    """The client connection ended while the gateway was writing to it."""
+
+
+class BadFrame(RequestFailed):
+    """A frame that is not a usable `response.create`, with the gateway's own words for why."""
+
+    def __init__(self, code: str, message: str | None = None, param: str | None = None) -> None:
+        super().__init__(code, param)
+        self.message = message
+
+
+class ResponsesConsumer(AsyncWebsocketConsumer):
+    channel_layer_alias = None  # no channel layer (module docstring)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.headers: dict[str, str] = {}
+        self.key_id: int | None = None
+        self.link = UpstreamLink()
+        self.pending: deque[str | _Binary | _TooLarge] = deque()
+        self.worker: asyncio.Task | None = None
+        self.watcher: asyncio.Task | None = None
+        self.closing = False
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # However the connection ends (disconnect, server shutdown), nothing outlives it.
+            await settle(self._shutdown())
+
+    async def dispatch(self, message) -> None:
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    # -- the client side --------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        self.headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1")
+            for name, value in self.scope["headers"]
+            if name.decode("latin-1").lower() in KEPT_HEADERS
+        }
+        await self.accept()
+        try:
+            authenticated = await db.run(key_authenticate, bearer(self.headers))
+        except DatabaseError:
+            await self._close(*CLOSE_GATEWAY_UNAVAILABLE)
+            return
+        if authenticated is None:
+            await self._close(*CLOSE_INVALID_KEY)
+            return
+        self.key_id = authenticated.key.key_id
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.closing:
+            return
+        if len(self.pending) >= MAX_PENDING:
+            await self._close(*CLOSE_TOO_MANY_PENDING)
+            return
+        if text_data is None:
+            self.pending.append(_Binary())
+        elif len(text_data) > settings.GATEWAY_MAX_BODY_BYTES:  # characters <= bytes: surely too large
+            self.pending.append(_TooLarge())
+        else:
+            self.pending.append(text_data)
+        if self.worker is None:
+            self.worker = asyncio.create_task(self._drain())
+
+    async def disconnect(self, code: int) -> None:
+        self.closing = True
+        await self._shutdown()
+
+    async def _send(self, frame: bytes) -> None:
+        if self.closing:
+            raise _ClientGone
+        try:
+            await self.send(text_data=frame.decode())
+        except (OSError, RuntimeError):  # the server's "client disconnected" / "already closed"
+            self.closing = True
+            raise _ClientGone from None
+
+    async def _close(self, code: int, reason: str) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        with suppress(OSError, RuntimeError):
+            await self.close(code=code, reason=reason)
+
+    async def _shutdown(self) -> None:
+        self.closing = True
+        self.pending.clear()
+        for task in (self.worker, self.watcher):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
+        await self.link.close()
+
+    # -- frames, one at a time ----------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        try:
+            while self.pending and not self.closing:
+                if self.link.dead:
+                    break
+                await self._frame(self.pending.popleft())
+            # Checked with no await before `worker` is cleared, so the watcher cannot miss it.
+            if self.link.dead:
+                await self._close(*CLOSE_UPSTREAM_CLOSED)
+        except _ClientGone:
+            pass
+        except Exception:
+            log.exception("websocket: the relay failed")
+            await self._close(*CLOSE_INTERNAL_ERROR)
+        finally:
+            self.worker = None
+
+    async def _watch(self) -> None:
+        """An idle live upstream that closes closes the client; a busy one is handled by `_drain`."""
+        live = self.link.live
+        assert live is not None
+        await live.wait_closed()
+        if self.worker is None:
+            await self._close(*CLOSE_UPSTREAM_CLOSED)
+
+    async def _frame(self, item: str | _Binary | _TooLarge) -> None:
+        started = time.monotonic()
+        exchange = Exchange(
+            request_id=uuid.uuid4().hex,
+            key_id=self.key_id,
+            route=ROUTE,
+            transport=str(RouteClass.WEBSOCKET),
+            requested_model="",
+            started_at=datetime.now(UTC),
+        )
+        try:
+            body, size = self._parse(item)
+        except RequestFailed as failed:
+            await self._typed(exchange, failed, bad_frame=True)
+            return
+        live = self.link.live
+        try:
+            relay = await prepare(
+                exchange,
+                headers=self.headers,
+                path=ROUTE,
+                body=body,
+                body_error=None,
+                body_size=size,
+                started=started,
+                route_class=RouteClass.WEBSOCKET,
+                dialect=Dialect.RESPONSES,
+                dispatch=WebsocketDispatch(self.link),
+                pins=[HardPin(PinKind.WEBSOCKET, live.assignment_id)] if live is not None else [],
+            )
+        except RequestFailed as failed:
+            await self._typed(exchange, failed, bad_frame=False)
+            if failed.code == "authentication_error":
+                await self._close(*CLOSE_INVALID_KEY)
+            return
+        try:
+            result = await relay.run()
+        except DatabaseError:
+            # A health write failed before anything was shown: the client is told, typed.
+            await self._typed(exchange, RequestFailed("gateway_unavailable"), bad_frame=False)
+            return
+        if isinstance(result, Stream):
+            try:
+                async with aclosing(result.chunks) as chunks:
+                    async for frame in chunks:
+                        await self._send(frame)
+            except DatabaseError:
+                # The response reached the client; only the bookkeeping after it failed.
+                log.warning("websocket: a health write failed after the response was relayed")
+        else:
+            assert isinstance(result, Final)
+            for frame in result.frames:
+                await self._send(frame)
+        if self.link.live is not None and self.watcher is None:
+            self.watcher = asyncio.create_task(self._watch())
+
+    @staticmethod
+    def _parse(item: str | _Binary | _TooLarge) -> tuple[dict, int]:
+        """The Responses body of a `response.create` frame and its size, or RequestFailed."""
+        if isinstance(item, _Binary):
+            raise BadFrame("invalid_request", BINARY_FRAME)
+        if isinstance(item, _TooLarge):
+            raise BadFrame("request_too_large")
+        size = len(item.encode())
+        if size > settings.GATEWAY_MAX_BODY_BYTES:
+            raise BadFrame("request_too_large")
+        try:
+            frame = json.loads(item, parse_constant=_not_json)
+        except (ValueError, RecursionError):
+            raise BadFrame("invalid_request", NOT_AN_OBJECT) from None
+        if not isinstance(frame, dict):
+            raise BadFrame("invalid_request", NOT_AN_OBJECT)
+        if frame.get("type") != "response.create":
+            raise BadFrame("invalid_request", UNKNOWN_TYPE, "type")
+        body = {name: value for name, value in frame.items() if name != "type"}
+        return validate_body(body), size
+
+    async def _typed(self, exchange: Exchange, failed: RequestFailed, *, bad_frame: bool) -> None:
+        """A typed gateway error as an `error` event, and its own ledger row."""
+        status, message = TYPED_ERRORS[failed.code]
+        exchange.outcome, exchange.status_code = failed.code, status
+        await record(exchange)
+        # A bad frame is the client's protocol error: OpenAI's error type for those. Routing outcomes
+        # keep the HTTP API's shape, whose error type is the code.
+        await self._send(
+            error_frame(
+                status,
+                type="invalid_request_error" if bad_frame else failed.code,
+                code=failed.code,
+                param=failed.param,
+                message=(failed.message if isinstance(failed, BadFrame) else None) or message,
+            )
+        )

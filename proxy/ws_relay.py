@@ -1,0 +1,157 @@
+"""The Responses websocket transport of the attempt loop (SPEC §6.3): `WebsocketDispatch` plugs into
+`proxy.relay.Relay`, so a `response.create` frame is routed, classified, withheld, failed over and
+recorded exactly like an SSE request; only the wire differs.
+
+Contract:
+- One `UpstreamLink` per client websocket holds at most one live upstream connection. An attempt on
+  the live connection's assignment reuses it; any other attempt opens a new connection to its
+  candidate (`base_url` with http->ws, https->wss, plus `/responses`) and sends the frame there.
+- A new connection that ends its attempt without output (a pre-visible failure, a refusal to
+  connect) is closed before the next candidate is tried: the client never sees it. A connection
+  whose response released output to the client becomes live; from then on the consumer pins every
+  later `response.create` to its assignment (`HardPin(PinKind.WEBSOCKET, ...)`), which never fails
+  over.
+- Each upstream event is one frame and one `Block` (`data` is the frame's text), so the SSE
+  classification and withholding apply unchanged; a response ends at its terminal event while the
+  connection stays open. A response cut mid-way (client gone, upstream silent or closed) drops the
+  connection: its state is unknown, so it is never reused.
+- The gateway's own errors are Responses `error` events carrying the HTTP status they stand for.
+"""
+
+import json
+from collections.abc import AsyncGenerator
+
+from proxy import upstream_ws
+from proxy.adapters import openai as openai_adapter
+from proxy.relay import AttemptLog, Failure, Final, Relay, Stream
+from proxy.sse import Block, Dialect, responses_error_event
+from proxy.upstream import TransportFailure
+from proxy.upstream_ws import HandshakeRejected, UpstreamSocket
+from routing.failures import Observation
+from routing.types import Candidate
+
+
+def error_frame(status: int | None, *, type: str, code: str | None, param: str | None, message: str) -> bytes:
+    """One gateway `error` event as a websocket frame (UTF-8 JSON)."""
+    body = responses_error_event(type=type, code=code, param=param, message=message, status=status)
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class UpstreamLink:
+    """The upstream side of one client websocket: at most one live connection."""
+
+    def __init__(self) -> None:
+        self.live: UpstreamSocket | None = None
+
+    @property
+    def dead(self) -> bool:
+        """The live upstream connection is gone: the client connection must end too."""
+        return self.live is not None and not self.live.open
+
+    async def close(self) -> None:
+        live, self.live = self.live, None
+        if live is not None:
+            await live.close()
+
+
+class WebsocketSource:
+    """The events of one response on an upstream websocket, one frame per batch."""
+
+    ends_at_terminal = True
+
+    def __init__(self, socket: UpstreamSocket, read_timeout_s: float) -> None:
+        self.socket = socket
+        self.read_timeout_s = read_timeout_s
+
+    async def batches(self) -> AsyncGenerator[list[Block], None]:
+        while True:
+            text = await self.socket.recv(self.read_timeout_s)
+            yield [Block(raw=text.encode(), event=None, data=text, comment_only=False)]
+
+    async def aclose(self, *, complete: bool) -> None:
+        if not complete:
+            self.socket.abort()
+            await self.socket.wait_closed()
+
+
+class WebsocketDispatch:
+    """The Responses websocket mode (a `proxy.relay.Dispatch`); one per `response.create`."""
+
+    def __init__(self, link: UpstreamLink) -> None:
+        self.link = link
+
+    async def attempt(self, relay: Relay, c: Candidate, log: AttemptLog) -> Failure | Final | Stream:
+        target = relay.view.targets[c.assignment_id]
+        url, headers, payload = openai_adapter.build_request(
+            target, "/responses", relay.body, model=c.model, requirements=relay.requirements
+        )
+        headers.pop("content-type", None)
+        live = self.link.live
+        fresh = live is None or live.assignment_id != c.assignment_id
+        if fresh:
+            try:
+                socket = await upstream_ws.open_socket(
+                    upstream_ws.websocket_url(url), headers=headers, assignment_id=c.assignment_id
+                )
+            except TransportFailure as failure:
+                return relay.failure(Observation(transport=failure.event), ())
+            except HandshakeRejected as rejected:
+                return relay.failure(
+                    Observation(status=rejected.status, body=rejected.body, has_provenance=True), ()
+                )
+        else:
+            assert live is not None
+            socket = live
+        try:
+            await socket.send(json.dumps({"type": "response.create", **payload}))
+            result: Failure | Stream = await relay.read_events(
+                c, log, WebsocketSource(socket, relay.read_timeout_s())
+            )
+        except TransportFailure as failure:  # the frame could not be sent
+            result = relay.failure(Observation(transport=failure.event), ())
+        except BaseException:
+            if fresh:
+                socket.abort()  # cancelled before it served anything: nobody will ever use it
+            raise
+        if isinstance(result, Stream):
+            if fresh:
+                # It served output: live from now on (the consumer pins every later frame to it, so
+                # there is no other live connection to replace).
+                self.link.live = socket
+        elif fresh:
+            try:
+                await socket.close()  # the client never sees it; the next candidate gets a new one
+            except BaseException:
+                socket.abort()
+                raise
+        return result
+
+    def pack(self, parts: list[bytes]) -> list[bytes]:
+        return parts  # one event per frame
+
+    def error_event(
+        self,
+        dialect: Dialect,
+        *,
+        type: str,  # the wire name of the field
+        code: str | None,
+        param: str | None,
+        message: str,
+        status: int | None,
+    ) -> bytes:
+        return error_frame(status, type=type, code=code, param=param, message=message)
+
+    def error_final(
+        self,
+        status: int,
+        *,
+        message: str,
+        type: str,  # the wire name of the field
+        code: str | None,
+        param: str | None,
+    ) -> Final:
+        frame = error_frame(status, type=type, code=code, param=param, message=message)
+        return Final(status, b"", frames=(frame,))
+
+    def events_final(self, parts: list[bytes]) -> Final:
+        return Final(200, b"", frames=tuple(parts))
