@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: install run test lint format bench clean
+.PHONY: install run test lint format bench clean soak
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,3 +34,8 @@ clean:
 # LiteLLM proxy in the same run; writes bench/results.md. BENCH_ARGS="--quick" for a smoke run.
 bench: install
 	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)
+
+# A bounded soak on loopback: the gateway as a real process against chaotic upstreams, then the ledger,
+# circuit, leak and memory invariants (soak/README.md). SOAK_ARGS="--requests 2000" for a shorter run.
+soak: install
+	$(VENV)/bin/python soak/run.py $(SOAK_ARGS)

@@ -8,6 +8,7 @@
 - websockets: the proxy's consumers.
 """
 
+import asyncio
 import os
 
 from django.core.asgi import get_asgi_application
@@ -20,6 +21,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from proxy import ledger, shutdown, upstream  # noqa: E402
 from proxy.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -39,9 +41,26 @@ class ApiHandler(ASGIHandler):
         self._middleware_chain = convert_exception_to_response(self._get_response_async)
 
 
+async def lifespan(scope, receive, send) -> None:
+    """Servers that speak ASGI lifespan (uvicorn) tell us when they stop: drain the ledger then.
+    uvicorn ends its process by re-raising SIGTERM, so an atexit hook would never run there
+    (daphne sends no lifespan events; the ledger's atexit hook covers it)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            shutdown.install()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await asyncio.to_thread(ledger.writer.flush)
+            await upstream.close_client()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 application = ProtocolTypeRouter(
     {
         "http": URLRouter([re_path(r"^v1/", ApiHandler()), re_path(r"", django_asgi_app)]),
         "websocket": URLRouter(websocket_urlpatterns),
+        "lifespan": lifespan,
     }
 )

@@ -75,13 +75,29 @@ DATABASES = {
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=300))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # Fail fast (a typed 503) instead of hanging when the database host does not answer.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 3)
+    # Fail fast (a typed 503) instead of hanging when the database host stops answering: on connect,
+    # and on a pooled connection whose peer went silent (keepalives, TCP user timeout).
+    options = DATABASES["default"].setdefault("OPTIONS", {})
+    for name, value in {
+        "connect_timeout": 3,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 2,
+        "tcp_user_timeout": 5000,
+    }.items():
+        options.setdefault(name, value)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the request path read while the ledger writer commits (the default journal makes
     # readers wait out every commit); the busy timeout waits for the lock instead of failing.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+        {
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            # Take the write lock when a transaction starts: a read that later upgrades to a write
+            # fails at once with "database is locked", without waiting out the busy timeout.
+            "transaction_mode": "IMMEDIATE",
+        }
     )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -122,6 +138,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "gateway": {"handlers": ["console"], "level": env.str("GATEWAY_LOG_LEVEL", default="INFO")},
+        # Unhandled errors (a bug, never a client's mistake): path and traceback, never a body.
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
 
@@ -143,6 +161,9 @@ def _upstream_timeouts(raw: str) -> tuple[float, float]:
 GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S, GATEWAY_UPSTREAM_READ_TIMEOUT_S = _upstream_timeouts(
     env.str("GATEWAY_UPSTREAM_TIMEOUT_S", default="10/600")
 )
+# Seconds open streams may run on after a stop signal before they end with a typed terminal event;
+# keep it below the server's own graceful-shutdown timeout.
+GATEWAY_SHUTDOWN_GRACE_S = env.float("GATEWAY_SHUTDOWN_GRACE_S", default=20.0)
 GATEWAY_MAX_BODY_BYTES = env.int("GATEWAY_MAX_BODY_BYTES", default=8 * 1024 * 1024)
 # Django refuses to read a larger body before our own check could give the typed 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GATEWAY_MAX_BODY_BYTES

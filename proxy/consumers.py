@@ -34,7 +34,6 @@ own beyond the upstream watcher.
 """
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -53,7 +52,7 @@ from proxy.errors import TYPED_ERRORS
 from proxy.ledger import record
 from proxy.relay import Exchange, Final, Stream, settle
 from proxy.sse import Dialect
-from proxy.views import RequestFailed, bearer, prepare, validate_body
+from proxy.views import RequestFailed, bearer, decode_json, prepare, validate_body
 from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
@@ -84,11 +83,6 @@ class _Binary:
 
 class _TooLarge:
     """A frame over the size limit waiting its turn (its text is not kept)."""
-
-
-def _not_json(constant: str) -> None:
-    # NaN and Infinity are Python's extensions, not JSON: no upstream would accept them.
-    raise ValueError(constant)
 
 
 class _ClientGone(Exception):
@@ -153,6 +147,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
             return
         if len(self.pending) >= MAX_PENDING:
             await self._close(*CLOSE_TOO_MANY_PENDING)
+            await self._abandon(1)  # this frame's answer is the close
             return
         if text_data is None:
             self.pending.append(_Binary())
@@ -183,9 +178,18 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
         with suppress(OSError, RuntimeError):
             await self.close(code=code, reason=reason)
 
+    async def _abandon(self, frames: int) -> None:
+        """Frames the connection ended before serving still get their ledger row: `cancelled`."""
+        for _ in range(frames):
+            exchange = self._exchange()
+            exchange.outcome, exchange.status_code = "cancelled", 499
+            await record(exchange)
+
     async def _shutdown(self) -> None:
         self.closing = True
+        waiting = len(self.pending)
         self.pending.clear()
+        await self._abandon(waiting)
         for task in (self.worker, self.watcher):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -203,6 +207,11 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
                 await self._frame(self.pending.popleft())
             # Checked with no await before `worker` is cleared, so the watcher cannot miss it.
             if self.link.dead:
+                # Frames still waiting were pinned to the upstream that is gone: each gets its typed
+                # answer and its ledger row before the client connection closes.
+                while self.pending and not self.closing:
+                    self.pending.popleft()
+                    await self._typed(self._exchange(), RequestFailed("pin_unavailable"), bad_frame=False)
                 await self._close(*CLOSE_UPSTREAM_CLOSED)
         except _ClientGone:
             pass
@@ -220,9 +229,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
         if self.worker is None:
             await self._close(*CLOSE_UPSTREAM_CLOSED)
 
-    async def _frame(self, item: str | _Binary | _TooLarge) -> None:
-        started = time.monotonic()
-        exchange = Exchange(
+    def _exchange(self) -> Exchange:
+        return Exchange(
             request_id=uuid.uuid4().hex,
             key_id=self.key_id,
             route=ROUTE,
@@ -230,6 +238,10 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
             requested_model="",
             started_at=datetime.now(UTC),
         )
+
+    async def _frame(self, item: str | _Binary | _TooLarge) -> None:
+        started = time.monotonic()
+        exchange = self._exchange()
         try:
             body, size = self._parse(item)
         except RequestFailed as failed:
@@ -255,12 +267,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
             if failed.code == "authentication_error":
                 await self._close(*CLOSE_INVALID_KEY)
             return
-        try:
-            result = await relay.run()
-        except DatabaseError:
-            # A health write failed before anything was shown: the client is told, typed.
-            await self._typed(exchange, RequestFailed("gateway_unavailable"), bad_frame=False)
-            return
+        result = await relay.run()
         if isinstance(result, Stream):
             try:
                 async with aclosing(result.chunks) as chunks:
@@ -287,8 +294,8 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
         if size > settings.GATEWAY_MAX_BODY_BYTES:
             raise BadFrame("request_too_large")
         try:
-            frame = json.loads(item, parse_constant=_not_json)
-        except (ValueError, RecursionError):
+            frame = decode_json(item)
+        except RequestFailed:
             raise BadFrame("invalid_request", NOT_AN_OBJECT) from None
         if not isinstance(frame, dict):
             raise BadFrame("invalid_request", NOT_AN_OBJECT)

@@ -15,7 +15,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
 
 from proxy.metrics import observe_exchange
 from proxy.relay import Exchange
@@ -61,27 +61,37 @@ class LedgerWriter:
                     break
             try:
                 self._save(batch, request_records_write)
+            except Exception:
+                log.exception("ledger: %d request records could not be saved", len(batch))
             finally:
                 if self._queue.empty():
                     close_old_connections()  # an idle writer holds no connection past CONN_MAX_AGE
                 for _ in batch:
                     self._queue.task_done()
 
-    @staticmethod
-    def _save(batch: list[Exchange], write) -> None:
-        """A transient failure (a lock, a restart) is retried with backoff; records are dropped, and
-        the loss logged without content, only when the database stays unreachable."""
+    @classmethod
+    def _save(cls, batch: list[Exchange], write) -> None:
+        """A transient failure (a lock, a restart) is retried with backoff. A batch that the
+        database refuses for its data is saved record by record, so one bad record cannot take
+        the others with it; what cannot be saved is logged as a count, never as content."""
         for attempt in range(RETRIES):
             try:
                 close_old_connections()
                 write(exchanges=batch)
                 return
-            except DatabaseError:
+            except (OperationalError, InterfaceError):
                 if attempt == RETRIES - 1:
                     log.exception("ledger: %d request records could not be saved", len(batch))
                     return
                 connection.close()
                 time.sleep(min(0.05 * 2**attempt, 2.0))
+            except (DatabaseError, ValueError):
+                if len(batch) == 1:
+                    log.exception("ledger: a request record was refused by the database")
+                    return
+                for one in batch:
+                    cls._save([one], write)
+                return
 
 
 writer = LedgerWriter()

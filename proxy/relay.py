@@ -16,6 +16,7 @@ output" mean the same thing on SSE and on a websocket.
 
 import asyncio
 import json
+import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -24,9 +25,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import httpx
+from django.conf import settings
+from django.db import DatabaseError
 
-from proxy import db, upstream
+from proxy import db, shutdown, upstream
 from proxy.adapters import openai as openai_adapter
+from proxy.errors import TYPED_ERRORS
 from proxy.sse import (
     Action,
     Block,
@@ -61,6 +65,8 @@ from routing.pricing import cost_micros
 from routing.route import RoutingView
 from routing.services import CircuitKey, Seen
 from routing.types import Candidate, Health, IneligibleReason, Requirements, RouteClass
+
+logger = logging.getLogger("gateway")
 
 
 @dataclass(slots=True)
@@ -189,10 +195,9 @@ def error_body(*, message: str, type: str, code: str | None, param: str | None =
     return json.dumps({"error": {"message": message, "type": type, "code": code, "param": param}}).encode()
 
 
+INTERRUPTED_MESSAGE = "The upstream stream ended abnormally after output began."
+STOPPING_MESSAGE = "The gateway is shutting down; the response was cut short and not retried."
 POST_VISIBLE_MESSAGE = "The upstream failed after output began; the request was not retried."
-FINAL_MESSAGES = {
-    FailureClass.DISPATCH_UNKNOWN: "The upstream may have executed the request; it was not replayed.",
-}
 
 
 class EventSource(Protocol):
@@ -289,6 +294,7 @@ class Relay:
         self.dispatch: Dispatch = dispatch or HttpDispatch()
         self.response_id: str | None = None
         self.held_probe = False
+        self.excluded: IneligibleReason | None = None  # why the last candidate was passed over at its turn
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -336,31 +342,47 @@ class Relay:
             )
 
     async def _record_success(self, c: Candidate) -> None:
-        if (self.memory.response_ids and self.response_id) or self.memory.session:
-            await db.run(self._remember, c)
         seen = Seen(self.view.circuits.get(c.key))
-        if seen.snapshot is not None and not seen.snapshot.clean:
-            await db.run(services.circuit_record_success, key=self._key(c), seen=seen)
+        remember = (self.memory.response_ids and self.response_id) or self.memory.session
+        writes = seen.snapshot is not None and not seen.snapshot.clean
+        if remember or writes or c.demoted:
+            await self._write_state(self._success_state, c, seen, remember, writes)
+
+    def _success_state(self, c: Candidate, seen: Seen, remember: bool, writes: bool) -> None:
+        if remember:
+            self._remember(c)
+        if writes:
+            services.circuit_record_success(key=self._key(c), seen=seen)
         if c.demoted:
-            await db.run(services.demotion_resolve, assignment_id=c.assignment_id, model=c.model)
+            services.demotion_resolve(assignment_id=c.assignment_id, model=c.model)
 
     async def _record_failure(self, c: Candidate, failure: FailureClass, held_probe: bool) -> None:
+        if circuit_reason(failure) is not None or held_probe:
+            await self._write_state(self._failure_state, c, failure, held_probe)
+
+    def _failure_state(self, c: Candidate, failure: FailureClass, held_probe: bool) -> None:
         reason = circuit_reason(failure)
         now = datetime.now(UTC)
-        if reason is not None:
-            await db.run(
-                services.circuit_record_failure, key=self._key(c), reason=reason, settings=self.bs, now=now
+        if reason is None:
+            services.circuit_release_probe(key=self._key(c))
+            return
+        services.circuit_record_failure(key=self._key(c), reason=reason, settings=self.bs, now=now)
+        if demotes(failure):
+            services.demotion_record(
+                assignment_id=c.assignment_id,
+                model=c.model,
+                reason=reason,
+                until=now + timedelta(seconds=self.demotion_seconds),
             )
-            if demotes(failure):
-                await db.run(
-                    services.demotion_record,
-                    assignment_id=c.assignment_id,
-                    model=c.model,
-                    reason=reason,
-                    until=now + timedelta(seconds=self.demotion_seconds),
-                )
-        elif held_probe:
-            await db.run(services.circuit_release_probe, key=self._key(c))
+
+    @staticmethod
+    async def _write_state(write, *args) -> None:
+        """Health and affinity writes, in one trip to the database. They inform later requests;
+        when the database refuses one, this request goes on and the loss is logged (no content)."""
+        try:
+            await db.run(write, *args)
+        except DatabaseError:
+            logger.exception("routing state could not be saved")
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -372,6 +394,7 @@ class Relay:
         verdict = evaluate(c, replace(self.requirements, deadline_remaining_ms=self._remaining_ms()))
         if not verdict.eligible:
             self._log(c, "ineligible", ineligible_reason=str(verdict.reason))
+            self.excluded = verdict.reason
             return False, False
         if c.health is not Health.PROBE:
             return True, False
@@ -383,6 +406,7 @@ class Relay:
         snapshot = self.view.circuits.get(c.key)
         if breaker.blocked_health(snapshot.reason if snapshot else None) is Health.BLOCKED:
             self._log(c, "ineligible", ineligible_reason=str(IneligibleReason.CIRCUIT_OPEN))
+            self.excluded = IneligibleReason.CIRCUIT_OPEN
             return False, False
         return True, False
 
@@ -392,6 +416,7 @@ class Relay:
         order = self.plan.order
         index: int | None = 0
         last: Failure | None = None
+        handing_off: AttemptLog | None = None  # the failed attempt waiting for its handoff to happen
         while index is not None and index < len(order):
             c = order[index]
             dispatch, held_probe = await self._admit(c)
@@ -399,6 +424,12 @@ class Relay:
             if not dispatch:
                 index += 1
                 continue
+            if handing_off is not None:
+                # Only now has the request really been handed on (SPEC §5.6): a next candidate that
+                # turned out ineligible at its turn leaves the failed attempt `failed`.
+                handing_off.status = "retryable_failed"
+                self.x.retry_count += 1
+                handing_off = None
             started = time.monotonic()
             log = self._log(c, "failed")
             try:
@@ -424,8 +455,7 @@ class Relay:
             nxt = None if self.single_attempt else next_candidate(order, index, action)
             if nxt is None:
                 break
-            log.status = "retryable_failed"
-            self.x.retry_count += 1
+            handing_off = log
             await self._backoff()
             index = nxt
         return await self._final_failure(last)
@@ -437,12 +467,14 @@ class Relay:
 
     async def _backoff(self) -> None:
         # Full jitter, inside the one deadline of the whole sequence.
-        delay = random.uniform(0, self.backoff_base_ms / 1000 * (2 ** min(self.x.retry_count - 1, 6)))  # noqa: S311
+        hops = sum(1 for a in self.x.attempts if a.status != "ineligible")
+        delay = random.uniform(0, self.backoff_base_ms / 1000 * (2 ** min(hops - 1, 6)))  # noqa: S311
         await asyncio.sleep(min(delay, max(self.deadline - time.monotonic(), 0)))
 
     def read_timeout_s(self) -> float:
-        """How long one upstream read may wait: what is left of the request's deadline."""
-        return max(self._remaining_ms() / 1000, 0.001)
+        """How long one upstream read may wait: what is left of the request's deadline, at most the
+        configured read timeout."""
+        return min(max(self._remaining_ms() / 1000, 0.001), settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
 
     def failure(self, observation: Observation, withheld: tuple[Block, ...]) -> Failure:
         failure = classify(observation) or FailureClass.UPSTREAM_ERROR
@@ -562,6 +594,14 @@ class Relay:
         started = time.monotonic()
         ends = source.ends_at_terminal
         ended = False  # the exchange is settled (and handed to the ledger): touch it no more
+        stopping = False
+
+        async def interrupt() -> None:
+            nonlocal stopping
+            stopping = True
+            await source.aclose(complete=False)
+
+        release = shutdown.register(interrupt)
         try:
             out = first
             if pending and not done:
@@ -596,16 +636,19 @@ class Relay:
             raise
         except TransportFailure:
             log.status, log.failure_class, log.dispatch_state = "failed", FailureClass.INTERRUPTED, "unknown"
-            outcome = "upstream_interrupted"
+            outcome = "gateway_shutting_down" if stopping else "upstream_interrupted"
             yield self.dispatch.error_event(
                 self.dialect,
-                type="upstream_error",
-                code="upstream_interrupted",
+                type="service_unavailable" if stopping else "upstream_error",
+                code=outcome,
                 param=None,
-                message="The upstream stream ended abnormally after output began.",
+                message=STOPPING_MESSAGE
+                if stopping
+                else "The upstream stream ended abnormally after output began.",
                 status=None,
             )
         finally:
+            release()
             if not ended:
                 log.elapsed_ms += int((time.monotonic() - started) * 1000)
                 await settle(
@@ -664,11 +707,11 @@ class Relay:
 
     async def _final_failure(self, last: Failure | None) -> Final:
         if last is None:
-            reason = self.plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
+            reason = self.excluded or self.plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
             await self._finish("no_eligible_backend", 503)
             return self.dispatch.error_final(
                 503,
-                message="No eligible backend can serve this request.",
+                message=TYPED_ERRORS["no_eligible_backend"][1],
                 type="service_unavailable",
                 code="no_eligible_backend",
                 param=str(reason),
@@ -678,7 +721,7 @@ class Relay:
             await self._finish("upstream_dispatch_unknown", 504)
             return self.dispatch.error_final(
                 504,
-                message=FINAL_MESSAGES[FailureClass.DISPATCH_UNKNOWN],
+                message=TYPED_ERRORS["upstream_dispatch_unknown"][1],
                 type="upstream_error",
                 code="upstream_dispatch_unknown",
                 param=None,

@@ -6,6 +6,8 @@ Relay. The ingress only parses its own framing and delivers the result.
 """
 
 import json
+import math
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -74,10 +76,37 @@ def _parse_body(request: HttpRequest) -> dict:
     if len(raw) > settings.GATEWAY_MAX_BODY_BYTES:
         raise RequestFailed("request_too_large")
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        return validate_body(decode_json(raw.decode("utf-8")))
+    except UnicodeDecodeError:
         raise RequestFailed("invalid_request") from None
-    return validate_body(body)
+
+
+def _refuse_constant(constant: str) -> None:
+    # NaN and Infinity are Python's extensions, not JSON: no upstream would accept them.
+    raise ValueError(constant)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf
+        raise ValueError(text)
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def decode_json(text: str) -> object:
+    """A client's JSON, or RequestFailed: no NaN/Infinity or overflowing numbers, no nesting deep
+    enough to exhaust the parser, and no lone UTF-16 surrogate (valid JSON that no upstream can be
+    sent, since it cannot be encoded as UTF-8)."""
+    try:
+        body = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+        if _SURROGATE_ESCAPE.search(text):
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        raise RequestFailed("invalid_request") from None
+    return body
 
 
 def validate_body(body: object) -> dict:
@@ -85,7 +114,7 @@ def validate_body(body: object) -> dict:
     if not isinstance(body, dict):
         raise RequestFailed("invalid_request")
     model = body.get("model")
-    if not isinstance(model, str) or not model or len(model) > 200:
+    if not isinstance(model, str) or not model or len(model) > 200 or not model.isprintable():
         raise RequestFailed("invalid_request", "model")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise RequestFailed("invalid_request", "stream")

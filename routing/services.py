@@ -150,8 +150,13 @@ def circuit_release_probe(*, key: CircuitKey) -> None:
 
 
 def demotion_record(*, assignment_id: int, model: str, reason: CircuitReason, until: datetime) -> None:
-    Demotion.objects.update_or_create(
-        assignment_id=assignment_id, model=model, defaults={"reason": str(reason), "until": until}
+    # One INSERT .. ON CONFLICT UPDATE: concurrent demotions of one pair cannot race into the
+    # unique constraint, as a read-then-write would.
+    Demotion.objects.bulk_create(
+        [Demotion(assignment_id=assignment_id, model=model, reason=str(reason), until=until)],
+        update_conflicts=True,
+        unique_fields=["assignment", "model"],
+        update_fields=["reason", "until"],
     )
 
 

@@ -25,12 +25,16 @@ def build_request(
 
 
 def _has_image(value: object) -> bool:
-    if isinstance(value, dict):
-        if value.get("type") in {"image_url", "input_image", "image"}:
-            return True
-        return any(_has_image(v) for v in value.values() if isinstance(v, list | dict))
-    if isinstance(value, list):
-        return any(_has_image(v) for v in value)
+    # Iterative: a client's nesting depth must not be able to exhaust the stack.
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if item.get("type") in {"image_url", "input_image", "image"}:
+                return True
+            pending.extend(v for v in item.values() if isinstance(v, list | dict))
+        elif isinstance(item, list):
+            pending.extend(v for v in item if isinstance(v, list | dict))
     return False
 
 
