@@ -1,5 +1,7 @@
 """Liveness and readiness probes."""
 
+import asyncio
+
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
@@ -7,6 +9,9 @@ from django.http import JsonResponse
 
 async def healthz(request):
     return JsonResponse({"status": "ok"})
+
+
+READYZ_TIMEOUT_S = 3.0
 
 
 def _database_reachable() -> bool:
@@ -21,6 +26,11 @@ def _database_reachable() -> bool:
 
 
 async def readyz(request):
-    if await sync_to_async(_database_reachable)():
+    try:
+        # A silent database (no TCP error, no answer) must not hang the probe.
+        reachable = await asyncio.wait_for(sync_to_async(_database_reachable)(), READYZ_TIMEOUT_S)
+    except TimeoutError:
+        reachable = False
+    if reachable:
         return JsonResponse({"status": "ready"})
     return JsonResponse({"status": "unavailable", "reason": "database unreachable"}, status=503)

@@ -52,7 +52,7 @@ from proxy.errors import TYPED_ERRORS
 from proxy.ledger import record
 from proxy.relay import Exchange, Final, Stream, settle
 from proxy.sse import Dialect
-from proxy.views import RequestFailed, bearer, decode_json, prepare, validate_body
+from proxy.views import READ_TIMEOUT_S, RequestFailed, bearer, decode_json, prepare, validate_body
 from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
@@ -133,7 +133,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
         }
         await self.accept()
         try:
-            authenticated = await db.run(key_authenticate, bearer(self.headers))
+            authenticated = await db.run_within(READ_TIMEOUT_S, key_authenticate, bearer(self.headers))
         except DatabaseError:
             await self._close(*CLOSE_GATEWAY_UNAVAILABLE)
             return

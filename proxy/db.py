@@ -7,12 +7,13 @@ long-lived pool whose threads keep their connections (CONN_MAX_AGE, with health 
 them out the way Django's request signals would.
 """
 
+import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -30,3 +31,16 @@ def _call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     return await sync_to_async(_call, thread_sensitive=False, executor=_executor)(fn, *args, **kwargs)
+
+
+class DatabaseTimeout(DatabaseError):
+    """The database did not answer in time (a silent peer: no TCP-level timeout fires on it)."""
+
+
+async def run_within(timeout_s: float, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`run`, answering DatabaseTimeout after `timeout_s`. The blocked thread finishes on its own
+    once the database answers or its connection breaks; the request does not wait for it."""
+    try:
+        return await asyncio.wait_for(run(fn, *args, **kwargs), timeout_s)
+    except TimeoutError:
+        raise DatabaseTimeout from None

@@ -195,6 +195,18 @@ def _load(
     return Loaded(authenticated, view, settings, pin, session)
 
 
+READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone
+
+
+def _read_timeout_s(headers: Mapping[str, str]) -> float:
+    """How long the pre-dispatch read may take: the client's deadline if it set a shorter one."""
+    try:
+        asked = int(headers.get("x-gateway-deadline-ms", "")) / 1000
+    except ValueError:
+        return READ_TIMEOUT_S
+    return min(max(asked, 0.001), READ_TIMEOUT_S)
+
+
 async def prepare(
     exchange: Exchange,
     *,
@@ -215,7 +227,9 @@ async def prepare(
     session_key = headers.get("x-gateway-session", "")[:300] or None
     now = datetime.now(UTC)
     try:
-        loaded = await db.run(_load, bearer(headers), body, path, session_key, now, route_class)
+        loaded = await db.run_within(
+            _read_timeout_s(headers), _load, bearer(headers), body, path, session_key, now, route_class
+        )
     except DatabaseError:
         # Without the database nothing can be authorized or routed: fail fast, typed, and let the
         # pool's health-checked connections recover on their own once it is back.
@@ -341,7 +355,7 @@ async def responses_compact(request: HttpRequest) -> HttpResponse:
 @require_GET
 async def models(request: HttpRequest) -> HttpResponse:
     try:
-        authenticated = await db.run(key_authenticate, bearer(request.headers))
+        authenticated = await db.run_within(READ_TIMEOUT_S, key_authenticate, bearer(request.headers))
     except DatabaseError:
         body = error_body(
             message=TYPED_ERRORS["gateway_unavailable"][1],
