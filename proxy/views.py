@@ -204,7 +204,8 @@ def _read_timeout_s(headers: Mapping[str, str]) -> float:
         asked = int(headers.get("x-gateway-deadline-ms", "")) / 1000
     except ValueError:
         return READ_TIMEOUT_S
-    return min(max(asked, 0.001), READ_TIMEOUT_S)
+    # A malformed deadline is refused with a 400 later; it must not shorten this read first.
+    return min(asked, READ_TIMEOUT_S) if asked > 0 else READ_TIMEOUT_S
 
 
 async def prepare(
