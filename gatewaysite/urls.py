@@ -12,6 +12,8 @@ urlpatterns = [
     path("v1/chat/completions", proxy.chat_completions),
     path("v1/responses", proxy.responses),
     path("v1/responses/compact", proxy.responses_compact),
+    path("v1/messages", proxy.messages),
+    path("v1/messages/count_tokens", proxy.messages_count_tokens),
     path("v1/models", proxy.models),
     path("admin/", admin.site.urls),
 ]

@@ -19,7 +19,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -29,7 +29,9 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from proxy import db, shutdown, upstream
-from proxy.adapters import openai as openai_adapter
+from proxy.adapters import anthropic as anthropic_adapter
+from proxy.adapters.codec import StreamTranslator, UpstreamCall, upstream_call
+from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.errors import TYPED_ERRORS
 from proxy.sse import (
     Action,
@@ -141,15 +143,16 @@ class Failure:
     error_type: str | None
     code: str | None
     param: str | None
-    withheld: tuple[Block, ...] = ()
+    withheld: tuple[bytes, ...] = ()  # the client output held back before the failure
 
 
 def _usage(payload: object) -> tuple[int | None, int | None]:
     if not isinstance(payload, dict):
         return None, None
     usage = payload.get("usage")
-    if not isinstance(usage, dict) and isinstance(payload.get("response"), dict):
-        usage = payload["response"].get("usage")
+    for holder in ("response", "message"):  # a Responses or Anthropic stream's opening event
+        if not isinstance(usage, dict) and isinstance(payload.get(holder), dict):
+            usage = payload[holder].get("usage")
     if not isinstance(usage, dict):
         return None, None
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
@@ -197,6 +200,9 @@ def error_body(*, message: str, type: str, code: str | None, param: str | None =
 
 INTERRUPTED_MESSAGE = "The upstream stream ended abnormally after output began."
 STOPPING_MESSAGE = "The gateway is shutting down; the response was cut short and not retried."
+UNTRANSLATABLE_MESSAGE = (
+    "The request uses a feature that the API of the route able to serve it cannot carry; see `param`."
+)
 POST_VISIBLE_MESSAGE = "The upstream failed after output began; the request was not retried."
 
 
@@ -243,6 +249,27 @@ class SSESource:
 TERMINAL = frozenset({Visibility.TERMINAL_SUCCESS, Visibility.TERMINAL_FAILURE})
 
 
+class Reading:
+    """One attempt's stream as it is read: the upstream's blocks, classified in its own dialect, and
+    the client's output (the blocks as they came, or translated into the client's API)."""
+
+    def __init__(self, source: EventSource, dialect: Dialect, translator: StreamTranslator | None) -> None:
+        self.source = source
+        self.batches = source.batches()
+        self.dialect = dialect
+        self.translator = translator
+        self.withholder = Withholder()
+
+    def output(self, blocks: Iterable[Block]) -> list[bytes]:
+        if self.translator is None:
+            return [b.raw for b in blocks]
+        return [out for out in map(self.translator.feed, blocks) if out]
+
+    def finish(self) -> bytes:
+        """At the upstream's end of stream: a translated stream's closing events, if it is owed them."""
+        return self.translator.finish() if self.translator is not None else b""
+
+
 async def settle(work: Awaitable[None]) -> None:
     """Run bookkeeping to its end even when the caller is cancelled meanwhile (a client that leaves
     right after the last event must not lose the ledger row); the cancel is re-raised afterwards."""
@@ -275,6 +302,7 @@ class Relay:
         single_attempt: bool = False,
         memory: Memory = Memory(),
         dispatch: "Dispatch | None" = None,
+        anthropic_beta: str | None = None,
     ) -> None:
         self.x = exchange
         self.view = view
@@ -292,6 +320,8 @@ class Relay:
         self.single_attempt = single_attempt
         self.memory = memory
         self.dispatch: Dispatch = dispatch or HttpDispatch()
+        self.anthropic_beta = anthropic_beta
+        self.untranslatable: str | None = None  # the param a translation refused (a candidate passed over)
         self.response_id: str | None = None
         self.held_probe = False
         self.excluded: IneligibleReason | None = None  # why the last candidate was passed over at its turn
@@ -394,7 +424,7 @@ class Relay:
         verdict = evaluate(c, replace(self.requirements, deadline_remaining_ms=self._remaining_ms()))
         if not verdict.eligible:
             self._log(c, "ineligible", ineligible_reason=str(verdict.reason))
-            self.excluded = verdict.reason
+            self.excluded, self.untranslatable = verdict.reason, None
             return False, False
         if c.health is not Health.PROBE:
             return True, False
@@ -406,7 +436,7 @@ class Relay:
         snapshot = self.view.circuits.get(c.key)
         if breaker.blocked_health(snapshot.reason if snapshot else None) is Health.BLOCKED:
             self._log(c, "ineligible", ineligible_reason=str(IneligibleReason.CIRCUIT_OPEN))
-            self.excluded = IneligibleReason.CIRCUIT_OPEN
+            self.excluded, self.untranslatable = IneligibleReason.CIRCUIT_OPEN, None
             return False, False
         return True, False
 
@@ -419,6 +449,10 @@ class Relay:
         handing_off: AttemptLog | None = None  # the failed attempt waiting for its handoff to happen
         while index is not None and index < len(order):
             c = order[index]
+            call = self._upstream_call(c)
+            if call is None:
+                index += 1
+                continue
             dispatch, held_probe = await self._admit(c)
             self.held_probe = held_probe
             if not dispatch:
@@ -433,7 +467,7 @@ class Relay:
             started = time.monotonic()
             log = self._log(c, "failed")
             try:
-                result = await self.dispatch.attempt(self, c, log)
+                result = await self.dispatch.attempt(self, c, log, call)
             except asyncio.CancelledError:
                 log.status, log.failure_class = "cancelled", FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN
@@ -460,6 +494,23 @@ class Relay:
             index = nxt
         return await self._final_failure(last)
 
+    def _upstream_call(self, c: Candidate) -> UpstreamCall | None:
+        """The request `c` would be sent, or None when the client's request cannot be expressed in
+        its API: the candidate is passed over as incapable, and nothing is sent."""
+        try:
+            return upstream_call(
+                self.path,
+                self.view.targets[c.assignment_id],
+                self.body,
+                model=c.model,
+                requirements=self.requirements,
+                anthropic_beta=self.anthropic_beta,
+            )
+        except RequestTranslationError as refused:
+            self._log(c, "ineligible", ineligible_reason=str(IneligibleReason.CAPABILITY))
+            self.excluded, self.untranslatable = IneligibleReason.CAPABILITY, refused.param
+            return None
+
     async def _end_cancelled(self, c: Candidate, held_probe: bool) -> None:
         if held_probe:
             await db.run(services.circuit_release_probe, key=self._key(c))
@@ -476,7 +527,7 @@ class Relay:
         configured read timeout."""
         return min(max(self._remaining_ms() / 1000, 0.001), settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
 
-    def failure(self, observation: Observation, withheld: tuple[Block, ...]) -> Failure:
+    def failure(self, observation: Observation, withheld: tuple[bytes, ...] = ()) -> Failure:
         failure = classify(observation) or FailureClass.UPSTREAM_ERROR
         error = canonical_error(observation.body)
         return Failure(
@@ -486,10 +537,10 @@ class Relay:
             error_type=error.type,
             code=error.code,
             param=error.param,
-            withheld=withheld or (),
+            withheld=withheld,
         )
 
-    def plain(self, c: Candidate, log: AttemptLog, status: int, raw: bytes) -> Failure | Final:
+    def plain(self, log: AttemptLog, call: UpstreamCall, status: int, raw: bytes) -> Failure | Final:
         try:
             parsed = json.loads(raw)
         except ValueError:
@@ -502,28 +553,40 @@ class Relay:
             if failure is FailureClass.SAFETY_REFUSAL:
                 log.failure_class = str(failure)
                 self.x.outcome = "terminal_refusal"
-            return Final(status=status, body=raw)
-        return self.failure(Observation(status=status, body=body, has_provenance=True), ())
+            try:
+                return Final(status=status, body=call.response(raw))
+            except ResponseTranslationError:
+                # The upstream answered, but in a form the client's API cannot carry (a tool call's
+                # arguments that are not an object): a typed failure, never a guess, never a replay.
+                return Failure(
+                    failure=FailureClass.UPSTREAM_ERROR,
+                    dispatch=DispatchState.REJECTED,
+                    status=status,
+                    error_type="upstream_error",
+                    code="upstream_untranslatable",
+                    param=None,
+                )
+        return self.failure(Observation(status=status, body=body, has_provenance=True))
 
-    async def read_events(self, c: Candidate, log: AttemptLog, source: EventSource) -> Failure | Stream:
+    async def read_events(
+        self, c: Candidate, log: AttemptLog, source: EventSource, call: UpstreamCall | None = None
+    ) -> Failure | Stream:
         """Withhold the leading non-visible events; return a Stream at the first visible one, or the
-        Failure that ended the attempt before anything was shown (SPEC §6.2, §6.3)."""
-        withholder = Withholder()
-        batches = source.batches()
+        Failure that ended the attempt before anything was shown (SPEC §6.2, §6.3). Events are
+        classified in the upstream's dialect (`call.dialect`) and written in the client's."""
         assert self.dialect is not None
+        reading = Reading(source, call.dialect if call else self.dialect, call.stream() if call else None)
+        batches = reading.batches
         try:
             async for blocks in batches:
                 for n, block in enumerate(blocks):
-                    cls = classify_block(self.dialect, block)
+                    cls = classify_block(reading.dialect, block)
                     self._inspect(log, cls.payload)
-                    decision = withholder.feed(block, cls)
+                    decision = reading.withholder.feed(block, cls)
                     if decision.action is Action.RELEASE:
-                        first = [b.raw for b in decision.write]
+                        first = reading.output(decision.write)
                         done = source.ends_at_terminal and cls.visibility in TERMINAL
-                        rest = blocks[n + 1 :]
-                        return Stream(
-                            self._relay_rest(c, log, source, batches, withholder, first, rest, done)
-                        )
+                        return Stream(self._relay_rest(c, log, reading, first, blocks[n + 1 :], done))
                     if decision.action is Action.PRE_VISIBLE_FAILURE:
                         await batches.aclose()
                         await source.aclose(complete=True)
@@ -536,28 +599,28 @@ class Relay:
                                 transport=TransportEvent.STREAM_ERROR_EVENT,
                                 has_provenance=True,
                             ),
-                            withholder.withheld(),
+                            tuple(reading.output(reading.withholder.withheld())),
                         )
         except TransportFailure as exc:
             await source.aclose(complete=False)
             event = exc.event if exc.event is TransportEvent.READ_TIMEOUT else TransportEvent.STREAM_TRUNCATED
-            return self.failure(Observation(status=200, transport=event), ())
+            return self.failure(Observation(status=200, transport=event))
         except asyncio.CancelledError:
             await settle(source.aclose(complete=False))
             raise
         await source.aclose(complete=False)
-        return self.failure(Observation(status=200, transport=TransportEvent.STREAM_TRUNCATED), ())
+        return self.failure(Observation(status=200, transport=TransportEvent.STREAM_TRUNCATED))
 
     def _relay_batch(
-        self, log: AttemptLog, batch: list[Block], withholder: Withholder, *, ends_at_terminal: bool
+        self, log: AttemptLog, batch: list[Block], reading: "Reading", *, ends_at_terminal: bool
     ) -> tuple[list[bytes], bool]:
         """The client output for a batch of post-release blocks, and whether the response ended."""
         assert self.dialect is not None
         out: list[bytes] = []
         for block in batch:
-            cls = classify_block(self.dialect, block)
+            cls = classify_block(reading.dialect, block)
             self._inspect(log, cls.payload)
-            decision = withholder.feed(block, cls)
+            decision = reading.withholder.feed(block, cls)
             if decision.action is Action.POST_VISIBLE_FAILURE:
                 error = decision.error
                 out.append(
@@ -573,7 +636,7 @@ class Relay:
                 log.status, log.failure_class = "failed", "upstream_error"
                 self.x.outcome = self.x.outcome or "upstream_error_after_output"
             else:
-                out.extend(b.raw for b in decision.write)
+                out.extend(reading.output(decision.write))
             if ends_at_terminal and cls.visibility in TERMINAL:
                 return out, True
         return out, False
@@ -582,9 +645,7 @@ class Relay:
         self,
         c: Candidate,
         log: AttemptLog,
-        source: EventSource,
-        batches: AsyncGenerator[list[Block], None],
-        withholder: Withholder,
+        reading: "Reading",
         first: list[bytes],
         pending: list[Block],
         done: bool,
@@ -592,6 +653,7 @@ class Relay:
         outcome, status = "ok", 200
         log.status, log.dispatch_state = "succeeded", DispatchState.COMPLETED
         started = time.monotonic()
+        source, batches = reading.source, reading.batches
         ends = source.ends_at_terminal
         ended = False  # the exchange is settled (and handed to the ledger): touch it no more
         stopping = False
@@ -605,7 +667,7 @@ class Relay:
         try:
             out = first
             if pending and not done:
-                more, done = self._relay_batch(log, pending, withholder, ends_at_terminal=ends)
+                more, done = self._relay_batch(log, pending, reading, ends_at_terminal=ends)
                 out = [*out, *more]
             while True:
                 if done:
@@ -624,8 +686,11 @@ class Relay:
                 try:
                     batch = await anext(batches)
                 except StopAsyncIteration:
+                    tail = reading.finish()
+                    if tail:
+                        yield tail
                     break
-                out, done = self._relay_batch(log, batch, withholder, ends_at_terminal=ends)
+                out, done = self._relay_batch(log, batch, reading, ends_at_terminal=ends)
         except (asyncio.CancelledError, GeneratorExit):
             # GeneratorExit: the client stopped reading before the end (it went away while a write
             # was pending); nobody is left to answer, as with a cancel.
@@ -642,9 +707,7 @@ class Relay:
                 type="service_unavailable" if stopping else "upstream_error",
                 code=outcome,
                 param=None,
-                message=STOPPING_MESSAGE
-                if stopping
-                else "The upstream stream ended abnormally after output began.",
+                message=STOPPING_MESSAGE if stopping else INTERRUPTED_MESSAGE,
                 status=None,
             )
         finally:
@@ -706,6 +769,16 @@ class Relay:
         return result
 
     async def _final_failure(self, last: Failure | None) -> Final:
+        if last is None and self.untranslatable is not None:
+            # Nothing was sent: the last candidate could not be sent this request in its API.
+            await self._finish("invalid_request", 400)
+            return self.dispatch.error_final(
+                400,
+                message=UNTRANSLATABLE_MESSAGE,
+                type="invalid_request",
+                code="invalid_request",
+                param=self.untranslatable,
+            )
         if last is None:
             reason = self.excluded or self.plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
             await self._finish("no_eligible_backend", 503)
@@ -737,7 +810,7 @@ class Relay:
                 status=last.status if last.status and last.status >= 400 else None,
             )
             await self._finish(last.code or str(last.failure), 200)
-            return self.dispatch.events_final([*(b.raw for b in last.withheld), error])
+            return self.dispatch.events_final([*last.withheld, error])
         status = last.status if last.status and last.status >= 400 else 502
         await self._finish(last.code or str(last.failure), status)
         return self.dispatch.error_final(
@@ -754,9 +827,11 @@ class Dispatch(Protocol):
     the client. `HttpDispatch` (plain JSON and SSE) is the default; `proxy.ws_relay.WebsocketDispatch`
     is the Responses websocket."""
 
-    async def attempt(self, relay: Relay, c: Candidate, log: AttemptLog) -> Failure | Final | Stream:
-        """Dispatch to `c`: the Failure to classify, or the answer (a Final, or a Stream once output
-        is visible, usually via `relay.read_events`)."""
+    async def attempt(
+        self, relay: Relay, c: Candidate, log: AttemptLog, call: UpstreamCall
+    ) -> Failure | Final | Stream:
+        """Send `call` to `c`: the Failure to classify, or the answer (a Final, or a Stream once
+        output is visible, usually via `relay.read_events`)."""
         ...
 
     def pack(self, parts: list[bytes]) -> list[bytes]:
@@ -794,30 +869,41 @@ class Dispatch(Protocol):
 
 
 class HttpDispatch:
-    """Plain HTTP and SSE over the shared httpx client (`proxy.upstream`)."""
+    """Plain HTTP and SSE over the shared httpx client (`proxy.upstream`). `anthropic`: the client
+    speaks Anthropic Messages, so the gateway's own errors take Anthropic's envelope and types."""
 
-    async def attempt(self, relay: Relay, c: Candidate, log: AttemptLog) -> Failure | Final | Stream:
-        target = relay.view.targets[c.assignment_id]
-        url, headers, payload = openai_adapter.build_request(
-            target, relay.path, relay.body, model=c.model, requirements=relay.requirements
-        )
+    def __init__(self, *, anthropic: bool = False) -> None:
+        self.anthropic = anthropic
+
+    async def attempt(
+        self, relay: Relay, c: Candidate, log: AttemptLog, call: UpstreamCall
+    ) -> Failure | Final | Stream:
         try:
             response = await upstream.open_stream(
-                "POST", url, headers=headers, json=payload, read_timeout_s=relay.read_timeout_s()
+                "POST",
+                call.url,
+                headers=call.headers,
+                json=call.payload,
+                read_timeout_s=relay.read_timeout_s(),
             )
         except TransportFailure as failure:
-            return relay.failure(Observation(transport=failure.event), ())
+            return relay.failure(Observation(transport=failure.event))
         log.upstream_status = response.status_code
         if response.status_code != 200 or relay.dialect is None:
             try:
                 raw = await upstream.read_body(response)
             except TransportFailure as failure:
-                return relay.failure(Observation(status=response.status_code, transport=failure.event), ())
-            return relay.plain(c, log, response.status_code, raw)
-        return await relay.read_events(c, log, SSESource(response))
+                return relay.failure(Observation(status=response.status_code, transport=failure.event))
+            return relay.plain(log, call, response.status_code, raw)
+        return await relay.read_events(c, log, SSESource(response), call)
 
     def pack(self, parts: list[bytes]) -> list[bytes]:
         return [b"".join(parts)] if parts else []  # one write for all of them
+
+    def _type(self, type: str, code: str | None, status: int | None, param: str | None = None) -> str:
+        if not self.anthropic or type in anthropic_adapter.ERROR_TYPE_NAMES:
+            return type
+        return anthropic_adapter.error_type(code, status=status or 500, param=param)
 
     def error_event(
         self,
@@ -829,6 +915,7 @@ class HttpDispatch:
         message: str,
         status: int | None,
     ) -> bytes:
+        type = self._type(type, code, status, param)
         return encode_error_event(dialect, type=type, code=code, param=param, message=message)
 
     def error_final(
@@ -840,6 +927,8 @@ class HttpDispatch:
         code: str | None,
         param: str | None,
     ) -> Final:
+        if self.anthropic:
+            return Final(status, anthropic_adapter.error_body(self._type(type, code, status, param), message))
         return Final(status, error_body(message=message, type=type, code=code, param=param))
 
     def events_final(self, parts: list[bytes]) -> Final:

@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -23,10 +23,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from pools.selectors import Authenticated, key_authenticate
 from proxy import db
-from proxy.adapters.openai import turn_requirements
+from proxy.adapters import anthropic as anthropic_adapter
+from proxy.adapters import openai as openai_adapter
+from proxy.adapters.codec import carriers
 from proxy.errors import TYPED_ERRORS
 from proxy.ledger import record
-from proxy.relay import Dispatch, Exchange, Final, Memory, Relay, Stream, error_body
+from proxy.relay import Dispatch, Exchange, Final, HttpDispatch, Memory, Relay, Stream, error_body
 from proxy.sse import Dialect
 from routing.auto import AutoError
 from routing.eligibility import tighten
@@ -41,9 +43,11 @@ DIALECTS = {
     "/v1/chat/completions": Dialect.CHAT,
     "/v1/responses": Dialect.RESPONSES,
     "/v1/responses/compact": Dialect.RESPONSES,
+    "/v1/messages": Dialect.ANTHROPIC,
 }
 RESPONSES_ROUTES = ("/v1/responses", "/v1/responses/compact")
 COMPACT = "/v1/responses/compact"
+MESSAGES_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 class RequestFailed(Exception):
@@ -55,7 +59,13 @@ class RequestFailed(Exception):
 def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
     status, message = TYPED_ERRORS[code]
     exchange.outcome, exchange.status_code = code, status
-    body = error_body(message=message, type=code, code=code, param=param)
+    if exchange.route in MESSAGES_ROUTES:
+        # Anthropic's envelope has no code or param: its error type carries the meaning.
+        body = anthropic_adapter.error_body(
+            anthropic_adapter.error_type(code, status=status, param=param), message
+        )
+    else:
+        body = error_body(message=message, type=code, code=code, param=param)
     return HttpResponse(body, status=status, content_type="application/json")
 
 
@@ -246,7 +256,10 @@ async def prepare(
     exchange.requested_model = body["model"]
     exchange.transport = str(route_class)
     extra, deadline_ms = _headers_requirements(headers, route_settings.default_deadline_ms)
-    requirements = tighten(tighten(key.requirements, extra), turn_requirements(body, body_size))
+    anthropic = path in MESSAGES_ROUTES
+    turn = (anthropic_adapter if anthropic else openai_adapter).turn_requirements(body, body_size)
+    route = path.removeprefix("/v1")
+    requirements = tighten(tighten(key.requirements, extra), replace(turn, adapters=carriers(route)))
     # A response the gateway relayed pins the request to its assignment; one it never saw (or whose
     # affinity expired) pins nothing, and the upstream answers for itself.
     pins = [*pins, HardPin(PinKind.RESPONSE, loaded.pin.assignment_id)] if loaded.pin else list(pins)
@@ -282,7 +295,7 @@ async def prepare(
         backoff_base_ms=route_settings.backoff_base_ms,
         requirements=requirements,
         deadline=started + deadline_ms / 1000,
-        path=path.removeprefix("/v1"),
+        path=route,
         body=body,
         route_class=route_class,
         dialect=dialect,
@@ -293,7 +306,8 @@ async def prepare(
             session=session_key,
             session_seen=(session.assignment_id, session.model) if session else None,
         ),
-        dispatch=dispatch,
+        dispatch=dispatch or HttpDispatch(anthropic=anthropic),
+        anthropic_beta=headers.get("anthropic-beta") if anthropic else None,
     )
 
 
@@ -338,6 +352,18 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
 @require_POST
 async def responses(request: HttpRequest) -> HttpResponse:
     return await _proxy(request, "/v1/responses")
+
+
+@csrf_exempt
+@require_POST
+async def messages(request: HttpRequest) -> HttpResponse:
+    return await _proxy(request, "/v1/messages")
+
+
+@csrf_exempt
+@require_POST
+async def messages_count_tokens(request: HttpRequest) -> HttpResponse:
+    return await _proxy(request, "/v1/messages/count_tokens")
 
 
 def _models_for(key) -> list[str]:

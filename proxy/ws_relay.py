@@ -22,7 +22,7 @@ import json
 from collections.abc import AsyncGenerator
 
 from proxy import upstream_ws
-from proxy.adapters import openai as openai_adapter
+from proxy.adapters.codec import UpstreamCall
 from proxy.relay import AttemptLog, Failure, Final, Relay, Stream
 from proxy.sse import Block, Dialect, responses_error_event
 from proxy.upstream import TransportFailure
@@ -80,11 +80,10 @@ class WebsocketDispatch:
     def __init__(self, link: UpstreamLink) -> None:
         self.link = link
 
-    async def attempt(self, relay: Relay, c: Candidate, log: AttemptLog) -> Failure | Final | Stream:
-        target = relay.view.targets[c.assignment_id]
-        url, headers, payload = openai_adapter.build_request(
-            target, "/responses", relay.body, model=c.model, requirements=relay.requirements
-        )
+    async def attempt(
+        self, relay: Relay, c: Candidate, log: AttemptLog, call: UpstreamCall
+    ) -> Failure | Final | Stream:
+        url, headers, payload = call.url, dict(call.headers), call.payload
         headers.pop("content-type", None)
         live = self.link.live
         fresh = live is None or live.assignment_id != c.assignment_id
@@ -94,10 +93,10 @@ class WebsocketDispatch:
                     upstream_ws.websocket_url(url), headers=headers, assignment_id=c.assignment_id
                 )
             except TransportFailure as failure:
-                return relay.failure(Observation(transport=failure.event), ())
+                return relay.failure(Observation(transport=failure.event))
             except HandshakeRejected as rejected:
                 return relay.failure(
-                    Observation(status=rejected.status, body=rejected.body, has_provenance=True), ()
+                    Observation(status=rejected.status, body=rejected.body, has_provenance=True)
                 )
         else:
             assert live is not None
@@ -108,7 +107,7 @@ class WebsocketDispatch:
                 c, log, WebsocketSource(socket, relay.read_timeout_s())
             )
         except TransportFailure as failure:  # the frame could not be sent
-            result = relay.failure(Observation(transport=failure.event), ())
+            result = relay.failure(Observation(transport=failure.event))
         except BaseException:
             if fresh:
                 socket.abort()  # cancelled before it served anything: nobody will ever use it

@@ -60,7 +60,13 @@ def overlay(model_value: TriState, assignment_value: TriState) -> TriState:
     return model_value if model_value is not TriState.UNKNOWN else assignment_value
 
 
+def _carries(c: Candidate, r: Requirements) -> bool:
+    return r.adapters is None or c.adapter in r.adapters
+
+
 def _capability_ok(c: Candidate, r: Requirements) -> bool:
+    if not _carries(c, r):
+        return False
     native = c.tool_representation is ToolRepresentation.NATIVE
     if r.tools_offered and overlay(c.model_tools, c.tools) is not TriState.TRUE:
         return False
@@ -90,7 +96,8 @@ def _context_ok(c: Candidate, r: Requirements) -> bool:
 def fit_reasons(candidate: Candidate, requirements: Requirements) -> tuple[IneligibleReason, ...]:
     """Whether the request can fit this candidate at all, by media and context (§5.5)."""
     reasons = []
-    if requirements.vision and overlay(candidate.model_vision, candidate.vision) is not TriState.TRUE:
+    vision = overlay(candidate.model_vision, candidate.vision)
+    if not _carries(candidate, requirements) or (requirements.vision and vision is not TriState.TRUE):
         reasons.append(IneligibleReason.CAPABILITY)
     if not _context_ok(candidate, requirements):
         reasons.append(IneligibleReason.CONTEXT_WINDOW)
@@ -138,25 +145,29 @@ def _min_optional(a: int | None, b: int | None) -> int | None:
     return min(a, b)
 
 
+def _both(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
+    """Two restrictions to a set at once (None: unrestricted)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
 def tighten(base: Requirements, extra: Requirements) -> Requirements:
     """The strictest combination of two requirement sets (headers never loosen the key)."""
-    if base.regions is None:
-        regions = extra.regions
-    elif extra.regions is None:
-        regions = base.regions
-    else:
-        regions = base.regions & extra.regions
     return Requirements(
         tools_offered=base.tools_offered or extra.tools_offered,
         write_tools=base.write_tools or extra.write_tools,
         untrusted_content=base.untrusted_content or extra.untrusted_content,
         vision=base.vision or extra.vision,
         zero_retention=base.zero_retention or extra.zero_retention,
-        regions=regions,
+        regions=_both(base.regions, extra.regions),
         no_third_party_router=base.no_third_party_router or extra.no_third_party_router,
         min_quality=max(base.min_quality, extra.min_quality),
         prompt_tokens=max(base.prompt_tokens, extra.prompt_tokens),
         max_output_tokens=max(base.max_output_tokens, extra.max_output_tokens),
         deadline_remaining_ms=_min_optional(base.deadline_remaining_ms, extra.deadline_remaining_ms),
         budget_remaining_micros=_min_optional(base.budget_remaining_micros, extra.budget_remaining_micros),
+        adapters=_both(base.adapters, extra.adapters),
     )

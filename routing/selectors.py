@@ -65,6 +65,7 @@ def _candidate(entry: CatalogEntry) -> Candidate:
         assignment_id=a.pk,
         model=entry.model,
         assignment=a.name,
+        adapter=a.adapter,
         tier=a.tier,
         weight=a.weight,
         region=a.region,

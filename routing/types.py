@@ -102,6 +102,7 @@ class Candidate:
     assignment_id: int
     model: str
     assignment: str = ""  # the name, for ledgers and explanations
+    adapter: str = ""  # the upstream API family (`openai`, `openrouter`, `anthropic`)
     cross_model: bool = False  # set by the plan for the fallback model's candidates
     # preference
     tier: int = 0
@@ -148,6 +149,9 @@ class Requirements:
     max_output_tokens: int = 0
     deadline_remaining_ms: int | None = None  # None: no deadline
     budget_remaining_micros: int | None = None  # None: the key has no budget
+    # The adapters that can carry this route at all (None: any). A Responses turn has no Anthropic
+    # form, and count_tokens exists only on Anthropic upstreams.
+    adapters: frozenset[str] | None = None
 
     @property
     def estimated_tokens(self) -> int:

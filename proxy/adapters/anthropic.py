@@ -54,6 +54,11 @@ STATUS_ERROR_TYPES: Mapping[int, str] = {
     529: "overloaded_error",
 }
 
+# Every error type an Anthropic client knows: an upstream's own Anthropic type is kept as it came.
+ERROR_TYPE_NAMES = frozenset(
+    {*ERROR_TYPES.values(), *STATUS_ERROR_TYPES.values(), "api_error", "overloaded_error"}
+)
+
 # `no_eligible_backend` with `param == "circuit_open"` means every candidate is cooling down: capacity
 # that will come back, which Anthropic clients know as `overloaded_error` and retry. Any other excluding
 # condition (capability, privacy, region, budget...) does not heal by retrying, so it is a plain
