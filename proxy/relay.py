@@ -200,9 +200,7 @@ def error_body(*, message: str, type: str, code: str | None, param: str | None =
 
 INTERRUPTED_MESSAGE = "The upstream stream ended abnormally after output began."
 STOPPING_MESSAGE = "The gateway is shutting down; the response was cut short and not retried."
-UNTRANSLATABLE_MESSAGE = (
-    "The request uses a feature that the API of the route able to serve it cannot carry; see `param`."
-)
+UNTRANSLATABLE_MESSAGE = "The request uses a feature the API of the routes able to serve it cannot carry: {}."
 POST_VISIBLE_MESSAGE = "The upstream failed after output began; the request was not retried."
 
 
@@ -774,7 +772,7 @@ class Relay:
             await self._finish("invalid_request", 400)
             return self.dispatch.error_final(
                 400,
-                message=UNTRANSLATABLE_MESSAGE,
+                message=UNTRANSLATABLE_MESSAGE.format(self.untranslatable),
                 type="invalid_request",
                 code="invalid_request",
                 param=self.untranslatable,

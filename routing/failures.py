@@ -166,6 +166,9 @@ def _by_status(status: int, error: CanonicalError, has_provenance: bool) -> Fail
 
 
 def _by_stream_error(error: CanonicalError) -> FailureClass:
+    if error.code is None and error.type == "not_found_error":
+        # Anthropic's unknown-model error arriving as a stream event: the same bare 404 as over HTTP.
+        return FailureClass.MODEL_NOT_FOUND_CROSS
     if error.code in STREAM_RATE_LIMITED or error.type in STREAM_RATE_LIMITED:
         return FailureClass.RATE_LIMITED
     if error.code in STREAM_UNAVAILABLE or error.type in STREAM_UNAVAILABLE:

@@ -97,7 +97,8 @@ class FailAfterVisible(Behaviour):
 
 @dataclass(frozen=True)
 class FailBeforeVisible(Behaviour):
-    """Stream only non-visible lifecycle events, then a terminal model_not_found failure."""
+    """Stream only non-visible lifecycle events, then a terminal failure: model_not_found (in the
+    Responses event `terminal` names), or a transient overload when `terminal` is "overloaded"."""
 
     # Responses streams only: which terminal event carries the error.
     terminal: Literal["response.failed", "error"] = "response.failed"
@@ -174,6 +175,11 @@ def fail_before_visible(
     terminal: Literal["response.failed", "error"] = "response.failed",
 ) -> FailBeforeVisible:
     return FailBeforeVisible(terminal)
+
+
+def overloaded_before_visible() -> FailBeforeVisible:
+    """A transient in-stream failure before any output (Anthropic `overloaded_error`)."""
+    return FailBeforeVisible("overloaded")
 
 
 def cut_stream(*, after_visible: bool = True) -> CutStream:
@@ -370,7 +376,8 @@ class _Chat:
         return [_Event(None, {"error": _openai_error(_MID_STREAM_FAILURE)})]
 
     def before_visible_failure(self, terminal: str) -> list[_Event]:
-        return [_Event(None, {"error": _openai_error(_MODEL_NOT_FOUND)})]
+        error = _MID_STREAM_FAILURE if terminal == "overloaded" else _MODEL_NOT_FOUND
+        return [_Event(None, {"error": _openai_error(error)})]
 
 
 class _Responses:
@@ -477,6 +484,8 @@ class _Responses:
         return [_typed("error", error=_openai_error(_MID_STREAM_FAILURE))]
 
     def before_visible_failure(self, terminal: str) -> list[_Event]:
+        if terminal == "overloaded":
+            return [_typed("error", error=_openai_error(_MID_STREAM_FAILURE))]
         if terminal == "error":
             return [_typed("error", error=_openai_error(_MODEL_NOT_FOUND))]
         failure = {"code": _MODEL_NOT_FOUND.code, "message": _MODEL_NOT_FOUND.message}
@@ -558,6 +567,8 @@ class _Messages:
         return [_typed("error", error={"type": "overloaded_error", "message": "Overloaded"})]
 
     def before_visible_failure(self, terminal: str) -> list[_Event]:
+        if terminal == "overloaded":
+            return [_typed("error", error={"type": "overloaded_error", "message": "Overloaded"})]
         # Anthropic has no error codes: its unknown-model error is a not_found_error naming the model.
         return [_typed("error", error={"type": "not_found_error", "message": f"model: {self.call.model}"})]
 
@@ -909,6 +920,8 @@ class FakeUpstream:
                 return fail(status, err)
             case RawError(status=status, body=body):
                 return web.json_response(dict(body), status=status)
+            case FailBeforeVisible(terminal="overloaded"):
+                return fail(529, _MID_STREAM_FAILURE)
             case FailBeforeVisible():
                 # Without a stream, a failure before any output is simply the error response.
                 return fail(404, _MODEL_NOT_FOUND)

@@ -272,6 +272,7 @@ def test_other_non_success_statuses_are_upstream_errors(status):
         (anthropic("api_error"), FC.UNAVAILABLE),
         (response_envelope(code="server_error"), FC.UNAVAILABLE),
         (anthropic("rate_limit_error"), FC.RATE_LIMITED),
+        (anthropic("not_found_error"), FC.MODEL_NOT_FOUND_CROSS),
         (response_envelope(code="rate_limit_exceeded"), FC.RATE_LIMITED),
         (response_envelope(code="invalid_prompt"), FC.UPSTREAM_ERROR),
         ({"type": "error"}, FC.UPSTREAM_ERROR),
