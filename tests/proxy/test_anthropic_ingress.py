@@ -17,6 +17,7 @@ from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFa
 from tests.fakes.upstream import (
     FakeUpstream,
     error,
+    fail_after_visible,
     fail_before_visible,
     model_not_found,
     overloaded_before_visible,
@@ -490,3 +491,27 @@ def test_typed_errors_on_anthropic_routes_use_the_anthropic_envelope(gateway, cl
             "error": {"type": kind, "message": response.json()["error"]["message"]},
         }
     assert claude.hits == []
+
+
+@pytest.mark.parametrize(
+    ("adapter", "model"), [(Adapter.ANTHROPIC, "claude-opus-4-8"), (Adapter.OPENAI, "gpt-5")]
+)
+def test_a_failure_after_output_ends_the_anthropic_stream_with_a_typed_error_and_no_retry(
+    gateway, setup, fake_upstream_factory, adapter, model
+):
+    first = setup.add(fake_upstream_factory, "acct-first", adapter, (model,), tier=0)
+    second = setup.add(fake_upstream_factory, "acct-second", adapter, (model,), tier=1)
+    first.script(model, fail_after_visible())
+    response = messages(gateway, {"model": model, "stream": True})
+    events = sse_events(response.text)
+    assert events[0].type == "message_start"
+    assert any(e.type == "content_block_delta" for e in events)
+    last = events[-1]
+    assert last.type == "error"
+    # Anthropic's error event, with a type an Anthropic SDK knows, in the gateway's own words.
+    assert set(last.data) == {"type", "error"} and last.data["error"]["type"] in {
+        "overloaded_error",
+        "api_error",
+    }
+    assert "Overloaded" not in response.text and "had an error" not in response.text
+    assert second.hits == []
