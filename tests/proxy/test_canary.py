@@ -142,3 +142,66 @@ def test_no_prompt_completion_key_credential_or_provider_message_is_stored_or_lo
     lines += [captured.out, captured.err]
     assert any(rid in line for line in lines for rid in request_ids)  # one line per request is logged
     assert [(canary, line) for line in lines for canary in CANARIES if canary in line] == []
+
+
+def test_anthropic_routes_and_translations_store_and_log_no_content_or_secret(
+    gateway, transactional_db, fake_upstream_factory, monkeypatch, every_log_record, capfd
+):
+    monkeypatch.setenv("CANARY_UPSTREAM_KEY", UPSTREAM_KEY)
+    GatewaySettings.objects.update_or_create(
+        pk=1, defaults={"backoff_base_ms": 0, "demotion_seconds": 0, "failure_threshold": 100}
+    )
+    claude = fake_upstream_factory("claude", models=("claude-opus-4-8",))
+    gpt = fake_upstream_factory("gpt", models=("gpt-5",))
+    pool = PoolFactory(name="canary")
+    for fake, adapter, model in ((claude, "anthropic", "claude-opus-4-8"), (gpt, "openai", "gpt-5")):
+        assignment = AssignmentFactory(
+            pool=pool,
+            name=f"acct-{fake.name}",
+            adapter=adapter,
+            base_url=fake.base_url,
+            api_key_env="CANARY_UPSTREAM_KEY",
+        )
+        CatalogEntryFactory(assignment=assignment, model=model, provenance=Provenance.CONFIGURED)
+    GatewayKeyFactory(name="canary", raw_key=GATEWAY_KEY, pools=[pool])
+    anthropic_error = error(
+        400, {"type": "error", "error": {"type": "invalid_request_error", "message": PROVIDER_MESSAGE}}
+    )
+    claude.script("claude-opus-4-8", anthropic_error, serve(f"sure {COMPLETION}"))
+    gpt.script("gpt-5", serve(f"sure {COMPLETION}"))
+    auth = {"x-api-key": GATEWAY_KEY}
+    message = {
+        "max_tokens": 64,
+        "system": f"system {PROMPT}",
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
+    chat = {"messages": [{"role": "user", "content": PROMPT}]}
+    sent = [
+        ("/v1/messages", {**message, "model": "claude-opus-4-8"}),  # the provider's 400, sanitized
+        ("/v1/messages", {**message, "model": "claude-opus-4-8", "stream": True}),
+        ("/v1/messages", {**message, "model": "gpt-5"}),  # translated to Chat
+        ("/v1/messages", {**message, "model": "gpt-5", "stream": True}),
+        (
+            "/v1/chat/completions",
+            {**chat, "model": "claude-opus-4-8", "stream": True},
+        ),  # translated to Messages
+        ("/v1/messages/count_tokens", {"model": "claude-opus-4-8", "messages": message["messages"]}),
+    ]
+    replies = [
+        httpx.post(f"{gateway}{path}", json=body, headers=auth, timeout=TIMEOUT) for path, body in sent
+    ]
+    assert [r.status_code for r in replies] == [400, 200, 200, 200, 200, 200]
+    assert all(COMPLETION in r.text for r in replies[1:5])
+    for hit in claude.hits:
+        assert hit.headers["x-api-key"] == UPSTREAM_KEY and PROMPT in json.dumps(hit.body)
+    assert [PROVIDER_MESSAGE in r.text for r in replies] == [False] * len(replies)
+
+    ledger_settled()
+    values = list(_database_values())
+    assert {r.headers["x-gateway-request-id"] for r in replies} <= {value for _, value in values}
+    assert [(table, canary) for table, value in values for canary in CANARIES if canary in value] == []
+    captured = capfd.readouterr()
+    lines = [every_log_record.handler.format(r) for r in every_log_record.records]
+    lines += [json.dumps(r.__dict__, default=str) for r in every_log_record.records]
+    lines += [captured.out, captured.err]
+    assert [(canary, line) for line in lines for canary in CANARIES if canary in line] == []
