@@ -14,6 +14,10 @@ Load: wrk (installed with apt-get when missing) with bench/wrk_post.lua for non-
 (latency percentiles from wrk's histogram, throughput, failover); a small asyncio/aiohttp client for
 the SSE time to first content event, where wrk cannot see inside a response.
 
+Websockets (bench/ws.py, first, on freshly started servers): memory per idle client websocket with
+its live upstream websocket (gateway RSS growth over 500 idle connections, per kind of client), and
+the relay latency added per event (upstream send stamp to client read, gateway minus direct).
+
 Each scenario warms every target up, then runs `--reps` repetitions, the targets interleaved inside
 each repetition so drift on this shared machine hits them alike; the report gives medians.
 The system under test (gateway or LiteLLM, one process each) is pinned to one CPU, the upstreams and
@@ -48,6 +52,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import ws
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -301,13 +307,16 @@ def cpu_seconds(pid: int) -> float | None:
 def quiesce(target: Target, timeout: float = 20) -> None:
     """Wait until the target's server is idle: a server may keep working on requests whose client
     went away at the end of a run, and that work would land on the next target's measurement."""
-    if target.pid is None:
-        return
+    if target.pid is not None:
+        quiesce_pid(target.pid, timeout)
+
+
+def quiesce_pid(pid: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        before = cpu_seconds(target.pid)
+        before = cpu_seconds(pid)
         time.sleep(0.25)
-        after = cpu_seconds(target.pid)
+        after = cpu_seconds(pid)
         if before is None or after is None or (after - before) / 0.25 < 0.05:
             return
 
@@ -537,26 +546,33 @@ def median_of(reps: list[dict[str, Any]]) -> dict[str, Any]:
     return med
 
 
-def upstream_stats(ports: list[int]) -> tuple[int, int] | None:
-    """(connections accepted, requests served), summed over the upstreams."""
-    conns = reqs = 0
+def upstream_counters(ports: list[int]) -> dict[str, int] | None:
+    """The upstreams' `/_bench/stats` counters, summed over the upstreams."""
+    total: dict[str, int] = {}
     for port in ports:
         probe = http_request(f"http://{HOST}:{port}/_bench/stats")
         if probe.status != 200:
             return None
-        data = json.loads(probe.body)
-        conns += data["connections"]
-        reqs += data["requests"]
-    return conns, reqs
+        for key, value in json.loads(probe.body).items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def upstream_stats(ports: list[int]) -> tuple[int, int] | None:
+    """(connections accepted, requests served), summed over the upstreams."""
+    counters = upstream_counters(ports)
+    return None if counters is None else (counters["connections"], counters["requests"])
+
+
+def configure_upstreams(ports: list[int], settings: dict[str, float]) -> None:
+    for port in ports:
+        probe = http_request(f"http://{HOST}:{port}/_bench/config", "POST", json.dumps(settings).encode())
+        if probe.status != 200:
+            raise RuntimeError(f"could not set {settings} on the upstream on port {port}: {probe.summary()}")
 
 
 def set_upstream_delay(ports: list[int], delay_ms: float) -> None:
-    for port in ports:
-        probe = http_request(
-            f"http://{HOST}:{port}/_bench/config", "POST", json.dumps({"delay_ms": delay_ms}).encode()
-        )
-        if probe.status != 200:
-            raise RuntimeError(f"could not set the upstream delay on port {port}: {probe.summary()}")
+    configure_upstreams(ports, {"delay_ms": delay_ms})
 
 
 def run_scenarios(
@@ -621,6 +637,51 @@ def run_scenarios(
             else:
                 res["skipped"] = "every run failed: " + "; ".join(res.get("run_errors", []))[:300]
     set_upstream_delay(upstream_ports, 0)
+
+
+def run_websocket_phase(targets: list[Target], args: argparse.Namespace, ports: list[int]) -> dict[str, Any]:
+    """Memory per idle websocket and relay latency per event (bench/ws.py) for every gateway."""
+    gws = [t for t in targets if t.kind == "gateway" and not t.unavailable]
+    if not gws:
+        return {"skipped": "no gateway to measure"}
+    direct = next(t for t in targets if t.kind == "direct")
+    hooks = ws.Hooks(
+        upstream_stats=lambda: upstream_counters(ports),
+        configure_upstreams=lambda settings: configure_upstreams(ports, settings),
+        quiesce=quiesce_pid,
+        cpu_seconds=cpu_seconds,
+    )
+    servers = [ws.Server(t.name, t.label, ws.ws_url(t.base_url), t.key, t.pid) for t in gws]
+    idle = ws.QUICK_IDLE_CONNECTIONS if args.quick else ws.IDLE_CONNECTIONS
+    log(f"websocket phase: {idle} idle connections per client kind, then relay latency per event ...")
+    result = ws.run_phase(
+        ws.Server(direct.name, direct.label, ws.ws_url(direct.base_url), direct.key, None),
+        servers,
+        hooks,
+        quick=args.quick,
+        reps=args.reps,
+    )
+    for t in gws:
+        mem = result["memory"].get(t.name, {})
+        for kind in mem.get("kinds", []):
+            log(
+                f"  ws memory  {t.name:12} client {kind['client']:27} {kind['open']} open: "
+                f"{fmt(kind['per_connection_kib'], 1)} KiB each, upstream websockets +"
+                f"{kind['upstream_ws_open_added']}, fds +{kind['fds_added']}, errors {kind['errors']}"
+            )
+        if "error" in mem:
+            log(f"  ws memory  {t.name:12} {mem['error']}")
+    for mode, by in result["latency"].items():
+        for name, lat in by.items():
+            if "error" in lat:
+                log(f"  ws {mode:6} {name:12} {lat['error']}")
+                continue
+            ev = lat["events"]
+            log(
+                f"  ws {mode:6} {name:12} per-event p50 {ev['p50_us']:8.1f} us  p99 {ev['p99_us']:8.1f} us "
+                f" ({ev['count']} events, errors {lat['errors']})"
+            )
+    return result
 
 
 # --- setup ---------------------------------------------------------------------------------------
@@ -875,7 +936,169 @@ def verdict(value: float | None, limit: float, kind: str, unit: str, note: str =
     return f"{word}: {value:.2f}{unit} ({how})" + (f"; {note}" if note else "")
 
 
-def build_report(ctx: dict[str, Any], targets: list[Target], scenarios: list[Scenario]) -> str:
+def ws_memory_figure(websocket: dict[str, Any], name: str) -> tuple[float | None, str]:
+    """Memory per idle websocket for one gateway: the larger of the client kinds' figures, and a note
+    that names both, or None and why there is no figure."""
+    if "skipped" in websocket:
+        return None, websocket["skipped"]
+    mem = websocket.get("memory", {}).get(name)
+    if mem is None:
+        return None, "not part of the websocket phase"
+    if "error" in mem:
+        return None, mem["error"]
+    parts, problems = [], []
+    for k in mem["kinds"]:
+        if k["open"] < k["asked"]:
+            first = k["first_errors"][0] if k["first_errors"] else "no error recorded"
+            problems.append(f"only {k['open']} of {k['asked']} opened ({first})")
+        if k["upstream_ws_open_added"] != k["open"]:
+            problems.append(f"{k['upstream_ws_open_added']} upstream websockets held for {k['open']} clients")
+        parts.append(f"{fmt(k['per_connection_kib'], 1)} KiB when the client {k['client']}")
+    if problems:
+        return None, "; ".join(problems)
+    values = [k["per_connection_kib"] for k in mem["kinds"] if k["per_connection_kib"] is not None]
+    return (max(values) if values else None), "; ".join(parts)
+
+
+def ws_added(websocket: dict[str, Any], mode: str, name: str, key: str = "p50_us") -> float | None:
+    """Relay latency a gateway adds to an event (gateway minus direct), in microseconds."""
+    by = websocket.get("latency", {}).get(mode, {})
+    g, d = by.get(name, {}), by.get("direct", {})
+    if "events" not in g or "events" not in d:
+        return None
+    return g["events"][key] - d["events"][key]
+
+
+def ws_latency_note(websocket: dict[str, Any], name: str) -> str:
+    if "skipped" in websocket:
+        return websocket["skipped"]
+    by = websocket.get("latency", {}).get("paced", {})
+    for who in (name, "direct"):
+        if "error" in by.get(who, {"error": "not measured"}):
+            return f"{who}: {by.get(who, {}).get('error', 'not measured')}"
+    return ""
+
+
+def ws_report(websocket: dict[str, Any], gws: list[Target]) -> list[str]:
+    """The report's websocket section (bench/ws.py measures it)."""
+    L = ["## Websocket relay (`/v1/responses`, SPEC §6.3)", ""]
+    if "skipped" in websocket:
+        return [*L, f"Not measured: {websocket['skipped']}.", ""]
+    n = websocket["idle_connections"]
+    quick = (
+        f" (**--quick**: {n} instead of the {websocket['target_idle_connections']} the target is stated for)"
+        if websocket.get("quick")
+        else ""
+    )
+    L.append(
+        f"Idle websockets: {n} per kind of client{quick}, each after one whole response, so that each "
+        "holds its live upstream websocket; the second kind is opened while the first kind's connections "
+        "are still open. Per connection = growth of the gateway process's VmRSS / connections open. "
+        f"Open-file limit of this run: {websocket['fd_limit'][0]} (raised to the hard limit; the servers "
+        "inherit it)."
+    )
+    L.append("")
+    L.append(
+        "| server | client | idle websockets | upstream websockets held | gateway fds added "
+        "| extension negotiated | RSS before (MiB) | RSS idle (MiB) | per connection (KiB) |"
+    )
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    closing: list[str] = []
+    for g in gws:
+        mem = websocket["memory"].get(g.name, {"error": "not measured"})
+        if "error" in mem:
+            L.append(f"| {g.label} | n/a: {mem['error']} | | | | | | | |")
+            continue
+        for k in mem["kinds"]:
+            negotiated = ", ".join(f"{ext} x{c}" for ext, c in sorted(k["negotiated"].items())) or "n/a"
+            errors = f" ({k['errors']} failed)" if k["errors"] else ""
+            rss_before, rss_idle = k["before"]["rss_kib"], k["idle"]["rss_kib"]
+            L.append(
+                f"| {g.label} | {k['client']} | {k['open']} of {k['asked']}{errors} "
+                f"| +{k['upstream_ws_open_added']} | +{k['fds_added']} | {negotiated} "
+                f"| {fmt(rss_before / 1024 if rss_before else None, 1)} "
+                f"| {fmt(rss_idle / 1024 if rss_idle else None, 1)} | {fmt(k['per_connection_kib'], 1)} |"
+            )
+        start, after = mem["start"], mem["after_close"]
+        back = (
+            "back to where they were" if mem["upstream_ws_open_back"] else "**not** back to where they were"
+        )
+        closing.append(
+            f"- {g.label}: after closing all {mem['closed_all']}, the upstreams' open websockets are {back} "
+            f"({start['upstream_ws_open']} -> {after['upstream_ws_open']}), the gateway's descriptors "
+            f"{after['fds']} against {start['fds']} at the start, RSS "
+            f"{fmt((after['rss_kib'] or 0) / 1024, 1)} MiB (freed memory stays with the Python process)."
+        )
+    L.append("")
+    L.extend(closing)
+    L.append("")
+    L.append(
+        "uvicorn negotiates permessage-deflate with every client that offers it (`--ws-per-message-deflate` "
+        "defaults to true). This run starts uvicorn as the README recommends, "
+        "`uvicorn gatewaysite.asgi:application --loop uvloop --http httptools`, with no websocket option: "
+        'the "offers permessage-deflate" rows show what compression costs an idle connection there, and '
+        'the "offers no compression" rows what every connection costs when uvicorn is started with '
+        "`--ws-per-message-deflate false` (a server that negotiates nothing holds no compression state). "
+        'The "extension negotiated" column shows what each server agreed to. The target row takes the '
+        "larger of the two figures."
+    )
+    L.append("")
+    lat = websocket.get("latency", {})
+    labels = {"direct": "direct (fast upstream)", **{g.name: g.label for g in gws}}
+    for mode, title in (
+        (
+            "paced",
+            f"upstream waits {websocket['pace_ms']:g} ms before each delta, as a model streams tokens",
+        ),
+        ("burst", "upstream writes every event back to back (later events queue behind earlier ones)"),
+    ):
+        by = lat.get(mode, {})
+        L.append(f"### Relay latency per event, {mode}: {title}")
+        L.append("")
+        L.append(
+            f"{websocket['deltas']} deltas per response, {websocket['responses_per_rep']} responses x "
+            f"{websocket['reps']} repetitions per target on one kept-open connection (after "
+            f"{ws.WARMUP_RESPONSES} warm-up responses); a delta's latency is the time from the upstream's "
+            "write to the client's read; added = target minus direct."
+        )
+        L.append("")
+        L.append(
+            "| target | deltas | p50 (us) | p90 (us) | p99 (us) | added p50 (us) | added p99 (us) "
+            "| p50 per repetition (us) | response.completed p50 (us) | create -> completed p50 (ms) "
+            "| server CPU ms / response | extension |"
+        )
+        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for name, label in labels.items():
+            r = by.get(name)
+            if r is None or "error" in r:
+                L.append(f"| {label} | n/a: {(r or {}).get('error', 'not measured')} | | | | | | | | | | |")
+                continue
+            ev = r["events"]
+            added = "" if name == "direct" else fmt(ws_added(websocket, mode, name), 1)
+            added99 = "" if name == "direct" else fmt(ws_added(websocket, mode, name, "p99_us"), 1)
+            errors = f" ({r['errors']} err: {r['first_error']})" if r["errors"] else ""
+            reps = ", ".join(fmt(v, 0) for v in r["rep_p50_us"])
+            L.append(
+                f"| {label} | {ev['count']}{errors} | {fmt(ev['p50_us'], 1)} | {fmt(ev['p90_us'], 1)} "
+                f"| {fmt(ev['p99_us'], 1)} | {added} | {added99} | {reps} "
+                f"| {fmt(r['terminal']['p50_us'], 1)} "
+                f"| {fmt(r['round_trip']['p50_us'] / 1000, 2)} | {fmt(r['cpu_ms_per_response'], 2)} "
+                f"| {r['negotiated']} |"
+            )
+        L.append("")
+    L.append(
+        "The gateway settles a response before it relays the terminal event (proxy/relay.py `_relay_rest`: "
+        "the response-id affinity is written and the ledger row handed over first, so that a continuation "
+        "sent at once finds them), so `response.completed` takes longer than a delta; create -> completed "
+        "also holds the routing of the frame. Neither is part of the per-event target."
+    )
+    L.append("")
+    return L
+
+
+def build_report(
+    ctx: dict[str, Any], targets: list[Target], scenarios: list[Scenario], websocket: dict[str, Any]
+) -> str:
     by = {s.name: s for s in scenarios}
     names = {t.name: t for t in targets}
     gws = [t for t in targets if t.kind == "gateway"]
@@ -991,13 +1214,25 @@ def build_report(ctx: dict[str, Any], targets: list[Target], scenarios: list[Sce
         r = ratio(slow, g.name, "direct")
         cells.append(verdict(None if r is None else r * 100, 85, "min", " %", reason(slow, g.name)))
     rows.append((f"Throughput c=50, upstream +{SLOW_DELAY_MS} ms, % of direct", ">= 85 %", cells))
+    cells = []
+    for g in gws:
+        value, note = ws_memory_figure(websocket, g.name)
+        cells.append(verdict(value, 100, "max", " KiB", note))
+    idle = websocket.get("idle_connections", ws.IDLE_CONNECTIONS)
+    quick = " (**--quick**: the target is for 500)" if websocket.get("quick") else ""
     rows.append(
-        (
-            "Memory per idle websocket",
-            "(issue)",
-            ["not measured yet (websocket relay / query counter pending)"] * len(gws),
-        )
+        (f"Memory per idle websocket with its upstream connection, {idle} idle{quick}", "<= 100 KiB", cells)
     )
+    cells = []
+    for g in gws:
+        added = ws_added(websocket, "paced", g.name)
+        added99 = ws_added(websocket, "paced", g.name, "p99_us")
+        note = (
+            ws_latency_note(websocket, g.name)
+            or f"p99 added {fmt(None if added99 is None else added99 / 1000, 3)} ms"
+        )
+        cells.append(verdict(None if added is None else added / 1000, 1, "max", " ms", note))
+    rows.append(("Websocket relay latency added per event, p50", "<= 1 ms", cells))
     rows.append(
         (
             "DB queries per successful request",
@@ -1131,6 +1366,8 @@ def build_report(ctx: dict[str, Any], targets: list[Target], scenarios: list[Sce
         )
     L.append("")
 
+    L.extend(ws_report(websocket, gws))
+
     # --- side by side
     L.append("## Gateway servers side by side (daphne vs uvicorn)")
     L.append("")
@@ -1145,6 +1382,14 @@ def build_report(ctx: dict[str, Any], targets: list[Target], scenarios: list[Sce
         ("added SSE TTFB p50 (ms)", lambda g: fmt(diff(sse, g, "direct", "ttfb_p50_ms"), 3)),
         ("failover p50 (ms)", lambda g: cell(fo, g, "p50_ms", 3)),
         (f"req/s c=50, +{SLOW_DELAY_MS} ms upstream", lambda g: cell(slow, g, "rps", 0)),
+        (
+            "memory per idle websocket (KiB, larger client kind)",
+            lambda g: fmt(ws_memory_figure(websocket, g)[0], 1),
+        ),
+        (
+            "websocket added per event p50 / p99 (us)",
+            lambda g: " / ".join(fmt(ws_added(websocket, "paced", g, k), 1) for k in ("p50_us", "p99_us")),
+        ),
     ]
     for label, fn in side:
         L.append(f"| {label} | " + " | ".join(fn(g.name) for g in gws) + " |")
@@ -1153,7 +1398,14 @@ def build_report(ctx: dict[str, Any], targets: list[Target], scenarios: list[Sce
     # --- method
     L.append("## Method")
     L.append("")
-    L.extend(METHOD.format(delay=SLOW_DELAY_MS, key=GATEWAY_KEY, loadgen=ctx["loadgen"]).strip().splitlines())
+    method = METHOD.format(
+        delay=SLOW_DELAY_MS,
+        key=GATEWAY_KEY,
+        loadgen=ctx["loadgen"],
+        idle=websocket.get("idle_connections", ws.IDLE_CONNECTIONS),
+        deltas=websocket.get("deltas", ws.DELTAS),
+    )
+    L.extend(method.strip().splitlines())
     L.append("")
 
     # --- raw
@@ -1225,8 +1477,17 @@ METHOD = """
   the one pre-flight request per target and scenario is outside the measured runs).
 - **Slow upstream**: both upstreams switched at run time to a {delay} ms delay before answering; c=50;
   gateway req/s as a share of direct req/s.
-- **Not measured yet**: memory per idle websocket and DB queries per successful request need the
-  websocket relay and a query counter in the gateway.
+- **Websocket** (bench/ws.py, run before the HTTP scenarios so that the idle connections cannot
+  reuse memory HTTP load left free): `fast_upstream.py` also speaks the Responses websocket mode on
+  `/v1/responses`, stamping every event with `time.monotonic_ns()` as it writes it. Memory: the gateway
+  process's VmRSS (/proc) before and after opening {idle} client websockets per kind of client, each
+  through one whole `response.create` and then idle; the upstreams count the websockets they hold (one
+  per client connection) and /proc the gateway's descriptors (two per connection); all are closed at
+  the end and both counts must come back. Latency: one kept-open client connection per target (the
+  `websockets` client), {deltas} deltas per response, each delta's upstream-write-to-client-read time
+  through the gateway minus the same directly against the upstream, targets interleaved in every
+  repetition; p50 and p99 over every delta.
+- **DB queries per successful request**: counted by the tests, not by this run.
 """
 
 
@@ -1338,7 +1599,8 @@ def report_from_json(output: Path) -> int:
     scenarios = build_scenarios()
     for sc in scenarios:
         sc.results = raw["scenarios"].get(sc.name, {}).get("results", {})
-    output.write_text(build_report(raw["context"], targets, scenarios) + "\n")
+    websocket = raw.get("websocket") or {"skipped": "results.json has no websocket phase"}
+    output.write_text(build_report(raw["context"], targets, scenarios, websocket) + "\n")
     log(f"rewrote {output} from bench/out/results.json")
     return 0
 
@@ -1348,6 +1610,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         return report_from_json(args.output)
     started = time.monotonic()
+    # Before any server starts, so that they inherit it: the websocket phase holds about 2000 sockets.
+    fd_soft, fd_hard = ws.raise_fd_limit()
     shutil.rmtree(LOGS, ignore_errors=True)  # this run's logs only
     LOGS.mkdir(parents=True, exist_ok=True)
     procs = Processes()
@@ -1359,6 +1623,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     ctx = machine_context(args)
+    ctx["fd_limit"] = [fd_soft, fd_hard]
 
     # CPU placement: the system under test on one CPU, everything else (this process, the upstreams,
     # the load generator, which inherit its affinity) on the rest.
@@ -1435,6 +1700,9 @@ def main(argv: list[str] | None = None) -> int:
             if out.returncode == 0:
                 ctx["versions"]["litellm"] = out.stdout.strip()
 
+        # The websocket phase first, on servers that have served nothing else yet: memory that HTTP load
+        # left free in the heap would otherwise be reused by the idle websockets and hide their cost.
+        websocket = run_websocket_phase(targets, args, ports)
         scenarios = build_scenarios()
         run_scenarios(targets, scenarios, args, ports, use_wrk)
     finally:
@@ -1442,12 +1710,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx["elapsed_s"] = time.monotonic() - started
     ctx["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    report = build_report(ctx, targets, scenarios)
+    report = build_report(ctx, targets, scenarios, websocket)
     args.output.write_text(report + "\n")
     raw = {
         "context": ctx,
         "targets": [t.__dict__ for t in targets],
         "scenarios": {s.name: {"title": s.title, "results": s.results} for s in scenarios},
+        "websocket": websocket,
     }
     (OUT / "results.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
     log(
