@@ -137,7 +137,12 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "gateway": {"handlers": ["console"], "level": env.str("GATEWAY_LOG_LEVEL", default="INFO")},
+        # Its own handler only: a server that configures the root logger (daphne) would print each line twice.
+        "gateway": {
+            "handlers": ["console"],
+            "level": env.str("GATEWAY_LOG_LEVEL", default="INFO"),
+            "propagate": False,
+        },
         # Unhandled errors (a bug, never a client's mistake): path and traceback, never a body.
         "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },

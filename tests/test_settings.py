@@ -51,3 +51,21 @@ def test_a_safe_configuration_starts(env, debug):
     result = _start(**env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == debug
+
+
+def test_a_request_log_line_is_printed_once_even_when_the_server_configures_the_root_logger():
+    # daphne calls logging.basicConfig; the gateway's line must not reach the root handler too.
+    probe = (
+        "import logging, django; django.setup(); logging.basicConfig(level=logging.INFO);"
+        "logging.getLogger('gateway').info('one-request-line')"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "gatewaysite.settings",
+        "DJANGO_SECRET_KEY": "x" * 40,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout + done.stderr).count("one-request-line") == 1
