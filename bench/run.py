@@ -1237,7 +1237,11 @@ def build_report(
         (
             "DB queries per successful request",
             "(issue)",
-            ["2 reads before dispatch, 0 writes on a healthy request (asserted by tests)"] * len(gws),
+            [
+                "2 reads before dispatch, 0 writes on a healthy Chat Completions request (asserted by "
+                "tests); a Responses answer also writes its response-id affinity (SPEC §7.2)"
+            ]
+            * len(gws),
         )
     )
     for name, limit, cs in rows:
