@@ -65,6 +65,7 @@ LITELLM_REQUIREMENTS = BENCH / "requirements-litellm-proxy.txt"
 GATEWAY_CONFIG = BENCH / "gateway_config.yaml"
 RESULTS_MD = BENCH / "results.md"
 PROFILE_MD = BENCH / "profile.md"
+SOAK_MD = BENCH / "soak.md"  # written by the last full `make soak`
 
 HOST = "127.0.0.1"
 DEFAULT_UPSTREAM_PORTS = (19101, 19102)  # as written in bench/gateway_config.yaml
@@ -1252,6 +1253,9 @@ def build_report(
     if PROFILE_MD.exists():
         # What the profiles show for the targets still missed: kept by hand next to this report.
         L.append(PROFILE_MD.read_text().strip())
+        L.append("")
+    if SOAK_MD.exists():
+        L.append(SOAK_MD.read_text().strip())
         L.append("")
 
     # --- latency
