@@ -22,6 +22,9 @@ Close codes (the reason is always sent):
 - 1014 "upstream connection closed" (Bad Gateway): the live upstream connection ended.
 - 1008 "too many pending frames": more than MAX_PENDING frames waiting behind a response.
 - 1011 "internal error": a gateway bug (logged with its traceback, never with content).
+The ASGI server closes a connection itself, before the consumer sees the frame (RFC 6455): 1007 for
+a text frame that is not UTF-8, 1009 for a message over its own size limit (uvicorn's `ws_max_size`,
+16 MiB by default; a frame between GATEWAY_MAX_BODY_BYTES and that limit gets `request_too_large`).
 A database error while a frame is routed is a typed `gateway_unavailable` event (503); the
 connection stays open.
 Closing either side closes the other: when the client goes, the response in flight is cancelled
