@@ -323,3 +323,11 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
                 message=(failed.message if isinstance(failed, BadFrame) else None) or message,
             )
         )
+
+
+class NoSuchRoute(AsyncWebsocketConsumer):
+    """A websocket to any path but `/v1/responses`: refused at the handshake (the server answers 403),
+    never a routing exception and a server error."""
+
+    async def connect(self) -> None:
+        await self.close()

@@ -824,26 +824,9 @@ def test_the_route_ignores_a_query_string_and_a_doubled_slash(edge, path):
         case.served = case.new_connections = case.records = 1
 
 
-NO_ROUTE = pytest.mark.xfail(
-    strict=True,
-    reason="Channels' URLRouter raises ValueError('No route found for path') for a websocket to any "
-    "other path (gatewaysite/asgi.py routes websockets to proxy/routing.py's one pattern with no "
-    "fallback): the server logs 'Exception in ASGI application' with a traceback and answers 500.",
-)
-
-
 @pytest.mark.parametrize(
     "path",
-    [
-        pytest.param(path, marks=NO_ROUTE)
-        for path in [
-            b"/v1/responses/",
-            b"/v1/Responses",
-            b"/v1/responses%00",
-            b"/v1/chat/completions",
-            b"/admin/",
-        ]
-    ],
+    [b"/v1/responses/", b"/v1/Responses", b"/v1/responses%00", b"/v1/chat/completions", b"/admin/"],
 )
 def test_a_websocket_to_another_path_is_refused_with_a_4xx(edge, path):
     with alongside_bystander(edge) as case:
