@@ -50,3 +50,29 @@ def test_requests_fail_fast_with_gateway_unavailable_while_liveness_holds(gatewa
         assert response.json()["error"]["code"] == "gateway_unavailable"
     assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503
     assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+
+
+def test_anthropic_and_websocket_ingress_fail_fast_typed_too(gateway_without_database):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = gateway_without_database
+    key = "sk-gw-any-key-0123456789abcdef"
+    started = time.monotonic()
+    response = httpx.post(
+        f"{url}/v1/messages",
+        json={"model": "claude-opus-4-8", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": key},
+        timeout=10,
+    )
+    assert time.monotonic() - started < 5
+    assert response.status_code == 503
+    assert response.json()["type"] == "error" and response.json()["error"]["type"] == "api_error"
+    ws_url = url.replace("http://", "ws://") + "/v1/responses"
+    auth = {"authorization": f"Bearer {key}"}
+    with (
+        connect(ws_url, additional_headers=auth, open_timeout=10) as ws,
+        pytest.raises(ConnectionClosed) as closed,
+    ):
+        ws.recv(timeout=10)
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1013, "gateway unavailable")
