@@ -5,6 +5,11 @@ A request hands its Exchange to `submit` and returns at once; one writer thread 
 them in batches, each batch in one transaction. `flush` waits until everything submitted so far is
 saved; it runs at interpreter exit (daphne and uvicorn both exit normally on SIGTERM after their
 graceful shutdown), so a graceful stop loses no record.
+
+The writer lingers up to LINGER_S after the first record of a batch for more to arrive. A batch of
+one cost about 0.5 ms of ORM Python (holding the GIL) against about 0.1 ms per record in a batch of
+twenty; at low concurrency every request's lone record competed with the next request on the event
+loop (about 1.4 ms of a c=1 request's added latency). `flush` cuts the linger short.
 """
 
 import atexit
@@ -23,12 +28,16 @@ from proxy.relay import Exchange
 log = logging.getLogger("gateway")
 
 BATCH = 200
+LINGER_S = 0.02  # how long a batch may wait for company: the ledger is this much later, never lost
 RETRIES = 8  # about 6 s of backoff in all
+
+
+_FLUSH = object()  # a marker in the queue: save what is taken now, without lingering
 
 
 class LedgerWriter:
     def __init__(self) -> None:
-        self._queue: queue.Queue[Exchange] = queue.Queue()
+        self._queue: queue.Queue[Exchange | object] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -38,6 +47,10 @@ class LedgerWriter:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every exchange submitted before this call is saved (or `timeout` passes)."""
+        with self._queue.all_tasks_done:
+            if self._queue.unfinished_tasks == 0:
+                return True
+        self._queue.put(_FLUSH)  # ends a lingering batch at once
         with self._queue.all_tasks_done:
             return self._queue.all_tasks_done.wait_for(lambda: self._queue.unfinished_tasks == 0, timeout)
 
@@ -53,20 +66,23 @@ class LedgerWriter:
         from proxy.services import request_records_write
 
         while True:
-            batch = [self._queue.get()]
-            while len(batch) < BATCH:
+            taken = [self._queue.get()]
+            deadline = time.monotonic() + LINGER_S
+            while len(taken) < BATCH and taken[-1] is not _FLUSH:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    taken.append(self._queue.get(timeout=max(deadline - time.monotonic(), 0)))
                 except queue.Empty:
                     break
+            batch = [x for x in taken if x is not _FLUSH]
             try:
-                self._save(batch, request_records_write)
+                if batch:
+                    self._save(batch, request_records_write)
             except Exception:
                 log.exception("ledger: %d request records could not be saved", len(batch))
             finally:
                 if self._queue.empty():
                     close_old_connections()  # an idle writer holds no connection past CONN_MAX_AGE
-                for _ in batch:
+                for _ in taken:
                     self._queue.task_done()
 
     @classmethod
