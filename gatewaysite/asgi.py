@@ -26,6 +26,7 @@ from django.urls import re_path, set_script_prefix  # noqa: E402
 
 from proxy import ledger, shutdown, upstream  # noqa: E402
 from proxy.routing import websocket_urlpatterns  # noqa: E402
+from proxy.views import typed_response  # noqa: E402
 
 
 class ApiHandler(ASGIHandler):
@@ -90,7 +91,30 @@ class ApiHandler(ASGIHandler):
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = []
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+        self._middleware_chain = api_responses(convert_exception_to_response(self._get_response_async))
+
+
+# Django's own answers on the API (its HTML pages for an unknown path, a wrong method, an exception that
+# escaped a view) become the API's typed errors; Django still logs the exception.
+DJANGO_ANSWERS = {404: "not_found", 405: "method_not_allowed", 500: "internal_error"}
+
+
+def api_responses(get_response):
+    """What every `/v1/` response gets, with no middleware to give it: a typed JSON body whatever went
+    wrong, and `nosniff` (SecurityMiddleware's header)."""
+
+    async def respond(request):
+        response = await get_response(request)
+        code = DJANGO_ANSWERS.get(response.status_code)
+        if code is not None and not response.get("content-type", "").startswith("application/json"):
+            allow = response.get("allow")
+            response = typed_response(request.path, code)
+            if allow:
+                response["allow"] = allow
+        response["x-content-type-options"] = "nosniff"
+        return response
+
+    return respond
 
 
 async def lifespan(scope, receive, send) -> None:

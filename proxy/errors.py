@@ -15,4 +15,8 @@ TYPED_ERRORS: dict[str, tuple[int, str]] = {
     "pin_unavailable": (503, "The pinned upstream cannot serve this request."),
     "gateway_unavailable": (503, "The gateway cannot reach its database; try again shortly."),
     "upstream_dispatch_unknown": (504, "The upstream may have executed the request; it was not replayed."),
+    # Not in SPEC §4's table: the API's answers for a path or method it does not serve, and for a bug.
+    "not_found": (404, "No API route at this path."),
+    "method_not_allowed": (405, "This API route does not accept this method."),
+    "internal_error": (500, "The gateway failed to handle the request; the failure is logged."),
 }

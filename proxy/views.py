@@ -56,17 +56,22 @@ class RequestFailed(Exception):
         self.code, self.param = code, param
 
 
-def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
+def typed_response(route: str, code: str, param: str | None = None) -> HttpResponse:
+    """The gateway's typed error `code` in the envelope of the API `route` belongs to (SPEC §4)."""
     status, message = TYPED_ERRORS[code]
-    exchange.outcome, exchange.status_code = code, status
-    if exchange.route in MESSAGES_ROUTES:
+    if route in MESSAGES_ROUTES:
         # Anthropic's envelope has no code or param: its error type carries the meaning.
-        body = anthropic_adapter.error_body(
-            anthropic_adapter.error_type(code, status=status, param=param), message
-        )
+        kind = anthropic_adapter.error_type(code, status=status, param=param)
+        body = anthropic_adapter.error_body(kind, message)
     else:
         body = error_body(message=message, type=code, code=code, param=param)
     return HttpResponse(body, status=status, content_type="application/json")
+
+
+def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
+    response = typed_response(exchange.route, code, param)
+    exchange.outcome, exchange.status_code = code, response.status_code
+    return response
 
 
 def bearer(headers: Mapping[str, str]) -> str:
@@ -167,7 +172,6 @@ async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
         response = _typed(exchange, failed.code, failed.param)
         await record(exchange)
     response["x-gateway-request-id"] = exchange.request_id
-    response["x-content-type-options"] = "nosniff"  # the API skips SecurityMiddleware (gatewaysite/asgi.py)
     return response
 
 

@@ -293,21 +293,13 @@ def test_proxied_api_responses_are_nosniff(gateway, two_assignments, path, body,
     ledger_settled()
 
 
-NO_NOSNIFF = pytest.mark.xfail(
-    strict=True,
-    reason="only proxy.views._proxy sets x-content-type-options on /v1 (which skips SecurityMiddleware, "
-    "gatewaysite/asgi.py): proxy.views.models returns without it, and the 404 of an unknown /v1 path "
-    "and the 405 of @require_POST come from Django with no header at all.",
-)
-
-
 @pytest.mark.parametrize(
     ("method", "path", "headers"),
     [
-        pytest.param("GET", "/v1/models", AUTH, marks=NO_NOSNIFF, id="models"),
-        pytest.param("GET", "/v1/models", {}, marks=NO_NOSNIFF, id="models-401"),
-        pytest.param("GET", "/v1/no-such-route", AUTH, marks=NO_NOSNIFF, id="unknown-path-404"),
-        pytest.param("GET", "/v1/chat/completions", AUTH, marks=NO_NOSNIFF, id="wrong-method-405"),
+        pytest.param("GET", "/v1/models", AUTH, id="models"),
+        pytest.param("GET", "/v1/models", {}, id="models-401"),
+        pytest.param("GET", "/v1/no-such-route", AUTH, id="unknown-path-404"),
+        pytest.param("GET", "/v1/chat/completions", AUTH, id="wrong-method-405"),
     ],
 )
 def test_every_other_api_response_is_nosniff(gateway, two_assignments, method, path, headers):
@@ -354,6 +346,11 @@ def relay_bug(monkeypatch):
 def test_a_gateway_bug_on_the_api_shows_no_stack_trace(gateway, two_assignments, relay_bug, path, body):
     response = httpx.post(f"{gateway}{path}", json=body, headers=AUTH, timeout=TIMEOUT)
     assert response.status_code == 500
+    # The API's typed error in the route's envelope, not Django's HTML page.
+    if path == "/v1/messages":
+        assert response.json()["error"]["type"] == "api_error"
+    else:
+        assert response.json()["error"]["code"] == "internal_error"
     assert_no_internals(response.text, path)
     assert_no_internals(json.dumps(dict(response.headers)), path)
     a, b, _ = two_assignments
@@ -396,3 +393,27 @@ def test_a_404_shows_no_url_configuration(client, superuser, path):
     assert response.status_code == 404, path
     for mark in ("URLconf", "urlpatterns", "DEBUG = True", "Traceback", "gatewaysite"):
         assert mark not in html, (path, mark)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "allow"),
+    [
+        ("GET", "/v1/no-such-route", 404, None),
+        ("GET", "/v1/chat/completions", 405, "POST"),
+        ("DELETE", "/v1/models", 405, "GET"),
+    ],
+)
+def test_a_path_or_method_the_api_does_not_serve_gets_a_typed_json_error(
+    gateway, two_assignments, method, path, status, allow
+):
+    response = httpx.request(method, f"{gateway}{path}", headers=AUTH, timeout=TIMEOUT)
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == {404: "not_found", 405: "method_not_allowed"}[status]
+    assert response.headers.get("allow") == allow
+
+
+def test_a_wrong_method_on_an_anthropic_route_gets_the_anthropic_envelope(gateway, two_assignments):
+    response = httpx.get(f"{gateway}/v1/messages", headers=AUTH, timeout=TIMEOUT)
+    assert response.status_code == 405
+    assert response.json()["type"] == "error"
+    assert response.json()["error"]["type"] == "not_found_error"
