@@ -10,9 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from gatewaysite import rawsql
 from pools.models import GatewaySettings
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
@@ -106,10 +107,39 @@ def _circuit_apply(
             except IntegrityError:
                 continue  # another node created it first: decide again on its row
             return True, new
-        guarded = Circuit.objects.filter(**key.filter(), **_columns(current))
-        if guarded.update(**_columns(new), updated_at=timezone.now()):
+        if _guarded_update(key, current, new):
             return True, new
     return False, None
+
+
+def _sql_value(value: object) -> object:
+    return rawsql.as_param(value) if isinstance(value, datetime) else value
+
+
+def _guarded_update(key: CircuitKey, current: CircuitSnapshot, new: CircuitSnapshot) -> bool:
+    """UPDATE the circuit to `new` only if it still holds exactly `current` (the compare-and-swap).
+
+    Hand-written (see gatewaysite.rawsql): every failover writes it, and the ORM's query building
+    was most of that write's cost. NULL columns are matched with IS NULL, as the ORM does."""
+    q = connection.ops.quote_name
+    old, values = _columns(current), _columns(new)
+    assignments = ", ".join(f"{q(column)} = %s" for column in values)
+    params: list[object] = [*(_sql_value(v) for v in values.values()), rawsql.as_param(timezone.now())]
+    where = [f"{q(column)} = %s" for column in key.filter()]
+    params += key.filter().values()
+    for column, value in old.items():
+        if value is None:
+            where.append(f"{q(column)} IS NULL")
+        else:
+            where.append(f"{q(column)} = %s")
+            params.append(_sql_value(value))
+    sql = (
+        f"UPDATE {q(Circuit._meta.db_table)} SET {assignments}, {q('updated_at')} = %s "  # noqa: S608 (names only)
+        f"WHERE {' AND '.join(where)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
 
 
 def circuit_record_failure(
@@ -151,13 +181,18 @@ def circuit_release_probe(*, key: CircuitKey) -> None:
 
 def demotion_record(*, assignment_id: int, model: str, reason: CircuitReason, until: datetime) -> None:
     # One INSERT .. ON CONFLICT UPDATE: concurrent demotions of one pair cannot race into the
-    # unique constraint, as a read-then-write would.
-    Demotion.objects.bulk_create(
-        [Demotion(assignment_id=assignment_id, model=model, reason=str(reason), until=until)],
-        update_conflicts=True,
-        unique_fields=["assignment", "model"],
-        update_fields=["reason", "until"],
+    # unique constraint, as a read-then-write would. Hand-written like the circuit's CAS: every
+    # failover writes it (gatewaysite.rawsql).
+    q = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {q(Demotion._meta.db_table)} "  # noqa: S608 (names only; values are parameters)
+        f"({q('assignment_id')}, {q('model')}, {q('reason')}, {q('until')}, {q('created_at')}) "
+        f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT ({q('assignment_id')}, {q('model')}) "
+        f"DO UPDATE SET {q('reason')} = excluded.{q('reason')}, {q('until')} = excluded.{q('until')}"
     )
+    params = [assignment_id, model, str(reason), rawsql.as_param(until), rawsql.as_param(timezone.now())]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def demotion_resolve(*, assignment_id: int, model: str) -> None:
