@@ -346,28 +346,22 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
     return response
 
 
-@csrf_exempt
-@require_POST
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    return await _proxy(request, "/v1/chat/completions")
+def _proxied(path: str):
+    """The view of one proxied POST route."""
+
+    @csrf_exempt
+    @require_POST
+    async def view(request: HttpRequest) -> HttpResponse:
+        return await _proxy(request, path)
+
+    return view
 
 
-@csrf_exempt
-@require_POST
-async def responses(request: HttpRequest) -> HttpResponse:
-    return await _proxy(request, "/v1/responses")
-
-
-@csrf_exempt
-@require_POST
-async def messages(request: HttpRequest) -> HttpResponse:
-    return await _proxy(request, "/v1/messages")
-
-
-@csrf_exempt
-@require_POST
-async def messages_count_tokens(request: HttpRequest) -> HttpResponse:
-    return await _proxy(request, "/v1/messages/count_tokens")
+chat_completions = _proxied("/v1/chat/completions")
+responses = _proxied("/v1/responses")
+responses_compact = _proxied(COMPACT)
+messages = _proxied("/v1/messages")
+messages_count_tokens = _proxied("/v1/messages/count_tokens")
 
 
 def _models_for(key) -> list[str]:
@@ -375,12 +369,6 @@ def _models_for(key) -> list[str]:
 
     models = CatalogEntry.objects.filter(assignment__pool_id__in=key.pool_ids, assignment__enabled=True)
     return sorted({m for m in models.values_list("model", flat=True) if is_allowed(m, key.allowed_models)})
-
-
-@csrf_exempt
-@require_POST
-async def responses_compact(request: HttpRequest) -> HttpResponse:
-    return await _proxy(request, COMPACT)
 
 
 @require_GET

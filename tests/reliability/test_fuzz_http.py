@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy import ledger
@@ -23,21 +23,14 @@ from proxy.models import RequestRecord
 from tests.fakes.upstream import serve
 from tests.proxy import conftest as proxy_conftest
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, ledger_settled, sse_events, wait_for
+from tests.reliability.fuzzing import fuzz_settings
 
 # The shared end-to-end fixtures: the live gateway and pool `main` with acct-a and acct-b for gpt-5.
 gateway = proxy_conftest.gateway
 two_assignments = proxy_conftest.two_assignments
 
 CHAT_PATH, RESPONSES_PATH = "/v1/chat/completions", "/v1/responses"
-FUZZ = settings(
-    max_examples=50,
-    deadline=None,
-    # No shrinking: each step is a request to the live server, and a minimal example is not worth a
-    # minute; the failure message shows the example as generated.
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    derandomize=True,  # the same examples on every run: a failure here is reproducible, not flaky
-)
+FUZZ = fuzz_settings(max_examples=50)
 TIMEOUT = httpx.Timeout(20.0)
 
 

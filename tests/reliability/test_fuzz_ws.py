@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import pytest
 from django.conf import settings as django_settings
-from hypothesis import HealthCheck, Phase, currently_in_test_context, event, given, settings
+from hypothesis import currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
@@ -41,20 +41,13 @@ from tests.factories import GatewayKeyFactory
 from tests.fakes.upstream import FakeUpstream, slow_stream
 from tests.proxy import conftest as proxy_conftest
 from tests.proxy.fixtures_e2e import AUTH, wait_for
+from tests.reliability.fuzzing import fuzz_settings
 
 # The shared end-to-end fixtures: the live gateway and pool `main` with acct-a and acct-b for gpt-5.
 gateway = proxy_conftest.gateway
 two_assignments = proxy_conftest.two_assignments
 
-FUZZ = settings(
-    max_examples=20,
-    deadline=None,
-    # No shrinking: each step is a websocket conversation with the live server, and a minimal example
-    # is not worth a minute; the failure message shows the example as generated.
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    derandomize=True,  # the same examples on every run: a failure here is reproducible, not flaky
-)
+FUZZ = fuzz_settings(max_examples=20)
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 # What a frame may be answered with when it is not served: the gateway's typed codes (SPEC §4).
 TYPED_CODES = {
