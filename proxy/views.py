@@ -25,7 +25,6 @@ from pools.selectors import Authenticated, key_authenticate
 from proxy import db
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
-from proxy.adapters.codec import carriers
 from proxy.errors import TYPED_ERRORS
 from proxy.ledger import record
 from proxy.relay import Dispatch, Exchange, Final, HttpDispatch, Memory, Relay, Stream, error_body
@@ -36,6 +35,7 @@ from routing.models import Affinity, AffinityKind
 from routing.plan import HardPin, PinKind, PlanError
 from routing.resolution import ResolutionError, is_allowed
 from routing.route import RequirementsHeaderError, RoutingView, decide, parse_requirements_header
+from routing.routes import carriers
 from routing.selectors import RouteSettings, affinity_get, routing_view_load
 from routing.types import Requirements, RouteClass
 

@@ -11,7 +11,7 @@ adapter) is decided here and nowhere else:
 | `/messages` | translated to `/chat/completions` and back | as sent |
 | `/messages/count_tokens` | not carried (no OpenAI form) | as sent |
 
-A route an adapter cannot carry is excluded by eligibility before dispatch (`ROUTE_ADAPTERS` becomes
+A route an adapter cannot carry is excluded by eligibility before dispatch (`routing.routes` becomes
 `Requirements.adapters`), so `upstream_call` never sees one. A request the translation refuses raises
 `RequestTranslationError` before anything is sent.
 """
@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from pools.models import Adapter
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
 from proxy.adapters.translate import (
@@ -35,26 +34,13 @@ from proxy.adapters.translate import (
 )
 from proxy.sse import Block, Dialect
 from routing.route import Target
+from routing.routes import ANTHROPIC_FAMILY
 from routing.types import Requirements
 
 CHAT = "/chat/completions"
 MESSAGES = "/messages"
 COUNT_TOKENS = "/messages/count_tokens"
-OPENAI_FAMILY = frozenset({Adapter.OPENAI.value, Adapter.OPENROUTER.value})
-ANTHROPIC_FAMILY = frozenset({Adapter.ANTHROPIC.value})
-
-# Client route (without `/v1`) -> the adapters that can serve it; a route not listed is carried by all.
-ROUTE_ADAPTERS: Mapping[str, frozenset[str]] = {
-    "/responses": OPENAI_FAMILY,
-    "/responses/compact": OPENAI_FAMILY,
-    COUNT_TOKENS: ANTHROPIC_FAMILY,
-}
 ANTHROPIC_ROUTES = frozenset({MESSAGES, COUNT_TOKENS})
-
-
-def carriers(path: str) -> frozenset[str] | None:
-    """The adapters that can serve client route `path` (None: every adapter)."""
-    return ROUTE_ADAPTERS.get(path)
 
 
 class StreamTranslator(Protocol):
@@ -145,7 +131,7 @@ def upstream_call(
             url, headers, payload, Dialect.ANTHROPIC, True, path, model, include_usage=_include_usage(body)
         )
     if anthropic_upstream or path == COUNT_TOKENS:
-        # Eligibility keeps such candidates out of every plan (`ROUTE_ADAPTERS`).
+        # Eligibility keeps such candidates out of every plan (`routing.routes`).
         raise ValueError(f"{target.adapter} cannot carry {path}")
     url, headers, payload = openai_adapter.build_request(
         target, path, body, model=model, requirements=requirements

@@ -240,3 +240,15 @@ def test_every_kind_of_configuration_write_moves_the_version():
         before = version()
         write()
         assert version() > before
+
+
+def test_routing_explain_knows_which_adapters_carry_a_route(explained_setup):
+    claude = AssignmentFactory(pool=explained_setup, name="claude-a", adapter="anthropic", tier=2)
+    CatalogEntryFactory(assignment=claude, model="claude-opus-4-8")
+    out = _explain(key="ci", model="claude-opus-4-8", route="/responses")
+    assert "route /responses" in out
+    assert "ineligible: claude-a / claude-opus-4-8 [tier 2, healthy]: capability" in out
+    out = _explain(key="ci", model="claude-opus-4-8", route="/messages/count_tokens")
+    assert "1. claude-a / claude-opus-4-8" in out
+    assert "ineligible: us-a / claude-opus-4-8 [tier 0, healthy]: capability" in out
+    assert "claude-a / claude-opus-4-8 [tier 2, healthy]" in _explain(key="ci", model="claude-opus-4-8")

@@ -6,6 +6,7 @@ from routing.eligibility import tighten
 from routing.models import AffinityKind
 from routing.plan import HardPin, PinKind
 from routing.route import Decision, RequirementsHeaderError, decide, parse_requirements_header
+from routing.routes import CLIENT_ROUTES, carriers
 from routing.selectors import affinity_get, pool_names, routing_view_load
 from routing.types import Candidate, Requirements, RouteClass
 
@@ -25,6 +26,12 @@ class Command(BaseCommand):
             help="as the x-gateway-requirements header: write_tools,vision,zero_retention,region=eu,...",
         )
         parser.add_argument("--route-class", default="http", choices=[str(c) for c in RouteClass])
+        parser.add_argument(
+            "--route",
+            default="/chat/completions",
+            choices=CLIENT_ROUTES,
+            help="the client route (without /v1): decides which adapters can carry it",
+        )
         parser.add_argument("--tools", action="store_true", help="the turn offers tools")
         parser.add_argument("--tool-results", action="store_true", help="the turn carries tool results")
         parser.add_argument("--tokens", type=int, default=0, help="estimated prompt + max output tokens")
@@ -45,6 +52,7 @@ class Command(BaseCommand):
             untrusted_content=o["tool_results"],
             prompt_tokens=max(o["tokens"], 0),
             deadline_remaining_ms=o["deadline_ms"],
+            adapters=carriers(o["route"]),
         )
         requirements = tighten(tighten(key.requirements, header), turn)
         now = timezone.now()
@@ -66,7 +74,9 @@ class Command(BaseCommand):
             session_model=session.model or None if session else None,
         )
         self.stdout.write(f"key {key.name}: pools {', '.join(pool_names(key.pool_ids)) or '(none)'}")
-        self.stdout.write(f"route class {o['route_class']}, shortlist {settings.max_attempts}")
+        self.stdout.write(
+            f"route {o['route']}, route class {o['route_class']}, shortlist {settings.max_attempts}"
+        )
         self._write_decision(decision)
 
     def _write_decision(self, decision: Decision) -> None:
