@@ -322,6 +322,7 @@ class Relay:
         self.untranslatable: str | None = None  # the param a translation refused (a candidate passed over)
         self.response_id: str | None = None
         self.held_probe = False
+        self.failed_after_output: FailureClass | None = None  # an upstream error event after output
         # The failure-path state writes still running (see `_record_failure`), in submission order.
         self.state_writes: asyncio.Future[None] | None = None
         self.excluded: IneligibleReason | None = None  # why the last candidate was passed over at its turn
@@ -662,7 +663,19 @@ class Relay:
                         status=error.status if error else None,
                     )
                 )
-                log.status, log.failure_class = "failed", "upstream_error"
+                # Never retried, but classified like any failed attempt (SPEC §5.6): an upstream that
+                # keeps failing mid-stream cools like one that fails before output.
+                status = error.status if error and error.status else 200
+                failed = self.failure(
+                    Observation(
+                        status=status if status >= 400 else 200,
+                        body=cls.payload if isinstance(cls.payload, dict) else None,
+                        transport=TransportEvent.STREAM_ERROR_EVENT,
+                        has_provenance=True,
+                    )
+                )
+                log.status, log.failure_class = "failed", str(failed.failure)
+                self.failed_after_output = failed.failure
                 self.x.outcome = self.x.outcome or "upstream_error_after_output"
             else:
                 out.extend(reading.output(decision.write))
@@ -763,6 +776,8 @@ class Relay:
         if log.status == "succeeded":
             log.cost_micros = self._cost(c, log)
             await self._record_success(c)
+        elif self.failed_after_output is not None:
+            self._record_failure(c, self.failed_after_output, self.held_probe)  # `_finish` awaits it
         elif self.held_probe:  # a verdict-free end frees the probe slot (SPEC §7.1)
             await db.run(services.circuit_release_probe, key=self._key(c))
         await self._finish(outcome, status)

@@ -116,6 +116,15 @@ def test_chat_stream_failing_after_visible_output_ends_with_one_sanitized_error_
     assert_hits((a, 1), (b, 0))
     record = record_of(response)
     assert (attempt_statuses(record), record.retry_count) == (["failed"], 0)
+    # Not retried, but counted: a server error after output cools acct-a like one before output.
+    (attempt,) = attempts_of(record)
+    assert attempt.failure_class == "unavailable"
+    circuit = Circuit.objects.get(assignment__name="acct-a")
+    assert (circuit.reason, circuit.consecutive_failures, circuit.route_class) == (
+        "upstream_unavailable",
+        1,
+        "sse",
+    )
 
 
 def test_responses_stream_failing_after_visible_output_ends_with_one_sanitized_error_and_no_retry(
@@ -142,6 +151,15 @@ def test_responses_stream_failing_after_visible_output_ends_with_one_sanitized_e
     assert_hits((a, 1), (b, 0))
     record = record_of(response)
     assert (attempt_statuses(record), record.retry_count) == (["failed"], 0)
+    # Not retried, but counted: a server error after output cools acct-a like one before output.
+    (attempt,) = attempts_of(record)
+    assert attempt.failure_class == "unavailable"
+    circuit = Circuit.objects.get(assignment__name="acct-a")
+    assert (circuit.reason, circuit.consecutive_failures, circuit.route_class) == (
+        "upstream_unavailable",
+        1,
+        "sse",
+    )
 
 
 # -- compact ---------------------------------------------------------------------------------------
