@@ -72,6 +72,7 @@ from soak.processes import (  # noqa: E402
     spawn,
     stop,
 )
+from tests.fakes.sse_reader import read_sse  # noqa: E402
 
 UPSTREAM_NAMES = ("a", "b", "c", "d")
 UPSTREAM_KEY_ENV = "SOAK_UPSTREAM_KEY"
@@ -163,31 +164,6 @@ def _error_problems(body: object, where: str) -> list[str]:
 
 def _raw_leak(text: str) -> str | None:
     return next((m for m in RAW_MESSAGES if m in text), None)
-
-
-def sse_events(text: str) -> list[tuple[str | None, Any]]:
-    """(event name, parsed data) of each SSE block; an independent reader, not the gateway's."""
-    events = []
-    for block in text.replace("\r\n", "\n").replace("\r", "\n").split("\n\n"):
-        name, data = None, []
-        for line in block.split("\n"):
-            if not line or line.startswith(":"):
-                continue
-            key, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if key == "event":
-                name = value
-            elif key == "data":
-                data.append(value)
-        if not data:
-            continue
-        raw = "\n".join(data)
-        try:
-            parsed: Any = json.loads(raw)
-        except ValueError:
-            parsed = raw
-        events.append((name, parsed))
-    return events
 
 
 def _one_upstream_text(text: str, complete: bool, where: str) -> list[str]:
@@ -359,7 +335,7 @@ class Load:
         if o.status not in ALLOWED_STATUSES:
             o.problems.append(f"status {o.status}: {text[:160]!r}")
         if o.status == 200 and ctype.startswith("text/event-stream"):
-            events = sse_events(text)
+            events = read_sse(text)
             if o.kind.startswith("chat"):
                 o.code, problems = check_chat_stream(events)
             else:

@@ -7,7 +7,6 @@ database is an in-memory shared cache whose table locks make a concurrent write 
 timeout), so the test must not read a ledger table while the writer writes it.
 """
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pools.models import Assignment, GatewaySettings
 from proxy import ledger
 from proxy.models import Attempt, RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
+from tests.fakes.sse_reader import read_sse
 from tests.fakes.upstream import FakeUpstream
 from tests.proxy.conftest import GATEWAY_KEY
 
@@ -113,28 +113,8 @@ class SSEEvent:
 
 
 def sse_events(text: str) -> list[SSEEvent]:
-    """An independent, minimal SSE reader for what the gateway sent (not the gateway's own parser)."""
-    events = []
-    for block in text.replace("\r\n", "\n").replace("\r", "\n").split("\n\n"):
-        name, data = None, []
-        for line in block.split("\n"):
-            if line.startswith(":") or not line:
-                continue
-            field, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if field == "event":
-                name = value
-            elif field == "data":
-                data.append(value)
-        if not data:
-            continue
-        raw = "\n".join(data)
-        try:
-            parsed: Any = json.loads(raw)
-        except ValueError:
-            parsed = raw
-        events.append(SSEEvent(name, parsed))
-    return events
+    """What the gateway sent, read by an independent reader (not the gateway's own parser)."""
+    return [SSEEvent(name, data) for name, data in read_sse(text)]
 
 
 def chat_text(events: list[SSEEvent]) -> str:
