@@ -170,6 +170,8 @@ GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S, GATEWAY_UPSTREAM_READ_TIMEOUT_S = _upstream_
 # keep it below the server's own graceful-shutdown timeout.
 GATEWAY_SHUTDOWN_GRACE_S = env.float("GATEWAY_SHUTDOWN_GRACE_S", default=20.0)
 GATEWAY_MAX_BODY_BYTES = env.int("GATEWAY_MAX_BODY_BYTES", default=8 * 1024 * 1024)
+# The largest plain upstream answer relayed (decoded); larger is a typed 502 (SPEC §4).
+GATEWAY_MAX_RESPONSE_BYTES = env.int("GATEWAY_MAX_RESPONSE_BYTES", default=64 * 1024 * 1024)
 # Django refuses to read a larger body before our own check could give the typed 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GATEWAY_MAX_BODY_BYTES
 GATEWAY_CONFIG = env.str("GATEWAY_CONFIG", default=str(BASE_DIR / "gatewaysite" / "demo_config.yaml"))

@@ -14,6 +14,10 @@ TYPED_ERRORS: dict[str, tuple[int, str]] = {
     "no_eligible_backend": (503, "No eligible backend can serve this request."),
     "pin_unavailable": (503, "The pinned upstream cannot serve this request."),
     "gateway_unavailable": (503, "The gateway cannot reach its database; try again shortly."),
+    "upstream_response_too_large": (
+        502,
+        "The upstream's answer is larger than the gateway relays; it was not retried.",
+    ),
     "upstream_dispatch_unknown": (504, "The upstream may have executed the request; it was not replayed."),
     # Not in SPEC §4's table: the API's answers for a path or method it does not serve, and for a bug.
     "not_found": (404, "No API route at this path."),

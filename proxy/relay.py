@@ -144,6 +144,7 @@ class Failure:
     code: str | None
     param: str | None
     withheld: tuple[bytes, ...] = ()  # the client output held back before the failure
+    final: bool = False  # the upstream answered, but not in a relayable form: returned as is, never replayed
 
 
 def _usage(payload: object) -> tuple[int | None, int | None]:
@@ -230,7 +231,7 @@ class SSESource:
     async def batches(self) -> AsyncGenerator[list[Block], None]:
         parser = SSEParser()
         try:
-            async for chunk in self.response.aiter_raw():
+            async for chunk in self.response.aiter_bytes():  # decoded: httpx undoes gzip/deflate
                 yield parser.feed(chunk)
             tail = parser.flush()
             if tail is not None:
@@ -515,7 +516,7 @@ class Relay:
             log.upstream_status = result.status
             log.error_code = result.code or ""
             self._record_failure(c, result.failure, held_probe)
-            action = disposition(result.failure, result.dispatch)
+            action = self.disposition(result)
             nxt = None if self.single_attempt else next_candidate(order, index, action)
             if nxt is None:
                 break
@@ -588,15 +589,26 @@ class Relay:
             except ResponseTranslationError:
                 # The upstream answered, but in a form the client's API cannot carry (a tool call's
                 # arguments that are not an object): a typed failure, never a guess, never a replay.
-                return Failure(
-                    failure=FailureClass.UPSTREAM_ERROR,
-                    dispatch=DispatchState.REJECTED,
-                    status=status,
-                    error_type="upstream_error",
-                    code="upstream_untranslatable",
-                    param=None,
-                )
+                return self.unrelayable(status, "upstream_untranslatable")
         return self.failure(Observation(status=status, body=body, has_provenance=True))
+
+    @staticmethod
+    def unrelayable(status: int, code: str) -> Failure:
+        """An answer the upstream completed that the client cannot be given (too large, or not
+        expressible in its API): a typed 502, never a guess, never a replay."""
+        return Failure(
+            failure=FailureClass.UPSTREAM_ERROR,
+            dispatch=DispatchState.COMPLETED,
+            status=status,
+            error_type="upstream_error",
+            code=code,
+            param=None,
+            final=True,
+        )
+
+    @staticmethod
+    def disposition(failure: Failure) -> Disposition:
+        return Disposition.RETURN_FAILURE if failure.final else disposition(failure.failure, failure.dispatch)
 
     async def read_events(
         self, c: Candidate, log: AttemptLog, source: EventSource, call: UpstreamCall | None = None
@@ -833,7 +845,7 @@ class Relay:
                 code="no_eligible_backend",
                 param=str(reason),
             )
-        action = disposition(last.failure, last.dispatch)
+        action = self.disposition(last)
         if action is Disposition.DISPATCH_UNKNOWN:
             await self._finish("upstream_dispatch_unknown", 504)
             return self.dispatch.error_final(
@@ -850,7 +862,7 @@ class Relay:
                 type=last.error_type or "upstream_error",
                 code=last.code,
                 param=last.param,
-                message="The upstream rejected the request.",
+                message=self._failure_message(last),
                 status=last.status if last.status and last.status >= 400 else None,
             )
             await self._finish(last.code or str(last.failure), 200)
@@ -859,11 +871,17 @@ class Relay:
         await self._finish(last.code or str(last.failure), status)
         return self.dispatch.error_final(
             status,
-            message="The upstream rejected the request.",
+            message=self._failure_message(last),
             type=last.error_type or "upstream_error",
             code=last.code,
             param=last.param,
         )
+
+    def _failure_message(self, last: Failure) -> str:
+        """The gateway's own words for a relayed failure (SPEC §4): never the provider's text."""
+        if last.final and last.code in TYPED_ERRORS:
+            return TYPED_ERRORS[last.code][1]
+        return "The upstream rejected the request."
 
 
 class Dispatch(Protocol):
@@ -938,6 +956,8 @@ class HttpDispatch:
                 raw = await upstream.read_body(response)
             except TransportFailure as failure:
                 return relay.failure(Observation(status=response.status_code, transport=failure.event))
+            except upstream.ResponseTooLarge:
+                return relay.unrelayable(response.status_code, "upstream_response_too_large")
             return relay.plain(log, call, response.status_code, raw)
         return await relay.read_events(c, log, SSESource(response), call)
 

@@ -74,17 +74,26 @@ async def open_stream(
         raise TransportFailure(transport_event(exc)) from None
 
 
-async def read_body(response: httpx.Response, limit: int = 1 << 20) -> bytes:
-    """The (bounded) body of an upstream response; a read failure is a reset after send."""
+class ResponseTooLarge(Exception):
+    """A plain upstream answer longer than GATEWAY_MAX_RESPONSE_BYTES (decoded): relayed as the typed 502
+    `upstream_response_too_large`, never cut short into a 200 (SPEC §4)."""
+
+
+async def read_body(response: httpx.Response, limit: int | None = None) -> bytes:
+    """The whole decoded body of an upstream response (httpx undoes the gzip/deflate it offered); a
+    read failure is a reset after send, a body over `limit` (default GATEWAY_MAX_RESPONSE_BYTES, counted
+    after decoding, so a compression bomb stops there too) is ResponseTooLarge."""
+    limit = settings.GATEWAY_MAX_RESPONSE_BYTES if limit is None else limit
     chunks, size = [], 0
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in response.aiter_bytes():
             size += len(chunk)
             if size > limit:
-                break
+                raise ResponseTooLarge
             chunks.append(chunk)
     except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
         raise TransportFailure(transport_event(exc)) from None
     finally:
         await response.aclose()
+    # One copy at the end; the chunks go with this frame.
     return b"".join(chunks)

@@ -14,21 +14,28 @@ Contract:
   served; any other model gets the provider's real "model not found" error.
 - Every request (every `response.create` frame on a websocket) is recorded in `hits` before the key
   check and the behaviour apply, so tests can see what the gateway sent even when it was rejected.
+- Like ordinary servers, it compresses what it answers over HTTP (JSON, errors and SSE, each event
+  flushed) whenever the request's `Accept-Encoding` offers gzip or deflate (`compression` picks which
+  it prefers, or "identity" to never compress). `answer_digests` are the SHA-256 of the plain bodies
+  it answered, before compression.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, Self, cast
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, hdrs, web
+from aiohttp.web import ContentCoding
 
 Transport = Literal["http", "sse", "websocket"]
 JsonObject = dict[str, Any]
@@ -120,6 +127,11 @@ class CloseWebsocket(Behaviour):
 
 def serve(text: str | None = None, *, input_tokens: int = 10, output_tokens: int | None = None) -> Serve:
     return Serve(text=text, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+def large(size: int) -> Serve:
+    """An answer whose text is `size` bytes (one word: cheap to build, however large)."""
+    return Serve(text="x" * size)
 
 
 def slow_stream(delay_s: float, text: str | None = None) -> Serve:
@@ -706,10 +718,13 @@ class FakeUpstream:
         *,
         require_key: str | None = None,
         port: int = 0,
+        compression: Literal["gzip", "deflate", "identity"] = "gzip",
     ) -> None:
         """`require_key`: answer 401 unless `Authorization: Bearer KEY` or `x-api-key: KEY` is sent.
-        `port`: 0 picks a free port."""
+        `port`: 0 picks a free port. `compression`: the coding preferred when the request offers it."""
         self.name = name
+        self.compression = compression
+        self._answer_digests: list[str] = []
         self.models = tuple(models)
         self.require_key = require_key
         # What GET /v1/models does; None lists `models`.
@@ -841,6 +856,35 @@ class FakeUpstream:
         running = self._running
         return len(running.websockets) if running is not None else 0
 
+    @property
+    def answer_digests(self) -> list[str]:
+        """SHA-256 (hex) of each plain body answered, as sent before any compression."""
+        with self._lock:
+            return list(self._answer_digests)
+
+    def _coding(self, request: web.BaseRequest) -> ContentCoding | None:
+        """The content coding to answer with: the preferred one if offered, else the other offered."""
+        offered = request.headers.get(hdrs.ACCEPT_ENCODING, "").lower()
+        if self.compression == "identity":
+            return None
+        other = "deflate" if self.compression == "gzip" else "gzip"
+        for name in (self.compression, other):
+            if name in offered:
+                return ContentCoding(name)
+        return None
+
+    def _finish(self, request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
+        """Compress a plain answer the way an ordinary server does when the client offered it."""
+        if isinstance(response, web.Response) and response.body is not None and not response.prepared:
+            body = response.body
+            if isinstance(body, bytes):
+                with self._lock:
+                    self._answer_digests.append(hashlib.sha256(body).hexdigest())
+            coding = self._coding(request)
+            if coding is not None:
+                response.enable_compression(force=coding)
+        return response
+
     def reset(self) -> None:
         """Forget hits, websocket connections, scripts and `models_behaviour`."""
         with self._lock:
@@ -898,7 +942,10 @@ class FakeUpstream:
                 return await self._respond_stream(request, cast(_StreamingApi, api), behaviour, fail)
             return await self._respond_json(request, api, behaviour, fail)
 
-        return handle
+        async def compressed(request: web.Request) -> web.StreamResponse:
+            return self._finish(request, await handle(request))
+
+        return compressed
 
     async def _handle_models(self, request: web.Request) -> web.StreamResponse:
         self._record(request, None, None, "http")
@@ -943,20 +990,32 @@ class FakeUpstream:
             case CloseWebsocket():
                 return _drop(request)
         events, cut = _stream_plan(api, behaviour, self.name)
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        coding = self._coding(request)
+        encode: Callable[[bytes], bytes] = lambda data: data  # noqa: E731
+        if coding is not None:
+            # Each event compressed and flushed at once (as servers that compress streams do), so
+            # the stream stays live; aiohttp's own compression would hold events back until the end.
+            compressor = zlib.compressobj(wbits=31 if coding is ContentCoding.gzip else 15)
+            headers["Content-Encoding"] = coding.value
+
+            def encode(data: bytes) -> bytes:
+                return compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+        response = web.StreamResponse(headers=headers)
         await response.prepare(request)
         delay = _delay_of(behaviour)
         try:
             for event in events:
                 if delay and await self._pause(delay):
                     return _drop(request)
-                await response.write(_sse_bytes(event))
+                await response.write(encode(_sse_bytes(event)))
         except ConnectionError:
             return response  # the client went away; aiohttp then ends the connection quietly
         if cut:
             return _drop(request)
+        if coding is not None:
+            await response.write(compressor.flush())
         await response.write_eof()
         return response
 
