@@ -10,6 +10,7 @@
 
 import asyncio
 import contextlib
+import io
 import os
 
 from django.core.asgi import get_asgi_application
@@ -18,15 +19,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gatewaysite.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http import HttpResponseBase  # noqa: E402
 from django.urls import re_path, set_script_prefix  # noqa: E402
 
-from proxy import ledger, shutdown, upstream  # noqa: E402
+from proxy import edge, ledger, shutdown, upstream  # noqa: E402
 from proxy.routing import websocket_urlpatterns  # noqa: E402
-from proxy.views import typed_response  # noqa: E402
+from proxy.views import bearer, typed_response  # noqa: E402
 
 
 class ApiHandler(ASGIHandler):
@@ -45,29 +47,62 @@ class ApiHandler(ASGIHandler):
         since the next request's request_started queued behind the previous one's request_finished.
         They tend state this handler never uses: the API's database work runs on proxy.db's pool,
         whose threads age their own connections, and no middleware sets a urlconf. The client
-        disconnect is still watched, and cancels the view, as Django does it."""
-        try:
-            body_file = await self.read_body(receive)
-        except RequestAborted:
-            return
+        disconnect is still watched, and cancels the view, as Django does it.
+
+        The body is read here, not by Django (which spools all of it to a temporary file first): only
+        once the headers showed a known key and an acceptable `content-length`, as a stream refused the
+        moment it passes the limit, within the client timeouts (`proxy.edge`). A request whose body
+        was left unread reaches its view with `request.gateway_refusal` set and an empty body."""
+        path = scope["path"]
+        headers = edge.headers_of(scope)
+        refusal = await edge.body_refusal(path, headers, bearer(headers))
+        body = b""
+        if refusal is None:
+            try:
+                body = await edge.read_body(
+                    receive,
+                    limit=edge.body_limit(path),
+                    idle_timeout_s=settings.GATEWAY_CLIENT_TIMEOUT_S,
+                    total_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S,
+                )
+            except edge.ClientGone:
+                return
+            except edge.BodyTooLarge:
+                refusal = "request_too_large"
+            except edge.BodyTimeout:
+                response = typed_response(path, "request_timeout")
+                response["connection"] = "close"
+                response["x-content-type-options"] = "nosniff"
+                await self.send_response(response, send)
+                return
+        body_file = io.BytesIO(body)
         set_script_prefix(get_script_prefix(scope))
         request, error_response = self.create_request(scope, body_file)
         if request is None:
             body_file.close()
             await self.send_response(error_response, send)
             return
+        request.gateway_refusal = refusal
 
         async def process_request() -> HttpResponseBase:
             response = await self.run_get_response(request)
+            if refusal is not None:
+                # The rest of the body may still be on its way: close rather than read it to reuse
+                # the connection.
+                response["connection"] = "close"
             with contextlib.suppress(asyncio.CancelledError):  # the client left during the send
                 await self.send_response(response, send)
             return response
 
-        disconnect = asyncio.create_task(self.listen_for_disconnect(receive))
         process = asyncio.create_task(process_request())
+        # With its body unread, the next message would be body, not a disconnect; such an answer
+        # needs nothing slow (no upstream), so there is nothing to watch.
+        watched = [process]
+        if refusal is None:
+            watched.insert(0, asyncio.create_task(self.listen_for_disconnect(receive)))
         try:
-            await asyncio.wait([disconnect, process], return_when=asyncio.FIRST_COMPLETED)
-            for task in (disconnect, process):  # the disconnect first: cancel the view on it
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            for task in watched:  # the disconnect first: cancel the view on it
                 if task.done():
                     with contextlib.suppress(RequestAborted):
                         task.result()

@@ -172,6 +172,10 @@ GATEWAY_SHUTDOWN_GRACE_S = env.float("GATEWAY_SHUTDOWN_GRACE_S", default=20.0)
 GATEWAY_MAX_BODY_BYTES = env.int("GATEWAY_MAX_BODY_BYTES", default=8 * 1024 * 1024)
 # The largest plain upstream answer relayed (decoded); larger is a typed 502 (SPEC §4).
 GATEWAY_MAX_RESPONSE_BYTES = env.int("GATEWAY_MAX_RESPONSE_BYTES", default=64 * 1024 * 1024)
+# A client's headers, and each part of its body, must arrive within this; the whole body within
+# GATEWAY_BODY_TIMEOUT_S (a client that drips is dropped, SPEC §11).
+GATEWAY_CLIENT_TIMEOUT_S = env.float("GATEWAY_CLIENT_TIMEOUT_S", default=10.0)
+GATEWAY_BODY_TIMEOUT_S = env.float("GATEWAY_BODY_TIMEOUT_S", default=60.0)
 # Django refuses to read a larger body before our own check could give the typed 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GATEWAY_MAX_BODY_BYTES
 GATEWAY_CONFIG = env.str("GATEWAY_CONFIG", default=str(BASE_DIR / "gatewaysite" / "demo_config.yaml"))

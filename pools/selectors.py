@@ -80,6 +80,11 @@ def key_authenticate(raw: str) -> Authenticated | None:
     return Authenticated(key=key_policy(key, pool_ids), config_version=rows[0][11] or 0)
 
 
+def key_known(digest: str) -> str | None:
+    """The digest back when an enabled key has it (the API's check before it reads a body)."""
+    return GatewayKey.objects.filter(key_hash=digest, enabled=True).values_list("key_hash", flat=True).first()
+
+
 def key_by_name(name: str) -> KeyPolicy | None:
     key = GatewayKey.objects.filter(name=name).first()
     if key is None:

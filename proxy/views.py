@@ -84,6 +84,9 @@ def bearer(headers: Mapping[str, str]) -> str:
 
 
 def _parse_body(request: HttpRequest) -> dict:
+    refusal = getattr(request, "gateway_refusal", None)  # the body was left unread (gatewaysite.asgi)
+    if refusal is not None:
+        raise RequestFailed(refusal)
     try:
         raw = request.body
     except RequestDataTooBig:
@@ -316,6 +319,8 @@ async def prepare(
 
 
 async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: float) -> HttpResponse:
+    if getattr(request, "gateway_refusal", None) == "authentication_error":
+        raise RequestFailed("authentication_error")  # the edge found no such key: no second lookup
     try:
         body, body_error = _parse_body(request), None
     except RequestFailed as failed:

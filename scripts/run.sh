@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: migrate the database, load the configuration, start the demo upstreams (unless
-# GATEWAY_CONFIG names a real configuration), and serve the gateway with daphne.
+# GATEWAY_CONFIG names a real configuration), and serve the gateway with uvicorn as production runs it
+# (gatewaysite/server.py: uvicorn plus the gateway's header deadline and websocket message limit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -27,6 +28,6 @@ else
   "$PY" manage.py load_gateway_config gatewaysite/demo_config.yaml
 fi
 echo "gateway: http://127.0.0.1:$PORT  (admin: http://127.0.0.1:$PORT/admin/)"
-"$VENV/bin/daphne" -b 127.0.0.1 -p "$PORT" gatewaysite.asgi:application &
+"$PY" -m gatewaysite.server --host 127.0.0.1 --port "$PORT" &
 children+=($!)
 wait -n

@@ -223,6 +223,8 @@ class GatewayProcess:
     env_extra: dict[str, str] = field(default_factory=dict)
     database_url: str = ""  # what the server connects to, when not `database.url` (e.g. via a proxy)
     uvicorn_args: list[str] = field(default_factory=list)
+    # How the server is started: plain uvicorn, or e.g. ["-m", "gatewaysite.server"] (what `make run` runs).
+    launcher: list[str] = field(default_factory=lambda: ["-m", "uvicorn", "gatewaysite.asgi:application"])
     port: int = 0
     proc: subprocess.Popen | None = None
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(50))
@@ -288,9 +290,7 @@ class GatewayProcess:
         log_config.write_text(json.dumps(LOG_CONFIG))
         cmd = [
             PYTHON,
-            "-m",
-            "uvicorn",
-            "gatewaysite.asgi:application",
+            *self.launcher,
             "--host",
             HOST,
             "--port",
@@ -429,6 +429,17 @@ def _tcp_table(pid: int) -> dict[str, TcpSocket]:
 
 def rss_kb(pid: int) -> int:
     return _status_field(pid, "VmRSS")
+
+
+def peak_rss_reset(pid: int) -> None:
+    """Start a new peak: the kernel's high-water mark of the resident set (VmHWM) is set back to the
+    current RSS (Linux, clear_refs 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def peak_rss_kb(pid: int) -> int:
+    """The largest resident set since the process started or since `peak_rss_reset`."""
+    return _status_field(pid, "VmHWM")
 
 
 def _status_field(pid: int, name: str) -> int:

@@ -11,3 +11,11 @@ def _fresh_routing_config_cache():
     version only grows; a test database is emptied between tests, so versions (and SQLite ids) can
     repeat and a previous test's cached configuration could otherwise match."""
     config_cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_known_keys():
+    """The edge remembers keys it saw valid (proxy.edge); a test database reuses hashes and ids."""
+    from proxy.edge import known_keys_clear
+
+    known_keys_clear()

@@ -1,0 +1,93 @@
+"""`python -m gatewaysite.server [uvicorn options]`: the gateway served by uvicorn as production runs
+it (`make run` uses it), with what uvicorn does not do by itself (SPEC §11):
+
+- a deadline for a request's headers: uvicorn drops an idle keep-alive connection, but a client that
+  drips its headers a byte at a time is never dropped (any byte cancels the keep-alive timer). Here
+  the headers of each request must be complete within `GATEWAY_CLIENT_TIMEOUT_S` of the connection
+  or of the request's first byte, or the connection is closed. The body's own timeouts are the
+  application's (`proxy.edge.read_body`).
+- websocket messages refused by the server as soon as their header announces more than
+  `GATEWAY_MAX_BODY_BYTES` (`--ws-max-size`, close code 1009), before their payload is read.
+
+Any uvicorn option may follow (`--port`, `--workers`, ...). The equivalent plain uvicorn command is
+`uvicorn gatewaysite.asgi:application --http gatewaysite.server:HttpToolsProtocol --ws-max-size N`.
+
+This steps around uvicorn's protocol class (its callbacks `connection_made`, `on_message_begin`,
+`on_headers_complete`, `connection_lost`): tests/proxy/test_edge_processes.py drips headers at a
+real server started by this module, so an uvicorn upgrade that changes them fails there.
+"""
+
+import asyncio
+import os
+import sys
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHttpToolsProtocol
+
+APP = "gatewaysite.asgi:application"
+
+
+def _client_timeout_s() -> float:
+    from django.conf import settings
+
+    return settings.GATEWAY_CLIENT_TIMEOUT_S
+
+
+class HttpToolsProtocol(UvicornHttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline for each request's headers."""
+
+    header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self.header_deadline is None:
+            self.header_deadline = self.loop.call_later(_client_timeout_s(), self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self.header_deadline is not None:
+            self.header_deadline.cancel()
+            self.header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self.header_deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def command(args: list[str]) -> list[str]:
+    """The uvicorn command line for the gateway, `args` last (they win)."""
+    from django.conf import settings
+
+    return [
+        APP,
+        "--http",
+        "gatewaysite.server:HttpToolsProtocol",
+        "--ws-max-size",
+        str(settings.GATEWAY_MAX_BODY_BYTES),
+        *args,
+    ]
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gatewaysite.settings")
+    import uvicorn
+
+    uvicorn.main.main(args=command(sys.argv[1:]), prog_name="gatewaysite.server")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""What the API does before it reads a request body (SPEC §11): a client without a key, or with a
+body over the limit, costs no more than its headers.
+
+- `body_refusal`: from the headers alone, whether the body should be read at all: an over-limit
+  `content-length` (`request_too_large`) or a missing or unknown gateway key (`authentication_error`).
+  Keys already seen valid are remembered for a short while, so a healthy request adds no database
+  trip; the request path's own key lookup (with its pools and config version) stays authoritative,
+  so a key disabled meanwhile is still refused after its body.
+- `read_body`: the body read as a stream, refused the moment it passes `limit`, with a timeout for
+  each part and for the whole (a client that drips its body is dropped). Reusable by any route with
+  its own limit (uploads).
+"""
+
+import asyncio
+import hmac
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from django.conf import settings
+from django.db import DatabaseError
+
+from pools.models import hash_key
+from pools.selectors import key_known
+from proxy import db
+
+Receive = Callable[[], Awaitable[dict]]
+
+KNOWN_KEY_TTL_S = 60.0
+KNOWN_KEY_LIMIT = 10_000  # only keys that exist are remembered, so an attacker cannot grow this
+_known_keys: dict[str, float] = {}  # key digest -> monotonic time until which it is taken as known
+
+
+class BodyTooLarge(Exception):
+    """The body passed its limit; the rest of it was not read."""
+
+
+class BodyTimeout(Exception):
+    """The client sent its body too slowly."""
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body was complete."""
+
+
+def body_limit(path: str) -> int:
+    """The largest body accepted on `path`."""
+    return settings.GATEWAY_MAX_BODY_BYTES
+
+
+def headers_of(scope: Mapping) -> dict[str, str]:
+    """An ASGI scope's headers as a dict of lowercase names (the last value of a repeated header)."""
+    return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+
+
+def declared_length(headers: Mapping[str, str]) -> int | None:
+    """The `content-length` a client declared; None when absent or not a number (the server's parser
+    refuses a malformed one before the application sees it)."""
+    raw = headers.get("content-length")
+    if raw is None or not raw.strip().isdigit():
+        return None
+    return int(raw)
+
+
+def has_body(headers: Mapping[str, str]) -> bool:
+    length = declared_length(headers)
+    return bool(length) or "chunked" in headers.get("transfer-encoding", "").lower()
+
+
+def _remember(digest: str, now: float) -> None:
+    if len(_known_keys) >= KNOWN_KEY_LIMIT:
+        _known_keys.clear()
+    _known_keys[digest] = now + KNOWN_KEY_TTL_S
+
+
+def known_keys_clear() -> None:
+    _known_keys.clear()
+
+
+async def key_is_known(raw: str) -> bool:
+    """Whether `raw` is an enabled gateway key: from memory when it was seen valid lately, else one
+    indexed lookup. Raises DatabaseError when the database cannot answer."""
+    if not raw:
+        return False
+    digest = hash_key(raw)
+    now = time.monotonic()
+    until = _known_keys.get(digest)
+    if until is not None and until > now:
+        return True
+    found = await db.run_within(5.0, key_known, digest)
+    if found is not None and hmac.compare_digest(found, digest):
+        _remember(digest, now)
+        return True
+    return False
+
+
+async def body_refusal(path: str, headers: Mapping[str, str], raw_key: str) -> str | None:
+    """The typed code that refuses this request before its body is read, or None to read it.
+
+    A database that cannot answer refuses nothing here: the request path's own lookup then answers
+    `gateway_unavailable` within its deadline."""
+    length = declared_length(headers)
+    if length is not None and length > body_limit(path):
+        return "request_too_large"
+    if not has_body(headers):
+        return None
+    try:
+        known = await key_is_known(raw_key)
+    except DatabaseError:
+        return None
+    return None if known else "authentication_error"
+
+
+async def read_body(receive: Receive, *, limit: int, idle_timeout_s: float, total_timeout_s: float) -> bytes:
+    """The ASGI request body, at most `limit` bytes. Raises BodyTooLarge as soon as more arrived (the
+    rest is never read), BodyTimeout when one part takes longer than `idle_timeout_s` or the whole
+    longer than `total_timeout_s`, ClientGone on a disconnect."""
+    chunks: list[bytes] = []
+    size = 0
+    deadline = time.monotonic() + total_timeout_s
+    while True:
+        wait = min(idle_timeout_s, deadline - time.monotonic())
+        if wait <= 0:
+            raise BodyTimeout
+        try:
+            message = await asyncio.wait_for(receive(), wait)
+        except TimeoutError:
+            raise BodyTimeout from None
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        if chunk:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
