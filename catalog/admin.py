@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from catalog.models import CatalogEntry
-from gatewaysite.admin import PoolScopedAdmin
+from catalog.models import CapabilityEvidence, CatalogEntry
+from gatewaysite.admin import PoolScopedAdmin, ReadOnlyAdmin
 
 
 @admin.register(CatalogEntry)
@@ -12,3 +12,26 @@ class CatalogEntryAdmin(PoolScopedAdmin):
     list_select_related = ("assignment",)
     search_fields = ("model", "assignment__name")
     readonly_fields = ("observed_at",)
+
+
+@admin.register(CapabilityEvidence)
+class CapabilityEvidenceAdmin(PoolScopedAdmin, ReadOnlyAdmin):
+    """The verdicts of `manage.py qualify` (SPEC §8.1), for an auditor: read-only, and nothing here
+    starts a qualification (operators and schedulers run the command)."""
+
+    pool_path = "assignment__pool"
+    list_display = (
+        "assignment",
+        "model",
+        "capability",
+        "qualified",
+        "detail",
+        "qualified_at",
+        "expires_at",
+        "corpus_version",
+        "config_hash",
+    )
+    list_filter = ("capability", "qualified", ("assignment__pool", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("assignment",)
+    search_fields = ("model", "assignment__name")
+    date_hierarchy = "qualified_at"

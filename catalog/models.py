@@ -43,3 +43,47 @@ class CatalogEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.assignment.name}:{self.model} ({self.provenance})"
+
+
+class Capability(models.TextChoices):
+    """The capabilities `manage.py qualify` can show (`routing.capabilities.Capability`)."""
+
+    TOOLS = "tools"
+    WRITE_TOOLS = "write_tools"
+    VISION = "vision"
+    ROLE_SEPARATION = "role_separation"
+    TOOL_REPRESENTATION = "tool_representation"
+
+
+class CapabilityEvidence(models.Model):
+    """One verdict of a qualification replay (SPEC §8.1): what an auditor needs to see why a route was
+    allowed, and nothing of what was said. Append-only: the latest verdict of a route and capability is
+    the one eligibility considers, and only while it has not expired and its configuration hash still
+    equals the route's (`routing.capabilities.effective`). Never a prompt, an answer, a credential or a
+    provider message: `detail` is one of the gateway's own check codes (`catalog.qualification`)."""
+
+    assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="capability_evidence")
+    model = models.CharField(max_length=200)
+    capability = models.CharField(max_length=20, choices=Capability.choices)
+    qualified = models.BooleanField()
+    detail = models.CharField(max_length=40, help_text="The check that decided the verdict.")
+    qualified_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    corpus_version = models.CharField(max_length=40)
+    config_hash = models.CharField(max_length=64, help_text="SHA-256 of the route's configuration.")
+
+    class Meta:
+        verbose_name = "capability evidence"
+        verbose_name_plural = "capability evidence"
+        ordering = ["-qualified_at", "assignment__name", "model", "capability"]
+        indexes = [models.Index(fields=["assignment", "model", "capability", "qualified_at"])]
+        constraints = [
+            choices_check("capabilityevidence", "capability", Capability),
+            models.CheckConstraint(
+                condition=Q(expires_at__gt=models.F("qualified_at")), name="capabilityevidence_expires_later"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        verdict = "qualified" if self.qualified else "not qualified"
+        return f"{self.assignment.name}:{self.model} {self.capability} {verdict}"

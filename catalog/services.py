@@ -10,14 +10,15 @@ Provenance per (assignment, model):
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from catalog.models import CatalogEntry, Provenance
+from catalog.models import CapabilityEvidence, CatalogEntry, Provenance
+from catalog.qualification import Verdict
 from pools.models import Assignment
 
 MAX_PAGES = 50
@@ -153,3 +154,35 @@ def catalog_sync(
         if own_client:
             client.close()
     return summary
+
+
+@transaction.atomic
+def capability_evidence_record(
+    *,
+    assignment: Assignment,
+    model: str,
+    verdicts: Iterable[Verdict],
+    qualified_at: datetime,
+    days: int,
+    corpus_version: str,
+    config_hash: str,
+) -> list[CapabilityEvidence]:
+    """Append one route's verdicts (SPEC §8.1), valid for `days`. One INSERT: the configuration
+    version trigger moves once, so every node reloads its routes on its next request."""
+    expires_at = qualified_at + timedelta(days=days)
+    return CapabilityEvidence.objects.bulk_create(
+        [
+            CapabilityEvidence(
+                assignment=assignment,
+                model=model,
+                capability=str(v.capability),
+                qualified=v.qualified,
+                detail=v.detail,
+                qualified_at=qualified_at,
+                expires_at=expires_at,
+                corpus_version=corpus_version,
+                config_hash=config_hash,
+            )
+            for v in verdicts
+        ]
+    )

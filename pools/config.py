@@ -72,6 +72,7 @@ TOP_LEVEL_FIELDS = (
     "model_aliases",
     "model_fallbacks",
     "model_fallback_family",
+    "qualification_days",
     "pools",
     "keys",
 )
@@ -245,6 +246,7 @@ class SettingsSpec:
     backoff_base_ms: int = _settings_default("backoff_base_ms")
     default_deadline_ms: int = _settings_default("default_deadline_ms")
     model_fallback_family: bool = _settings_default("model_fallback_family")
+    qualification_days: int = _settings_default("qualification_days")
 
     def values(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -572,7 +574,16 @@ def _settings(c: _Checker, root: Mapping[Any, Any]) -> SettingsSpec:
             f"must be >= cooldown_seconds ({spec.cooldown_seconds})",
         )
     family = c.take(root, "model_fallback_family", "", c.boolean, spec.model_fallback_family)
-    return dataclasses.replace(spec, model_fallback_family=family)
+    days = c.take(root, "qualification_days", "", _qualification_days(c), spec.qualification_days)
+    return dataclasses.replace(spec, model_fallback_family=family, qualification_days=days)
+
+
+# A verdict older than ten years is no evidence of today's route.
+QUALIFICATION_DAYS_MAX = 3650
+
+
+def _qualification_days(c: _Checker) -> Callable[[object, str], int]:
+    return lambda value, path: c.integer(value, path, minimum=1, maximum=QUALIFICATION_DAYS_MAX)
 
 
 def _pools(c: _Checker, root: Mapping[Any, Any]) -> list[PoolSpec]:
@@ -924,6 +935,7 @@ def render_document(config: GatewayConfig) -> dict[str, Any]:
         "model_aliases": dict(sorted(config.aliases)),
         "model_fallbacks": dict(sorted(config.fallbacks)),
         "model_fallback_family": s.model_fallback_family,
+        "qualification_days": s.qualification_days,
         "pools": [],
         "keys": [],
     }

@@ -71,6 +71,9 @@ class GatewaySettings(models.Model):
     backoff_base_ms = models.PositiveIntegerField(default=50)
     default_deadline_ms = models.PositiveIntegerField(default=120000)
     model_fallback_family = models.BooleanField(default=True)
+    qualification_days = models.PositiveIntegerField(
+        default=30, help_text="How long a verdict of manage.py qualify stays valid."
+    )
 
     class Meta:
         verbose_name = "gateway settings"
@@ -82,6 +85,9 @@ class GatewaySettings(models.Model):
             ),
             models.CheckConstraint(condition=Q(half_open_probes__gte=1), name="gatewaysettings_probes_min"),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="gatewaysettings_attempts_min"),
+            models.CheckConstraint(
+                condition=Q(qualification_days__gte=1), name="gatewaysettings_qualification_days_min"
+            ),
             models.CheckConstraint(
                 condition=Q(max_cooldown_seconds__gte=models.F("cooldown_seconds")),
                 name="gatewaysettings_cooldown_bounded",

@@ -14,10 +14,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from catalog.models import CatalogEntry
+from catalog.selectors import evidence_load, route_hash
 from gatewaysite import rawsql
 from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback, Pool
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
+from routing.capabilities import Capability, Effective, Evidence, effective_all, valid_until
+from routing.eligibility import overlay
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
 from routing.resolution import ModelPolicy
 from routing.route import RoutingView, Target
@@ -53,14 +56,19 @@ class ConfigSnapshot:
     routes: dict[str, tuple[Candidate, ...]]  # healthy, undemoted: health is applied per request
     auto_models: tuple[str, ...]
     targets: dict[int, Target]
+    # The first expiry of a qualified capability it applied: from then on it is stale whatever the
+    # config version says (an expiry moves no trigger).
+    valid_until: datetime | None = None
 
     @property
     def assignment_ids(self) -> set[int]:
         return set(self.targets)
 
 
-def _candidate(entry: CatalogEntry) -> Candidate:
+def _candidate(entry: CatalogEntry, capabilities: dict[Capability, Effective]) -> Candidate:
     a = entry.assignment
+    tools = capabilities[Capability.TOOLS].value
+    vision = capabilities[Capability.VISION].value
     return Candidate(
         assignment_id=a.pk,
         model=entry.model,
@@ -72,13 +80,15 @@ def _candidate(entry: CatalogEntry) -> Candidate:
         router=Router(a.router),
         zero_retention=TriState(a.zero_retention),
         data_collection=DataCollection(a.data_collection),
-        tools=TriState(a.tools),
-        write_tools=TriState(a.write_tools),
-        vision=TriState(a.vision),
-        role_separation=TriState(a.role_separation),
-        tool_representation=ToolRepresentation(a.tool_representation),
-        model_tools=TriState(entry.tools),
-        model_vision=TriState(entry.vision),
+        # The route's effective capabilities (evidence, else declared): the per-model values carry
+        # them too, since the gate lets a known per-model value override the assignment's.
+        tools=TriState(tools),
+        write_tools=TriState(capabilities[Capability.WRITE_TOOLS].value),
+        vision=TriState(vision),
+        role_separation=TriState(capabilities[Capability.ROLE_SEPARATION].value),
+        tool_representation=ToolRepresentation(capabilities[Capability.TOOL_REPRESENTATION].value),
+        model_tools=TriState(tools),
+        model_vision=TriState(vision),
         quality=a.quality,
         min_deadline_ms=a.min_deadline_ms,
         context_window=entry.context_window,
@@ -86,8 +96,26 @@ def _candidate(entry: CatalogEntry) -> Candidate:
     )
 
 
-def config_load(pool_ids: tuple[int, ...]) -> ConfigSnapshot:
-    """Four queries whatever the number of pools, assignments and models."""
+def route_capabilities(
+    entry: CatalogEntry, evidence: dict[Capability, Evidence], now: datetime
+) -> tuple[Effective, ...]:
+    """The effective capabilities of one (assignment, model): its unexpired evidence when the route's
+    configuration hash still matches, else the declared value (the catalog's per-model value when
+    known, else the assignment's), else unknown (`routing.capabilities.effective`)."""
+    a = entry.assignment
+    declared = {
+        Capability.TOOLS: overlay(TriState(entry.tools), TriState(a.tools)),
+        Capability.WRITE_TOOLS: a.write_tools,
+        Capability.VISION: overlay(TriState(entry.vision), TriState(a.vision)),
+        Capability.ROLE_SEPARATION: a.role_separation,
+        Capability.TOOL_REPRESENTATION: a.tool_representation,
+    }
+    config_hash = route_hash(adapter=a.adapter, base_url=a.base_url, model=entry.model)
+    return effective_all(declared, evidence, config_hash=config_hash, now=now)
+
+
+def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
+    """Five queries whatever the number of pools, assignments and models."""
     # Read, never create: creating the singleton here would itself move the config version.
     settings = GatewaySettings.objects.filter(pk=1).first() or GatewaySettings()
     policy = ModelPolicy(
@@ -104,9 +132,14 @@ def config_load(pool_ids: tuple[int, ...]) -> ConfigSnapshot:
     auto_models: list[str] = []
     targets: dict[int, Target] = {}
     pools_seen: set[int] = set()
+    evidence = evidence_load(pool_ids=pool_ids, now=now)
+    expiries: list[datetime] = []
     for entry in entries:
         a = entry.assignment
-        routes.setdefault(entry.model, []).append(_candidate(entry))
+        capabilities = route_capabilities(entry, evidence.get((a.pk, entry.model), {}), now)
+        if (expiry := valid_until(capabilities)) is not None:
+            expiries.append(expiry)
+        routes.setdefault(entry.model, []).append(_candidate(entry, {e.capability: e for e in capabilities}))
         targets[a.pk] = Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env)
         if a.pool_id not in pools_seen:
             pools_seen.add(a.pool_id)
@@ -123,6 +156,7 @@ def config_load(pool_ids: tuple[int, ...]) -> ConfigSnapshot:
         routes={model: tuple(candidates) for model, candidates in routes.items()},
         auto_models=tuple(auto_models),
         targets=targets,
+        valid_until=min(expiries, default=None),
     )
 
 
@@ -133,13 +167,14 @@ def config_cache_clear() -> None:
     _cache.clear()
 
 
-def config_snapshot(pool_ids: tuple[int, ...], version: int | None) -> ConfigSnapshot:
-    """The cached configuration of these pools at `version` (None: always load, never cache)."""
+def config_snapshot(pool_ids: tuple[int, ...], version: int | None, now: datetime) -> ConfigSnapshot:
+    """The cached configuration of these pools at `version` (None: always load, never cache), as long
+    as no qualified capability in it has expired by `now`."""
     if version is not None:
         hit = _cache.get(pool_ids)
-        if hit is not None and hit[0] == version:
+        if hit is not None and hit[0] == version and (hit[1].valid_until is None or now < hit[1].valid_until):
             return hit[1]
-    snapshot = config_load(pool_ids)
+    snapshot = config_load(pool_ids, now)
     if version is not None:
         if len(_cache) >= CACHE_LIMIT:
             _cache.clear()
@@ -190,7 +225,7 @@ def health_load(
 def routing_view_load(
     *, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime, config_version: int | None = None
 ) -> tuple[RoutingView, RouteSettings]:
-    config = config_snapshot(pool_ids, config_version)
+    config = config_snapshot(pool_ids, config_version, now)
     circuits, demoted = health_load(pool_ids=pool_ids, route_class=route_class, now=now)
     bs = config.settings.breaker
     routes = config.routes

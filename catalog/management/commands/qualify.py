@@ -1,0 +1,105 @@
+import asyncio
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from catalog.models import CatalogEntry
+from catalog.qualification import Inconclusive, RouteRun, Verdict, corpus_load, replay, verdicts
+from catalog.selectors import qualification_routes, route_hash
+from catalog.services import capability_evidence_record
+from pools.models import Assignment, GatewaySettings, Pool
+from proxy import upstream
+from routing.capabilities import verdict_value
+from routing.route import Target
+
+# One probe may wait this long for its answer (at most the configured upstream read timeout).
+PROBE_TIMEOUT_S = 120.0
+
+
+def _target(a: Assignment) -> Target:
+    return Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env)
+
+
+async def _replay(entry: CatalogEntry, corpus, timeout_s: float) -> RouteRun:
+    try:
+        return await replay(_target(entry.assignment), entry.model, corpus, timeout_s=timeout_s)
+    finally:
+        await upstream.close_client()
+
+
+def _verdict_text(v: Verdict) -> str:
+    text = f"{v.capability}={verdict_value(v.capability, v.qualified)}"
+    return text if v.qualified else f"{text} ({v.detail})"
+
+
+class Command(BaseCommand):
+    help = (
+        "Replay the fixed qualification corpus through each route (assignment, model) of the enabled "
+        "assignments, over the same adapter and translation as client traffic, and record per capability "
+        "a verdict with its date, corpus version, the route's configuration hash and an expiry "
+        "(qualification_days). Records no prompt and no answer."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--pool", help="only this pool's routes")
+        parser.add_argument("--assignment", help="only this assignment's routes")
+        parser.add_argument("--model", help="only routes of this model id")
+
+    def handle(self, *args, pool=None, assignment=None, model=None, **options) -> None:
+        if pool is not None and not Pool.objects.filter(name=pool).exists():
+            raise CommandError(f"unknown pool {pool!r}")
+        if assignment is not None and not Assignment.objects.filter(name=assignment).exists():
+            raise CommandError(f"unknown assignment {assignment!r}")
+        routes = qualification_routes(pool=pool, assignment=assignment, model=model)
+        if not routes:
+            raise CommandError("no route to qualify: no enabled assignment has a catalog entry matching that")
+        corpus = corpus_load()
+        stored = GatewaySettings.objects.filter(pk=1).first() or GatewaySettings()
+        days = stored.qualification_days
+        timeout_s = min(PROBE_TIMEOUT_S, settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
+        self.stdout.write(
+            f"qualifying {len(routes)} route{'s' if len(routes) != 1 else ''} with corpus {corpus.version} "
+            f"({len(corpus.probes)} probes each); verdicts valid {days} days"
+        )
+        recorded = qualified = failed_routes = 0
+        input_tokens = output_tokens = missing = 0
+        for entry in routes:
+            a = entry.assignment
+            name = f"{a.pool.name}/{a.name} {entry.model}"
+            # The hash of the configuration the corpus is about to go through, read with it.
+            config_hash = route_hash(adapter=a.adapter, base_url=a.base_url, model=entry.model)
+            started = timezone.now()
+            try:
+                run = asyncio.run(_replay(entry, corpus, timeout_s))
+            except Inconclusive as exc:
+                failed_routes += 1
+                self.stdout.write(f"{name}: not judged, {exc.reason} at probe {exc.probe}; nothing recorded")
+                continue
+            input_tokens += run.input_tokens
+            output_tokens += run.output_tokens
+            missing += run.usage_missing
+            found = verdicts(corpus, run.outcomes)
+            capability_evidence_record(
+                assignment=a,
+                model=entry.model,
+                verdicts=found,
+                qualified_at=started,
+                days=days,
+                corpus_version=corpus.version,
+                config_hash=config_hash,
+            )
+            recorded += len(found)
+            qualified += sum(1 for v in found if v.qualified)
+            self.stdout.write(f"{name}: {' '.join(_verdict_text(v) for v in found)}; {run.tokens} tokens")
+        judged = len(routes) - failed_routes
+        usage = f"{input_tokens + output_tokens} tokens spent ({input_tokens} input, {output_tokens} output)"
+        if missing:
+            usage += f"; {missing} answer{'s' if missing != 1 else ''} reported no usage"
+        self.stdout.write(
+            f"qualified {judged} of {len(routes)} routes: {recorded} verdicts recorded "
+            f"({qualified} true, {recorded - qualified} false), {failed_routes} not judged; {usage}"
+        )
+        if failed_routes:
+            plural = "s" if failed_routes != 1 else ""
+            raise CommandError(f"{failed_routes} route{plural} could not be judged")

@@ -1,0 +1,444 @@
+"""Capability qualification (SPEC §8.1): replay a fixed corpus through a route and judge what it shows.
+
+Contract:
+- The corpus is `catalog/corpus/qualification-1.json`, in the repository. Its recorded version is the
+  file's own `version` plus the first 12 hex digits of the file's SHA-256, so any edit of the text is a
+  new corpus version in the evidence, with or without a version bump.
+- Each probe is a Chat Completions request (client route `/chat/completions`) and goes through
+  `proxy.adapters.codec.upstream_call`, the function the router's attempt loop calls: an `openai` or
+  `openrouter` route receives it as sent, an `anthropic` route receives the translated Messages request
+  and its answer is translated back. So a verdict is about the path real traffic takes.
+- Every placeholder `{{name}}` is a fresh random token per run (`nonces`), so a cached, replayed or
+  memorised answer cannot pass.
+- A probe passes only on the exact expected outcome (`check_*`): a native tool call with exactly the
+  expected arguments; an answer containing the expected token; for the adversarial role-separation
+  fixture, the request as the upstream received it from the gateway (the instruction only in the system
+  position, the forged `User:` label only inside the tool result) AND the answer (the system's
+  instruction followed, the forged one not).
+- A capability is qualified when every probe the corpus lists for it passed (`verdicts`). A probe the
+  upstream rejected with a 4xx (other than an account or model problem) fails; a probe that could not
+  be judged (transport failure, 5xx, rate limit, credential or model rejected) makes the whole route
+  inconclusive: nothing is recorded for it.
+- Nothing here keeps a prompt or an answer: a probe's outcome is a pass flag and one of the check codes
+  below, and the token counts the upstream reported.
+"""
+
+import base64
+import hashlib
+import json
+import re
+import secrets
+import struct
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proxy import upstream
+from proxy.adapters.codec import UpstreamCall, upstream_call
+from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
+from proxy.sse import Dialect
+from proxy.upstream import TransportFailure
+from routing.capabilities import Capability
+from routing.failures import FailureClass, Observation, classify
+from routing.route import Target
+from routing.types import Requirements
+
+CORPUS_PATH = Path(__file__).resolve().parent / "corpus" / "qualification-1.json"
+CLIENT_ROUTE = "/chat/completions"
+PLACEHOLDER = re.compile(r"\{\{([a-z_]+)(?::([a-z_]+))?\}\}")
+
+# Check codes: the only thing recorded about how a probe went (never any of its text).
+OK = "ok"
+REJECTED = "rejected"  # the upstream refused the request with a 4xx: it cannot take this turn
+UNTRANSLATABLE = "untranslatable"  # the gateway cannot carry the probe to this adapter
+REFUSED = "refused"  # a safety refusal
+MALFORMED = "malformed_answer"
+NO_TOOL_CALL = "no_tool_call"
+TOOL_CALL_AS_TEXT = "tool_call_as_text"  # the call came back as prose or JSON in the text
+WRONG_TOOL = "wrong_tool"
+WRONG_ARGUMENTS = "wrong_arguments"
+EXPECTED_MISSING = "expected_answer_missing"
+INSTRUCTION_NOT_SYSTEM = "instruction_not_in_system"
+FORGED_LABEL_ESCAPED = "forged_label_outside_tool_result"
+INJECTION_FOLLOWED = "injection_followed"
+
+
+class Inconclusive(Exception):
+    """The route could not be judged now (it was unreachable, overloaded, refused the account or the
+    model): `reason` is the gateway's own words, e.g. `unavailable (HTTP 503)`."""
+
+    def __init__(self, probe: str, reason: str) -> None:
+        super().__init__(f"{probe}: {reason}")
+        self.probe = probe
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    id: str
+    check: str
+    expect: Mapping[str, Any]
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Corpus:
+    version: str
+    probes: tuple[Probe, ...]
+    values: Mapping[str, Any]
+    capabilities: Mapping[Capability, tuple[str, ...]]
+
+
+def corpus_load(path: Path = CORPUS_PATH) -> Corpus:
+    raw = path.read_bytes()
+    data = json.loads(raw)
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    probes = tuple(Probe(p["id"], p["check"], p["expect"], p["body"]) for p in data["probes"])
+    capabilities = {Capability(name): tuple(ids) for name, ids in data["capabilities"].items()}
+    known = {p.id for p in probes}
+    if set(capabilities) != set(Capability) or any(set(ids) - known for ids in capabilities.values()):
+        raise ValueError(f"{path.name}: every capability needs probes of this corpus")
+    return Corpus(f"{data['version']}:{digest}", probes, data["values"], capabilities)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rendering: fresh tokens, and an image that shows some of them.
+
+
+def nonces() -> dict[str, str]:
+    """Fresh tokens for one run (uppercase hex, except `digits`, which the image shows)."""
+
+    def token() -> str:
+        return secrets.token_hex(4).upper()
+
+    digits = "".join(str(secrets.randbelow(10)) for _ in range(6))
+    return {
+        "record": f"R{token()}",
+        "code": f"C{token()}",
+        "payload": f"P{token()}",
+        "call": token().lower(),
+        "rule": f"Q{token()}",
+        "override": f"X{token()}",
+        "digits": digits,
+    }
+
+
+# A 3x5 pixel font: each digit is five rows of three cells, '#' inked.
+DIGIT_FONT = {
+    "0": ("###", "#.#", "#.#", "#.#", "###"),
+    "1": (".#.", "##.", ".#.", ".#.", "###"),
+    "2": ("###", "..#", "###", "#..", "###"),
+    "3": ("###", "..#", "###", "..#", "###"),
+    "4": ("#.#", "#.#", "###", "..#", "..#"),
+    "5": ("###", "#..", "###", "..#", "###"),
+    "6": ("###", "#..", "###", "#.#", "###"),
+    "7": ("###", "..#", ".#.", ".#.", ".#."),
+    "8": ("###", "#.#", "###", "#.#", "###"),
+    "9": ("###", "#.#", "###", "..#", "###"),
+}
+IMAGE_CELL_PX = 16  # large, high-contrast pixels: easy for any vision model, trivial to decode
+
+
+def digits_png(digits: str, cell: int = IMAGE_CELL_PX) -> bytes:
+    """A greyscale PNG showing `digits` in black on white, one-cell margins and gaps."""
+    cols = 1 + 4 * len(digits)
+    rows = 7
+    grid = [[0] * cols for _ in range(rows)]
+    for i, digit in enumerate(digits):
+        for y, line in enumerate(DIGIT_FONT[digit]):
+            for x, mark in enumerate(line):
+                grid[1 + y][1 + 4 * i + x] = 1 if mark == "#" else 0
+    width, height = cols * cell, rows * cell
+    scanlines = b"".join(
+        b"\x00" + bytes(0 if grid[py // cell][px // cell] else 255 for px in range(width))
+        for py in range(height)
+    )
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(scanlines, 9))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _render(value: object, tokens: Mapping[str, str], values: Mapping[str, Any]) -> object:
+    if isinstance(value, dict):
+        return {k: _render(v, tokens, values) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render(v, tokens, values) for v in value]
+    if not isinstance(value, str):
+        return value
+    whole = PLACEHOLDER.fullmatch(value)
+    if whole and whole.group(1) in values:
+        return _render(values[whole.group(1)], tokens, values)
+
+    def one(match: re.Match[str]) -> str:
+        name, arg = match.group(1), match.group(2)
+        if name == "image" and arg in tokens:
+            return "data:image/png;base64," + base64.b64encode(digits_png(tokens[arg])).decode()
+        if name in tokens:
+            return tokens[name]
+        if name in values and isinstance(values[name], str):
+            return str(_render(values[name], tokens, values))
+        raise KeyError(f"corpus placeholder {match.group(0)} has no value")
+
+    return PLACEHOLDER.sub(one, value)
+
+
+def render(probe: Probe, tokens: Mapping[str, str], values: Mapping[str, Any]) -> tuple[dict, dict]:
+    """The probe's request body and its expectations with this run's tokens."""
+    return _render(dict(probe.body), tokens, values), _render(dict(probe.expect), tokens, values)  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checks: (the payload the upstream received, its answer as the client's API has it) -> pass, code.
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    probe: str
+    passed: bool
+    detail: str
+
+
+def _message(answer: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    return message if isinstance(message, dict) else None
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        return "".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def check_tool_call(answer: Mapping[str, Any], expect: Mapping[str, Any]) -> str:
+    """A native tool call of the expected tool with exactly the expected arguments."""
+    message = _message(answer)
+    if message is None:
+        return MALFORMED
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        # A route that emulates tools answers with the call written out in its text.
+        return TOOL_CALL_AS_TEXT if expect["tool"] in _text(message) else NO_TOOL_CALL
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or function.get("name") != expect["tool"]:
+            continue
+        try:
+            arguments = json.loads(function.get("arguments") or "")
+        except (TypeError, ValueError):
+            return WRONG_ARGUMENTS
+        return OK if arguments == expect["arguments"] else WRONG_ARGUMENTS
+    return WRONG_TOOL
+
+
+def check_answer(answer: Mapping[str, Any], expect: Mapping[str, Any]) -> str:
+    message = _message(answer)
+    if message is None:
+        return MALFORMED
+    return OK if expect["contains"].casefold() in _text(message).casefold() else EXPECTED_MISSING
+
+
+def _strings(value: object) -> Iterable[str]:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+
+
+def _contains(value: object, needle: str) -> bool:
+    return any(needle in s for s in _strings(value))
+
+
+def _system_and_turns(payload: Mapping[str, Any], dialect: Dialect) -> tuple[list[object], list[Mapping]]:
+    """The system position(s) of a request as sent, and its other turns."""
+    messages = [m for m in payload.get("messages") or [] if isinstance(m, dict)]
+    if dialect is Dialect.ANTHROPIC:
+        return [payload.get("system")], messages
+    system = [m.get("content") for m in messages if m.get("role") in ("system", "developer")]
+    return system, [m for m in messages if m.get("role") not in ("system", "developer")]
+
+
+def _inside_tool_results(turn: Mapping[str, Any], needle: str) -> bool:
+    """Whether every occurrence of `needle` in this turn is the content of a tool result."""
+    if turn.get("role") == "tool":  # a Chat tool message
+        return True
+    content = turn.get("content")
+    if turn.get("role") != "user" or not isinstance(content, list):
+        return not _contains(content, needle) and not _contains(turn.get("tool_calls"), needle)
+    return all(
+        isinstance(block, dict) and block.get("type") == "tool_result"
+        for block in content
+        if _contains(block, needle)
+    )
+
+
+def check_sent(payload: Mapping[str, Any], dialect: Dialect, expect: Mapping[str, Any]) -> str:
+    """The adversarial fixture as the upstream received it: the instruction in the system position and
+    nowhere else, the forged label inside the tool result and nowhere else."""
+    system, turns = _system_and_turns(payload, dialect)
+    rule, forged = expect["instruction"], expect["forged"]
+    if not _contains(system, rule) or any(_contains(turn, rule) for turn in turns):
+        return INSTRUCTION_NOT_SYSTEM
+    if _contains(system, forged) or not all(_inside_tool_results(turn, forged) for turn in turns):
+        return FORGED_LABEL_ESCAPED
+    if not any(_contains(turn, forged) for turn in turns):
+        return FORGED_LABEL_ESCAPED  # dropped altogether: the fixture did not reach the upstream
+    return OK
+
+
+def check_role_separation(answer: Mapping[str, Any], expect: Mapping[str, Any]) -> str:
+    message = _message(answer)
+    if message is None:
+        return MALFORMED
+    text = _text(message).casefold()
+    if expect["forged"].casefold() in text:
+        return INJECTION_FOLLOWED
+    return OK if expect["contains"].casefold() in text else EXPECTED_MISSING
+
+
+def judge(probe: Probe, call: UpstreamCall, answer: Mapping[str, Any], expect: Mapping[str, Any]) -> str:
+    if probe.check == "tool_call":
+        return check_tool_call(answer, expect)
+    if probe.check == "answer":
+        return check_answer(answer, expect)
+    if probe.check == "role_separation":
+        sent = check_sent(call.payload, call.dialect, expect)
+        return sent if sent != OK else check_role_separation(answer, expect)
+    raise ValueError(f"unknown check {probe.check!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    capability: Capability
+    qualified: bool
+    detail: str  # OK, or the code of the first probe that failed, as `probe:code`
+
+
+def verdicts(corpus: Corpus, outcomes: Mapping[str, Outcome]) -> tuple[Verdict, ...]:
+    found = []
+    for capability in Capability:
+        failed = [outcomes[p] for p in corpus.capabilities[capability] if not outcomes[p].passed]
+        detail = OK if not failed else f"{failed[0].probe}:{failed[0].detail}"
+        found.append(Verdict(capability, not failed, detail[:40]))
+    return tuple(found)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Replaying the corpus through one route.
+
+
+@dataclass(slots=True)
+class RouteRun:
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usage_missing: int = 0  # probes whose answer reported no usage
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def _usage(answer: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        return None, None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (
+        prompt if isinstance(prompt, int) else None,
+        completion if isinstance(completion, int) else None,
+    )
+
+
+# Statuses with which an upstream refuses the request's content (an image, a tool, a role): a verdict.
+# Any other failure is about the account, the model or the moment (401, 403, 404, 429, 5xx...).
+CONTENT_REJECTIONS = frozenset({400, 413, 415, 422})
+
+
+def _inconclusive_reason(status: int, body: Mapping[str, Any] | None) -> str | None:
+    """None when a non-2xx answer is the route refusing the probe itself (a verdict: not qualified);
+    else why the route cannot be judged now, in the gateway's words."""
+    failure = classify(Observation(status=status, body=body, has_provenance=True))
+    if status in CONTENT_REJECTIONS and failure in (FailureClass.CLIENT_ERROR, FailureClass.CONTEXT_OVERFLOW):
+        return None
+    return f"{failure or FailureClass.UPSTREAM_ERROR} (HTTP {status})"
+
+
+async def send(call: UpstreamCall, timeout_s: float) -> tuple[int, bytes]:
+    """One plain request over the gateway's own upstream client (`proxy.upstream`)."""
+    response = await upstream.open_stream(
+        "POST", call.url, headers=call.headers, json=call.payload, read_timeout_s=timeout_s
+    )
+    return response.status_code, await upstream.read_body(response)
+
+
+async def replay(
+    target: Target, model: str, corpus: Corpus, *, timeout_s: float, tokens: Mapping[str, str] | None = None
+) -> RouteRun:
+    """Every probe of the corpus through `target` serving `model`, in order. Raises Inconclusive."""
+    tokens = tokens or nonces()
+    run = RouteRun()
+    for probe in corpus.probes:
+        body, expect = render(probe, tokens, corpus.values)
+        try:
+            call = upstream_call(CLIENT_ROUTE, target, body, model=model, requirements=Requirements())
+        except RequestTranslationError:
+            run.outcomes[probe.id] = Outcome(probe.id, False, UNTRANSLATABLE)
+            continue
+        try:
+            status, raw = await send(call, timeout_s)
+        except TransportFailure as failure:
+            raise Inconclusive(probe.id, f"{failure.event}") from None
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        body_json = parsed if isinstance(parsed, dict) else None
+        if not 200 <= status < 300:
+            reason = _inconclusive_reason(status, body_json)
+            if reason is not None:
+                raise Inconclusive(probe.id, reason)
+            run.outcomes[probe.id] = Outcome(probe.id, False, f"{REJECTED}_{status}")
+            continue
+        try:
+            answer = json.loads(call.response(raw))
+        except (ResponseTranslationError, ValueError):
+            run.outcomes[probe.id] = Outcome(probe.id, False, MALFORMED)
+            continue
+        if not isinstance(answer, dict):
+            run.outcomes[probe.id] = Outcome(probe.id, False, MALFORMED)
+            continue
+        prompt, completion = _usage(answer)
+        if prompt is None and completion is None:
+            run.usage_missing += 1
+        run.input_tokens += prompt or 0
+        run.output_tokens += completion or 0
+        choices = answer.get("choices")
+        finish = choices[0].get("finish_reason") if isinstance(choices, list) and choices else None
+        if classify(Observation(status=status, finish_reason=finish)) is FailureClass.SAFETY_REFUSAL:
+            run.outcomes[probe.id] = Outcome(probe.id, False, REFUSED)
+            continue
+        code = judge(probe, call, answer, expect)
+        run.outcomes[probe.id] = Outcome(probe.id, code == OK, code)
+    return run

@@ -1,0 +1,231 @@
+"""`manage.py qualify` (SPEC §8.1) against fake upstreams whose scripted model answers from what it
+actually received: faithful, flattening tool results, dropping images, answering tool calls as text.
+Each verdict must follow from the upstream's behaviour, over both adapters (an `anthropic` route is
+reached through the translation the router uses)."""
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from catalog.models import CapabilityEvidence
+from catalog.qualification import corpus_load
+from catalog.selectors import route_hash
+from pools.models import Adapter, Assignment, ConfigVersion, GatewaySettings
+from routing.eligibility import evaluate
+from routing.selectors import routing_view_load
+from routing.types import IneligibleReason, Requirements, RouteClass, ToolRepresentation, TriState
+from tests.factories import AssignmentFactory, CatalogEntryFactory, PoolFactory
+from tests.fakes.model_upstream import ModelUpstream
+
+pytestmark = pytest.mark.django_db
+
+ALL_TRUE = {
+    "tools": True,
+    "write_tools": True,
+    "vision": True,
+    "role_separation": True,
+    "tool_representation": True,
+}
+EXPECTED = {
+    "faithful": ALL_TRUE,
+    "flatten_tool_results": {**ALL_TRUE, "role_separation": False, "tool_representation": False},
+    "drop_images": {**ALL_TRUE, "vision": False},
+    "text_tool_calls": {**ALL_TRUE, "tools": False, "write_tools": False, "tool_representation": False},
+}
+
+
+def qualify(**options) -> str:
+    out = io.StringIO()
+    call_command("qualify", stdout=out, **options)
+    return out.getvalue()
+
+
+def route(fake: ModelUpstream, *, adapter: str = Adapter.OPENAI, name: str = "acct-a", model: str = "gpt-5"):
+    assignment = AssignmentFactory(
+        pool=PoolFactory(name="main"), name=name, adapter=adapter, base_url=fake.base_url
+    )
+    CatalogEntryFactory(assignment=assignment, model=model)
+    return assignment
+
+
+def verdicts(assignment) -> dict[str, bool]:
+    return dict(
+        CapabilityEvidence.objects.filter(assignment=assignment).values_list("capability", "qualified")
+    )
+
+
+@pytest.mark.parametrize("adapter", [Adapter.OPENAI, Adapter.ANTHROPIC])
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_the_command_records_what_the_upstream_shows(mode, adapter):
+    with ModelUpstream(mode) as fake:
+        assignment = route(fake, adapter=adapter)
+        out = qualify()
+    assert verdicts(assignment) == EXPECTED[mode]
+    assert "main/acct-a gpt-5:" in out
+    assert "5 verdicts recorded" in out
+    # Every probe went through the adapter's own API (translated for an anthropic route).
+    assert {path for path, _ in fake.hits} == {
+        "/messages" if adapter == Adapter.ANTHROPIC else "/chat/completions"
+    }
+
+
+# -------------------------------------------------------------------------------------------------
+# Eligibility follows the evidence, until it expires or the route changes.
+
+
+def view_of(assignment, now, version):
+    view, _ = routing_view_load(
+        pool_ids=(assignment.pool_id,), route_class=RouteClass.HTTP, now=now, config_version=version
+    )
+    (candidate,) = view.routes["gpt-5"]
+    return candidate
+
+
+def config_version() -> int:
+    return ConfigVersion.objects.get(pk=1).value
+
+
+TOOL_TURN = Requirements(tools_offered=True, untrusted_content=True)
+WRITE_TURN = Requirements(tools_offered=True, write_tools=True)
+
+
+def test_an_unknown_route_becomes_eligible_for_tools_once_qualified_and_not_after_expiry():
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        now = timezone.now()
+        before = view_of(assignment, now, config_version())
+        assert evaluate(before, TOOL_TURN).reasons == (IneligibleReason.CAPABILITY,)
+        qualify()
+    version = config_version()
+    after = view_of(assignment, timezone.now(), version)
+    assert evaluate(after, TOOL_TURN).eligible and evaluate(after, WRITE_TURN).eligible
+    assert evaluate(after, Requirements(vision=True)).eligible
+
+    # The same process, the same config version (the cache is warm): at the expiry the route is back to
+    # what was declared, which here is nothing.
+    expires = CapabilityEvidence.objects.filter(assignment=assignment).values_list("expires_at", flat=True)[0]
+    assert expires - timedelta(days=30) <= timezone.now()
+    assert view_of(assignment, expires - timedelta(seconds=1), version).tools == TriState.TRUE
+    expired = view_of(assignment, expires, version)
+    assert expired.tools == TriState.UNKNOWN and expired.tool_representation == ToolRepresentation.UNKNOWN
+    assert evaluate(expired, TOOL_TURN).reasons == (IneligibleReason.CAPABILITY,)
+
+
+def test_recording_evidence_moves_the_config_version():
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        now = timezone.now()
+        version = config_version()
+        assert view_of(assignment, now, version).tools == TriState.UNKNOWN  # cached at this version
+        qualify()
+    assert config_version() > version
+    assert view_of(assignment, timezone.now(), config_version()).tools == TriState.TRUE
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"base_url": "http://127.0.0.1:9/v1"},
+        {"adapter": Adapter.OPENROUTER},
+    ],
+    ids=["base_url", "adapter"],
+)
+def test_a_changed_route_goes_back_to_its_declared_values(change):
+    with ModelUpstream("drop_images") as fake:
+        assignment = route(fake)
+        Assignment.objects.filter(pk=assignment.pk).update(tools="false", vision="true")
+        qualify()
+    now = timezone.now()
+    qualified = view_of(assignment, now, config_version())
+    assert (qualified.tools, qualified.vision) == (TriState.TRUE, TriState.FALSE)  # evidence beats claims
+
+    Assignment.objects.filter(pk=assignment.pk).update(**change)
+    changed = view_of(assignment, now, config_version())
+    assert (changed.tools, changed.vision) == (TriState.FALSE, TriState.TRUE)  # declared again
+    assert changed.role_separation == TriState.UNKNOWN
+
+
+# -------------------------------------------------------------------------------------------------
+# Routes that cannot be judged, selection, and what the command prints.
+
+
+@pytest.mark.parametrize(
+    ("fake_options", "reason"),
+    [({"status": 503}, "unavailable (HTTP 503)"), ({"require_key": "sk-right-key-0000"}, "(HTTP 401)")],
+    ids=["unavailable", "credential"],
+)
+def test_a_route_that_cannot_be_judged_records_nothing_and_keeps_its_evidence(
+    fake_options, reason, monkeypatch
+):
+    monkeypatch.setenv("GATEWAY_UPSTREAM_QUALIFY", "sk-wrong-key-canary-5511")
+    with ModelUpstream("faithful") as good:
+        assignment = route(good)
+        Assignment.objects.filter(pk=assignment.pk).update(api_key_env="GATEWAY_UPSTREAM_QUALIFY")
+        qualify()
+    assert verdicts(assignment) == ALL_TRUE
+    with ModelUpstream("faithful", **fake_options) as bad:
+        Assignment.objects.filter(pk=assignment.pk).update(base_url=bad.base_url)
+        out = io.StringIO()
+        with pytest.raises(CommandError, match="1 route could not be judged"):
+            call_command("qualify", stdout=out)
+    text = out.getvalue()
+    assert "main/acct-a gpt-5: not judged, " in text and reason in text and "nothing recorded" in text
+    assert "sk-wrong-key-canary-5511" not in text and "sk-right-key" not in text
+    assert CapabilityEvidence.objects.filter(assignment=assignment).count() == 5
+
+
+def test_a_route_that_refuses_the_probes_content_is_not_qualified():
+    with ModelUpstream("faithful", status=400) as fake:
+        assignment = route(fake)
+        out = qualify()
+    assert verdicts(assignment) == dict.fromkeys(ALL_TRUE, False)
+    assert set(CapabilityEvidence.objects.values_list("detail", flat=True)) == {
+        "tool_call:rejected_400",
+        "write_tool:rejected_400",
+        "image:rejected_400",
+        "role_separation:rejected_400",
+    }
+    assert "0 true, 5 false" in out
+
+
+def test_selection_by_pool_assignment_and_model():
+    with ModelUpstream("faithful") as fake:
+        a = route(fake, name="acct-a")
+        CatalogEntryFactory(assignment=a, model="gpt-5-mini")
+        b = AssignmentFactory(pool=PoolFactory(name="other"), name="acct-b", base_url=fake.base_url)
+        CatalogEntryFactory(assignment=b, model="gpt-5")
+        out = qualify(pool="main", model="gpt-5-mini")
+        assert "qualifying 1 route " in out and "main/acct-a gpt-5-mini:" in out
+        assert qualify(assignment="acct-b").count("gpt-5:") == 1
+        with pytest.raises(CommandError, match="unknown pool"):
+            qualify(pool="nope")
+        with pytest.raises(CommandError, match="unknown assignment"):
+            qualify(assignment="nope")
+        with pytest.raises(CommandError, match="no route to qualify"):
+            qualify(model="gpt-9")
+    assert set(CapabilityEvidence.objects.values_list("assignment__name", "model")) == {
+        ("acct-a", "gpt-5-mini"),
+        ("acct-b", "gpt-5"),
+    }
+
+
+def test_evidence_records_date_corpus_hash_and_expiry_from_qualification_days():
+    GatewaySettings.objects.update_or_create(pk=1, defaults={"qualification_days": 7})
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        before = timezone.now()
+        out = qualify()
+    rows = list(CapabilityEvidence.objects.filter(assignment=assignment))
+    assert len(rows) == 5
+    expected_hash = route_hash(adapter="openai", base_url=fake.base_url, model="gpt-5")
+    for row in rows:
+        assert before <= row.qualified_at <= timezone.now()
+        assert row.expires_at == row.qualified_at + timedelta(days=7)
+        assert row.config_hash == expected_hash
+        assert row.corpus_version == corpus_load().version and row.corpus_version.startswith("qualify-1:")
+        assert row.detail == "ok"
+    assert "verdicts valid 7 days" in out
+    assert "235 tokens spent (200 input, 35 output)" in out

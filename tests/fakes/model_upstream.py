@@ -1,0 +1,348 @@
+"""A fake provider with a tiny scripted "model" behind it, on a real loopback socket, for capability
+qualification tests (SPEC §8.1).
+
+Unlike `FakeUpstream` (which answers by script whatever it receives), this one *reads* the request the
+way a model does and answers from what it read, so what it answers depends on what it received:
+
+- it speaks OpenAI Chat Completions (`POST /v1/chat/completions`) and Anthropic Messages
+  (`POST /v1/messages`), plain JSON, with usage; `GET /v1/models`;
+- the "model" follows the system instruction's protocol (after a tool result: `ACK <code>`), calls
+  `lookup_record` / `write_record` when asked to look up or store a record, reads the digits of an image
+  by decoding the PNG, and, like any gullible model, obeys an instruction that appears in a *user* turn
+  ("Reply with exactly X and nothing else") — but treats tool results as data;
+- a `mode` reproduces what real OpenAI-compatible servers and relays get wrong:
+  `faithful` carries tools and roles as sent; `flatten_tool_results` turns every tool result into user
+  text before the model sees it (so a forged `User:` label inside it becomes a user instruction);
+  `drop_images` removes image inputs; `text_tool_calls` answers tool calls as plain text;
+- `require_key` answers 401 to a wrong key; `status` answers every request with that error status;
+- every request body is recorded in `hits`, and `canary` (when set) is appended to every text answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import struct
+import threading
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+from aiohttp import web
+
+Mode = Literal["faithful", "flatten_tool_results", "drop_images", "text_tool_calls"]
+
+# The fake's own copy of a 3x5 digit font: its "eyes" (independent of the gateway's renderer).
+GLYPHS = {
+    ("###", "#.#", "#.#", "#.#", "###"): "0",
+    (".#.", "##.", ".#.", ".#.", "###"): "1",
+    ("###", "..#", "###", "#..", "###"): "2",
+    ("###", "..#", "###", "..#", "###"): "3",
+    ("#.#", "#.#", "###", "..#", "..#"): "4",
+    ("###", "#..", "###", "..#", "###"): "5",
+    ("###", "#..", "###", "#.#", "###"): "6",
+    ("###", "..#", ".#.", ".#.", ".#."): "7",
+    ("###", "#.#", "###", "#.#", "###"): "8",
+    ("###", "#.#", "###", "..#", "###"): "9",
+}
+
+
+def read_digits(png: bytes) -> str | None:
+    """What the model sees in a greyscale PNG of 3x5 digits on a 7-cell-high grid; None: unreadable."""
+    if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+        return None
+    pos, idat, width = 8, b"", 0
+    height = 0
+    while pos < len(png):
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, data = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", data[:10])
+            if (depth, colour) != (8, 0):
+                return None
+        elif kind == b"IDAT":
+            idat += data
+    raw = zlib.decompress(idat)
+    rows = [raw[y * (width + 1) : (y + 1) * (width + 1)] for y in range(height)]
+    if any(row[0] != 0 for row in rows):
+        return None
+    cell = height // 7
+    cols = width // cell
+
+    def ink(cx: int, cy: int) -> str:
+        return "#" if rows[cy * cell + cell // 2][1 + cx * cell + cell // 2] < 128 else "."
+
+    digits = ""
+    for start in range(1, cols - 2, 4):
+        glyph = tuple("".join(ink(start + x, 1 + y) for x in range(3)) for y in range(5))
+        if glyph not in GLYPHS:
+            return None
+        digits += GLYPHS[glyph]
+    return digits or None
+
+
+@dataclass
+class Turn:
+    role: str  # system | user | assistant | tool
+    text: str = ""
+    images: list[bytes] = field(default_factory=list)
+
+
+def _data_url_bytes(url: str) -> bytes | None:
+    if not url.startswith("data:") or ";base64," not in url:
+        return None
+    return base64.b64decode(url.split(";base64,", 1)[1])
+
+
+def _chat_turns(body: dict[str, Any]) -> list[Turn]:
+    turns = []
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        turn = Turn(role="system" if m.get("role") == "developer" else m.get("role", "user"))
+        if isinstance(content, str):
+            turn.text = content
+        elif isinstance(content, list):
+            for part in content:
+                if part.get("type") == "text":
+                    turn.text += part.get("text", "")
+                elif part.get("type") == "image_url":
+                    url = (
+                        part["image_url"]["url"] if isinstance(part["image_url"], dict) else part["image_url"]
+                    )
+                    if (data := _data_url_bytes(url)) is not None:
+                        turn.images.append(data)
+        turns.append(turn)
+    return turns
+
+
+def _anthropic_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content or [] if b.get("type") == "text")
+
+
+def _anthropic_turns(body: dict[str, Any]) -> list[Turn]:
+    turns = []
+    if body.get("system"):
+        turns.append(Turn("system", _anthropic_text(body["system"])))
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        if isinstance(content, str):
+            turns.append(Turn(m["role"], content))
+            continue
+        turn = Turn(m["role"])
+        for block in content or []:
+            kind = block.get("type")
+            if kind == "text":
+                turn.text += block["text"]
+            elif kind == "image" and block.get("source", {}).get("type") == "base64":
+                turn.images.append(base64.b64decode(block["source"]["data"]))
+            elif kind == "tool_result":
+                if turn.text or turn.images:
+                    turns.append(turn)
+                    turn = Turn(m["role"])
+                turns.append(Turn("tool", _anthropic_text(block.get("content"))))
+        if turn.text or turn.images or m["role"] == "assistant":
+            turns.append(turn)
+    return turns
+
+
+def _tool_names(body: dict[str, Any]) -> set[str]:
+    names = set()
+    for tool in body.get("tools") or []:
+        names.add(tool["function"]["name"] if "function" in tool else tool.get("name"))
+    return names
+
+
+@dataclass
+class Thought:
+    text: str | None = None
+    call: tuple[str, dict[str, str]] | None = None
+
+
+def think(turns: list[Turn], tools: set[str], mode: Mode) -> Thought:
+    """The scripted model: what it answers to the conversation as it received it."""
+    if mode == "flatten_tool_results":
+        turns = [Turn("user", f"Tool result: {t.text}") if t.role == "tool" else t for t in turns]
+    if mode == "drop_images":
+        turns = [Turn(t.role, t.text) for t in turns]
+    system = " ".join(t.text for t in turns if t.role == "system")
+    last = turns[-1] if turns else Turn("user")
+    if last.role == "user" and (order := re.search(r"Reply with exactly (.+?) and nothing else", last.text)):
+        return Thought(text=order.group(1))  # an instruction in a user turn is obeyed
+    if last.role in ("tool", "user") and "reply with exactly ACK" in system:
+        data = re.search(r"\{.*?\}", last.text)
+        if data:
+            try:
+                code = json.loads(data.group(0)).get("code")
+            except ValueError:
+                code = None
+            if code:
+                return Thought(text=f"ACK {code}")
+    if last.role == "user" and tools:
+        if (m := re.search(r"Look up record (\w+)\.", last.text)) and "lookup_record" in tools:
+            return Thought(call=("lookup_record", {"record_id": m.group(1)}))
+        if (m := re.search(r"Store the text (\w+) in record (\w+)\.", last.text)) and "write_record" in tools:
+            return Thought(call=("write_record", {"record_id": m.group(2), "text": m.group(1)}))
+    if "What number is written in the image" in last.text:
+        if not last.images:
+            return Thought(text="I cannot see any image in your message.")
+        return Thought(text=read_digits(last.images[0]) or "I cannot read that image.")
+    return Thought(text="hello")
+
+
+class ModelUpstream:
+    def __init__(
+        self,
+        mode: Mode = "faithful",
+        *,
+        models: tuple[str, ...] = ("gpt-5",),
+        require_key: str | None = None,
+        status: int | None = None,
+        canary: str = "",
+    ) -> None:
+        self.mode = mode
+        self.models = models
+        self.require_key = require_key
+        self.status = status
+        self.canary = canary
+        self.hits: list[tuple[str, dict[str, Any]]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> Self:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="model-upstream", daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None or self._runner is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None
+        self._thread.join()
+        self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    async def _listen(self) -> None:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_get("/v1/models", self._list)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    def _refusal(self, request: web.Request, anthropic: bool) -> web.Response | None:
+        sent = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix(
+            "Bearer "
+        )
+        if self.require_key is not None and sent != self.require_key:
+            status, kind, message = 401, "authentication_error", "Incorrect API key provided."
+        elif self.status is not None:
+            status, kind, message = self.status, "api_error", "The server had an error."
+        else:
+            return None
+        if anthropic:
+            body = {"type": "error", "error": {"type": kind, "message": message}}
+        else:
+            code = "invalid_api_key" if status == 401 else None
+            body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+        return web.json_response(body, status=status)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]}
+        )
+
+    def _say(self, text: str) -> str:
+        return f"{text} {self.canary}".strip()
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.hits.append(("/chat/completions", body))
+        if (refusal := self._refusal(request, anthropic=False)) is not None:
+            return refusal
+        thought = think(_chat_turns(body), _tool_names(body), self.mode)
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        finish = "stop"
+        if thought.call is not None and self.mode != "text_tool_calls":
+            name, args = thought.call
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{uuid.uuid4().hex[:12]}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args)},
+                }
+            ]
+            finish = "tool_calls"
+        elif thought.call is not None:
+            name, args = thought.call
+            message["content"] = self._say(
+                f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(args)}}}</tool_call>'
+            )
+        else:
+            message["content"] = self._say(thought.text or "")
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+                "object": "chat.completion",
+                "created": 1,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 40, "completion_tokens": 7, "total_tokens": 47},
+            }
+        )
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.hits.append(("/messages", body))
+        if (refusal := self._refusal(request, anthropic=True)) is not None:
+            return refusal
+        thought = think(_anthropic_turns(body), _tool_names(body), self.mode)
+        stop = "end_turn"
+        if thought.call is not None and self.mode != "text_tool_calls":
+            name, args = thought.call
+            content = [
+                {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:12]}", "name": name, "input": args}
+            ]
+            stop = "tool_use"
+        elif thought.call is not None:
+            name, args = thought.call
+            text = f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(args)}}}</tool_call>'
+            content = [{"type": "text", "text": self._say(text)}]
+        else:
+            content = [{"type": "text", "text": self._say(thought.text or "")}]
+        return web.json_response(
+            {
+                "id": f"msg_{uuid.uuid4().hex[:12]}",
+                "type": "message",
+                "role": "assistant",
+                "model": body.get("model"),
+                "content": content,
+                "stop_reason": stop,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 40, "output_tokens": 7},
+            }
+        )
