@@ -39,7 +39,7 @@ from proxy import upstream
 from proxy.adapters.codec import UpstreamCall, upstream_call
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.sse import Dialect
-from proxy.upstream import TransportFailure
+from proxy.upstream import ResponseTooLarge, TransportFailure
 from routing.capabilities import Capability
 from routing.failures import FailureClass, Observation, classify
 from routing.route import Target
@@ -410,6 +410,8 @@ async def replay(
             status, raw = await send(call, timeout_s)
         except TransportFailure as failure:
             raise Inconclusive(probe.id, f"{failure.event}") from None
+        except ResponseTooLarge:
+            raise Inconclusive(probe.id, "upstream_response_too_large") from None
         try:
             parsed = json.loads(raw)
         except ValueError:
