@@ -30,6 +30,7 @@ log = logging.getLogger("gateway")
 BATCH = 200
 LINGER_S = 0.02  # how long a batch may wait for company: the ledger is this much later, never lost
 RETRIES = 8  # about 6 s of backoff in all
+PRUNE_EVERY_S = 60.0
 
 
 _FLUSH = object()  # a marker in the queue: save what is taken now, without lingering
@@ -40,6 +41,7 @@ class LedgerWriter:
         self._queue: queue.Queue[Exchange | object] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._next_prune = 0.0  # monotonic time of the next affinity prune (see `_prune`)
 
     def submit(self, exchange: Exchange) -> None:
         self._ensure_thread()
@@ -77,6 +79,7 @@ class LedgerWriter:
             try:
                 if batch:
                     self._save(batch, request_records_write)
+                self._prune()
             except Exception:
                 log.exception("ledger: %d request records could not be saved", len(batch))
             finally:
@@ -84,6 +87,21 @@ class LedgerWriter:
                     close_old_connections()  # an idle writer holds no connection past CONN_MAX_AGE
                 for _ in taken:
                     self._queue.task_done()
+
+    def _prune(self) -> None:
+        """Expired affinities are deleted here, off every request's path: at most one bounded batch
+        per PRUNE_EVERY_S on a node that is writing its ledger anyway (SPEC §7.2). A quiet node
+        prunes nothing; `manage.py prune_affinities` empties any backlog."""
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + PRUNE_EVERY_S
+        from routing.services import affinity_prune
+
+        try:
+            affinity_prune(now=datetime.now(UTC))
+        except DatabaseError:
+            log.exception("ledger: expired affinities could not be pruned")
 
     @classmethod
     def _save(cls, batch: list[Exchange], write) -> None:

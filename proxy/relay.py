@@ -356,8 +356,11 @@ class Relay:
 
     def _remember(self, c: Candidate) -> None:
         now = datetime.now(UTC)
+        owner = self.x.key_id
+        assert owner is not None  # an authenticated request: every affinity has its key (SPEC §7.2)
         if self.memory.response_ids and self.response_id:
             services.affinity_record(
+                gateway_key_id=owner,
                 kind=AffinityKind.RESPONSE,
                 key=self.response_id,
                 assignment_id=c.assignment_id,
@@ -366,6 +369,7 @@ class Relay:
             )
         if self.memory.session and self.memory.session_seen != (c.assignment_id, c.model):
             services.affinity_record(
+                gateway_key_id=owner,
                 kind=AffinityKind.SESSION,
                 key=self.memory.session,
                 assignment_id=c.assignment_id,

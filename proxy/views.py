@@ -31,12 +31,12 @@ from proxy.relay import Dispatch, Exchange, Final, HttpDispatch, Memory, Relay, 
 from proxy.sse import Dialect
 from routing.auto import AutoError
 from routing.eligibility import tighten
-from routing.models import Affinity, AffinityKind
+from routing.models import Affinity
 from routing.plan import HardPin, PinKind, PlanError
 from routing.resolution import ResolutionError, is_allowed
 from routing.route import RequirementsHeaderError, RoutingView, decide, parse_requirements_header
 from routing.routes import carriers
-from routing.selectors import RouteSettings, affinity_get, routing_view_load
+from routing.selectors import RouteSettings, affinities_load, routing_view_load
 from routing.types import Requirements, RouteClass
 
 DIALECTS = {
@@ -205,11 +205,13 @@ def _load(
         pool_ids=key.pool_ids, route_class=route_class, now=now, config_version=authenticated.config_version
     )
     previous = body.get("previous_response_id")
-    pin = None
-    if path in RESPONSES_ROUTES and isinstance(previous, str) and previous:
-        pin = affinity_get(kind=AffinityKind.RESPONSE, key=previous[:300], now=now)
-    session = affinity_get(kind=AffinityKind.SESSION, key=session_key, now=now) if session_key else None
-    return Loaded(authenticated, view, settings, pin, session)
+    found = affinities_load(
+        key_id=key.key_id,
+        now=now,
+        response_id=previous[:300] if path in RESPONSES_ROUTES and isinstance(previous, str) else None,
+        session=session_key,
+    )
+    return Loaded(authenticated, view, settings, found.response, found.session)
 
 
 READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone

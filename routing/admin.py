@@ -54,9 +54,9 @@ class DemotionAdmin(PoolScopedAdmin, ReadOnlyAdmin):
 
 @admin.register(Affinity)
 class AffinityAdmin(ReadOnlyAdmin):
-    list_display = ("kind", "key", "assignment", "model", "expires_at")
+    list_display = ("kind", "key", "gateway_key", "assignment", "model", "expires_at")
     list_filter = ("kind",)
-    list_select_related = ("assignment",)
+    list_select_related = ("assignment", "gateway_key")
 
 
 # Only these assignment columns are read for the panel: never base_url (it may carry userinfo) nor

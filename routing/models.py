@@ -4,7 +4,7 @@ there is no process-local health state."""
 from django.db import models
 from django.db.models import Q
 
-from pools.models import Assignment, Pool, choices_check
+from pools.models import Assignment, GatewayKey, Pool, choices_check
 
 
 class RouteClass(models.TextChoices):
@@ -89,17 +89,24 @@ class AffinityKind(models.TextChoices):
 
 
 class Affinity(models.Model):
+    """A remembered routing fact, owned by the gateway key whose request created it (SPEC §7.2).
+
+    Every read is by (owner, kind, key), so another key's id reads exactly like an unknown one (the
+    same indexed lookup, the same miss), and a session name is a name within its key's namespace:
+    no key can read, follow or overwrite another key's row."""
+
+    gateway_key = models.ForeignKey(GatewayKey, on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=8, choices=AffinityKind.choices)
     key = models.CharField(max_length=300)
     # SET_NULL keeps a hard pin whose assignment is gone, so the request gets 409, not a silent reroute.
     assignment = models.ForeignKey(Assignment, on_delete=models.SET_NULL, null=True, related_name="+")
     model = models.CharField(max_length=200, blank=True)
-    expires_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)  # expired rows are pruned by this index
 
     class Meta:
         verbose_name_plural = "affinities"
         constraints = [
-            models.UniqueConstraint(fields=["kind", "key"], name="affinity_unique"),
+            models.UniqueConstraint(fields=["gateway_key", "kind", "key"], name="affinity_owner_unique"),
             choices_check("affinity", "kind", AffinityKind),
         ]
 

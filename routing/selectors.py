@@ -10,8 +10,10 @@ So a successful request costs two reads before dispatch: the key (with its pools
 version) and the health. No per-candidate query anywhere.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+
+from django.db.models import Q
 
 from catalog.models import CatalogEntry
 from catalog.selectors import evidence_load, route_hash
@@ -254,6 +256,48 @@ def pool_names(pool_ids: tuple[int, ...]) -> list[str]:
     return list(Pool.objects.filter(pk__in=pool_ids).order_by("name").values_list("name", flat=True))
 
 
-def affinity_get(*, kind: AffinityKind, key: str, now: datetime) -> Affinity | None:
-    """The live affinity for (kind, key), or None when there is none or it expired."""
-    return Affinity.objects.filter(kind=kind, key=key, expires_at__gt=now).first()
+@dataclass(frozen=True, slots=True)
+class Affinities:
+    """A key's live affinities for the ids one request names (SPEC §7.2)."""
+
+    response: Affinity | None = None
+    session: Affinity | None = None
+    files: dict[str, Affinity] = field(default_factory=dict)  # file id -> its affinity
+
+
+def affinities_load(
+    *,
+    key_id: int,
+    now: datetime,
+    response_id: str | None = None,
+    session: str | None = None,
+    file_ids: tuple[str, ...] = (),
+) -> Affinities:
+    """The live affinities of key `key_id` among these ids, in ONE query (no id: no query).
+
+    Ownership is part of the lookup itself, never a check after it: another key's id, an expired id
+    and an id never seen run the same indexed query and find the same nothing, so a foreign id
+    cannot be told from an unknown one by the answer or by its timing."""
+    wanted = Q()
+    if response_id:
+        wanted |= Q(kind=AffinityKind.RESPONSE, key=response_id)
+    if session:
+        wanted |= Q(kind=AffinityKind.SESSION, key=session)
+    if file_ids:
+        wanted |= Q(kind=AffinityKind.FILE, key__in=file_ids)
+    if not wanted:
+        return Affinities()
+    found = Affinities()
+    for row in Affinity.objects.filter(wanted, gateway_key_id=key_id, expires_at__gt=now):
+        if row.kind == AffinityKind.RESPONSE:
+            found = replace(found, response=row)
+        elif row.kind == AffinityKind.SESSION:
+            found = replace(found, session=row)
+        else:
+            found.files[row.key] = row
+    return found
+
+
+def affinity_get(*, key_id: int, kind: AffinityKind, key: str, now: datetime) -> Affinity | None:
+    """Key `key_id`'s live affinity for (kind, key), or None: unknown, expired or another key's."""
+    return Affinity.objects.filter(gateway_key_id=key_id, kind=kind, key=key, expires_at__gt=now).first()

@@ -200,12 +200,50 @@ def demotion_resolve(*, assignment_id: int, model: str) -> None:
 
 
 def affinity_record(
-    *, kind: AffinityKind, key: str, assignment_id: int | None, model: str = "", ttl: timedelta, now: datetime
+    *,
+    gateway_key_id: int,
+    kind: AffinityKind,
+    key: str,
+    assignment_id: int | None,
+    model: str = "",
+    ttl: timedelta,
+    now: datetime,
 ) -> None:
+    """Remember (kind, key) -> assignment for the key that made the request (SPEC §7.2). The row is
+    the key's own: the conflict target includes the owner, so no key can overwrite another's."""
     # One INSERT .. ON CONFLICT UPDATE: the upsert costs a single statement on the request path.
     Affinity.objects.bulk_create(
-        [Affinity(kind=kind, key=key, assignment_id=assignment_id, model=model, expires_at=now + ttl)],
+        [
+            Affinity(
+                gateway_key_id=gateway_key_id,
+                kind=kind,
+                key=key,
+                assignment_id=assignment_id,
+                model=model,
+                expires_at=now + ttl,
+            )
+        ],
         update_conflicts=True,
-        unique_fields=["kind", "key"],
+        unique_fields=["gateway_key", "kind", "key"],
         update_fields=["assignment", "model", "expires_at"],
     )
+
+
+def affinity_forget(*, gateway_key_id: int, kind: AffinityKind, key: str) -> None:
+    """The key's affinity for (kind, key) is over (its file was deleted upstream)."""
+    Affinity.objects.filter(gateway_key_id=gateway_key_id, kind=kind, key=key).delete()
+
+
+PRUNE_BATCH = 1000
+
+
+def affinity_prune(*, now: datetime, limit: int = PRUNE_BATCH) -> int:
+    """Delete up to `limit` expired affinities (by the `expires_at` index); returns how many.
+
+    Bounded so that a caller with other work (the ledger writer) never holds the table for long;
+    `manage.py prune_affinities` calls it until nothing is left."""
+    expired = Affinity.objects.filter(expires_at__lte=now).order_by("expires_at").values("pk")[:limit]
+    # A subquery, not a list of ids: one statement (MySQL would refuse LIMIT here; we run on
+    # PostgreSQL and SQLite, which accept it).
+    deleted, _ = Affinity.objects.filter(pk__in=expired).delete()
+    return deleted

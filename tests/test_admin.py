@@ -26,7 +26,9 @@ def state(db):
     demotion = Demotion.objects.create(
         assignment=assignment, model="gpt-5", reason="upstream_model_unavailable", until=now
     )
-    affinity = Affinity.objects.create(kind="response", key="resp_1", assignment=assignment, expires_at=now)
+    affinity = Affinity.objects.create(
+        gateway_key=key, kind="response", key="resp_1", assignment=assignment, expires_at=now
+    )
     record = RequestRecord.objects.create(
         request_id="req-1", route="/v1/chat/completions", transport="http", outcome="ok", started_at=now
     )

@@ -154,8 +154,9 @@ LEADING = responses_stream(0)[:4]  # the non-visible lifecycle events before the
 
 
 def test_responses_sse(client: httpx.Client) -> None:
+    first = client.post("/responses", json={"model": "gpt-5", "input": "hi"}).json()["id"]
     events = sse_events(
-        client, "/responses", {"model": "gpt-5", "input": "hi", "previous_response_id": "resp_0"}
+        client, "/responses", {"model": "gpt-5", "input": "hi", "previous_response_id": first}
     )
 
     assert [name for name, _ in events] == responses_stream(3)
@@ -164,10 +165,22 @@ def test_responses_sse(client: httpx.Client) -> None:
     completed = events[-1][1]["response"]
     assert completed["id"].startswith("resp_")
     assert completed["id"] == events[0][1]["response"]["id"]
-    assert completed["previous_response_id"] == "resp_0"
+    assert completed["previous_response_id"] == first
     assert completed["output"][0]["content"][0]["text"] == "hello from a"
     assert completed["usage"]["input_tokens"] == 10
     assert completed["usage"]["output_tokens"] == 3
+
+
+def test_a_previous_response_this_account_never_created_is_not_found(client: httpx.Client) -> None:
+    body = {"model": "gpt-5", "input": "hi", "previous_response_id": "resp_from_another_account"}
+    response = client.post("/responses", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "previous_response_not_found",
+        "previous_response_id",
+    )
 
 
 def test_responses_json_and_compact(client: httpx.Client) -> None:

@@ -18,6 +18,8 @@ Contract:
   flushed) whenever the request's `Accept-Encoding` offers gzip or deflate (`compression` picks which
   it prefers, or "identity" to never compress). `answer_digests` are the SHA-256 of the plain bodies
   it answered, before compression.
+- Like OpenAI, it stores the Responses it served: a `previous_response_id` it never created gets
+  400 `previous_response_not_found` (another account's response is unknown to this one).
 """
 
 from __future__ import annotations
@@ -211,6 +213,17 @@ _MODEL_NOT_FOUND = ApiError(
 _MID_STREAM_FAILURE = ApiError("server_error", "The server had an error while processing your request.")
 _BAD_JSON = ApiError("invalid_request_error", "We could not parse the JSON body of your request.")
 _MISSING_MODEL = ApiError("invalid_request_error", "You must provide a model parameter.", None, "model")
+
+
+def _previous_not_found(previous: str) -> ApiError:
+    return ApiError(
+        "invalid_request_error",
+        f"Previous response with id '{previous}' not found.",
+        "previous_response_not_found",
+        "previous_response_id",
+    )
+
+
 _BAD_KEY = ApiError("invalid_request_error", "Incorrect API key provided.", "invalid_api_key")
 _NOT_A_WEBSOCKET = ApiError("invalid_request_error", "Expected a websocket upgrade.")
 _BAD_FRAME = ApiError("invalid_request_error", "Expected a response.create JSON text frame.", None, "type")
@@ -734,6 +747,7 @@ class FakeUpstream:
         self._scripts: dict[str, list[Behaviour]] = {}
         self._hits: list[Hit] = []
         self._ws_connections = 0
+        self._responses: set[str] = set()  # the Responses it served (and so stores), by id
         self._running: _Running | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -907,6 +921,19 @@ class FakeUpstream:
                 return script.pop(0) if len(script) > 1 else script[0]
         return serve() if model in self.models else model_not_found()
 
+    def _unknown_previous(self, body: JsonObject) -> str | None:
+        """The body's `previous_response_id` when this account never created it."""
+        previous = body.get("previous_response_id")
+        if not isinstance(previous, str):
+            return None
+        with self._lock:
+            return None if previous in self._responses else previous
+
+    def _stores(self, api: object, behaviour: Behaviour) -> None:
+        if isinstance(api, _Responses) and isinstance(behaviour, Serve | Refusal | FailAfterVisible):
+            with self._lock:
+                self._responses.add(api.id)
+
     def _authorized(self, request: web.Request) -> bool:
         bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
         return self.require_key is None or self.require_key in (bearer, request.headers.get("x-api-key"))
@@ -936,8 +963,12 @@ class FakeUpstream:
                 return fail(400, _BAD_JSON)
             if model is None:
                 return fail(400, _MISSING_MODEL)
+            unknown = self._unknown_previous(body) if route.make is _Responses else None
+            if unknown is not None:
+                return fail(400, _previous_not_found(unknown))
             behaviour = self._behaviour_for(model)
             api = route.make(_Call(model, body))
+            self._stores(api, behaviour)
             if stream:
                 return await self._respond_stream(request, cast(_StreamingApi, api), behaviour, fail)
             return await self._respond_json(request, api, behaviour, fail)
@@ -1056,6 +1087,10 @@ class FakeUpstream:
         if model is None:
             await ws.send_json(_ws_error(400, {"error": _openai_error(_MISSING_MODEL)}))
             return True
+        unknown = self._unknown_previous(body)
+        if unknown is not None:
+            await ws.send_json(_ws_error(400, {"error": _openai_error(_previous_not_found(unknown))}))
+            return True
         behaviour = self._behaviour_for(model)
         match behaviour:
             case Reject(status=status, error=err):
@@ -1071,7 +1106,9 @@ class FakeUpstream:
             case CloseWebsocket(code=code):
                 await ws.close(code=code)
                 return False
-        events, cut = _stream_plan(_Responses(_Call(model, body)), behaviour, self.name)
+        api = _Responses(_Call(model, body))
+        self._stores(api, behaviour)
+        events, cut = _stream_plan(api, behaviour, self.name)
         delay = _delay_of(behaviour)
         for event in events:
             if delay and await self._pause(delay):

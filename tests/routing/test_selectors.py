@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from catalog.models import Provenance
-from pools.models import GatewaySettings, ModelFallback
+from pools.models import GatewayKey, GatewaySettings, ModelFallback
 from pools.selectors import key_authenticate
 from routing import services
 from routing.models import AffinityKind, Circuit
@@ -161,6 +161,7 @@ def test_routing_explain_honours_explicit_fallbacks_and_pins(explained_setup):
     assert "served claude-opus-4-1 (fallback: explicit)" in _explain(key="ci", model="claude-opus-5")
     us = explained_setup.assignments.get(name="us-a")
     services.affinity_record(
+        gateway_key_id=GatewayKey.objects.get(name="ci").pk,
         kind=AffinityKind.RESPONSE,
         key="resp_1",
         assignment_id=us.pk,
@@ -169,6 +170,23 @@ def test_routing_explain_honours_explicit_fallbacks_and_pins(explained_setup):
     )
     out = _explain(key="ci", model="claude-opus-4-8", previous_response_id="resp_1")
     assert "1. us-a" in out and "eu-a" not in out
+
+
+def test_routing_explain_pins_only_the_keys_own_response(explained_setup):
+    """As the proxy does (SPEC §7.2): another key's response id, like an unknown one, pins nothing."""
+    other = GatewayKeyFactory(name="other", pools=[explained_setup])
+    us = explained_setup.assignments.get(name="us-a")
+    services.affinity_record(
+        gateway_key_id=other.pk,
+        kind=AffinityKind.RESPONSE,
+        key="resp_other",
+        assignment_id=us.pk,
+        ttl=timedelta(hours=1),
+        now=timezone.now(),
+    )
+    for response_id in ("resp_other", "resp_never_seen"):
+        out = _explain(key="ci", model="claude-opus-4-8", previous_response_id=response_id)
+        assert "1. us-a" in out and "2. eu-a" in out
 
 
 @pytest.mark.parametrize(

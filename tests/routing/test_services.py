@@ -3,16 +3,19 @@ concurrency and run on PostgreSQL only."""
 
 import threading
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections
+from django.utils import timezone
 
-from routing import services
+from routing import selectors, services
 from routing.breaker import BreakerSettings
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
 from routing.services import CircuitKey, Seen
 from routing.types import CircuitReason, CircuitState
-from tests.factories import AssignmentFactory
+from tests.factories import AssignmentFactory, GatewayKeyFactory
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SETTINGS = BreakerSettings(failure_threshold=2, cooldown_seconds=10, max_cooldown_seconds=25)
@@ -120,9 +123,11 @@ def test_demotions_are_recorded_once_and_resolved(db):
 
 
 def test_affinity_is_upserted_with_its_expiry(db):
+    owner = GatewayKeyFactory()
     first, second = AssignmentFactory(), AssignmentFactory()
     for assignment in (first, second):
         services.affinity_record(
+            gateway_key_id=owner.pk,
             kind=AffinityKind.SESSION,
             key="s-1",
             assignment_id=assignment.pk,
@@ -131,7 +136,96 @@ def test_affinity_is_upserted_with_its_expiry(db):
             now=NOW,
         )
     row = Affinity.objects.get()
-    assert (row.assignment_id, row.model, row.expires_at) == (second.pk, "gpt-5", NOW + timedelta(hours=1))
+    assert (row.gateway_key_id, row.assignment_id, row.model, row.expires_at) == (
+        owner.pk,
+        second.pk,
+        "gpt-5",
+        NOW + timedelta(hours=1),
+    )
+
+
+def test_a_session_name_is_namespaced_per_key_and_never_overwritten_by_another(db):
+    """SPEC §7.2: key 2 naming key 1's session writes its own row; key 1's stays as it was."""
+    one, two = GatewayKeyFactory(), GatewayKeyFactory()
+    a, b = AssignmentFactory(), AssignmentFactory()
+    for owner, assignment in ((one, a), (two, b)):
+        services.affinity_record(
+            gateway_key_id=owner.pk,
+            kind=AffinityKind.SESSION,
+            key="shared-name",
+            assignment_id=assignment.pk,
+            model="gpt-5",
+            ttl=timedelta(hours=1),
+            now=NOW,
+        )
+    rows = dict(Affinity.objects.values_list("gateway_key_id", "assignment_id"))
+    assert rows == {one.pk: a.pk, two.pk: b.pk}
+    mine = selectors.affinities_load(key_id=one.pk, now=NOW, session="shared-name")
+    assert mine.session is not None and mine.session.assignment_id == a.pk
+
+
+@pytest.mark.parametrize("kind", list(AffinityKind))
+def test_another_keys_affinity_reads_exactly_like_an_unknown_one(db, django_assert_num_queries, kind):
+    """The same single query and the same nothing, for every affinity kind (SPEC §7.2)."""
+    owner, stranger = GatewayKeyFactory(), GatewayKeyFactory()
+    services.affinity_record(
+        gateway_key_id=owner.pk,
+        kind=kind,
+        key="id-1",
+        assignment_id=AssignmentFactory().pk,
+        ttl=timedelta(hours=1),
+        now=NOW,
+    )
+    ids = {
+        AffinityKind.RESPONSE: "response_id",
+        AffinityKind.SESSION: "session",
+        AffinityKind.FILE: "file_ids",
+    }[kind]
+
+    def load(key_id: int, name: str, now: datetime = NOW):
+        value = (name,) if kind is AffinityKind.FILE else name
+        with django_assert_num_queries(1):
+            return selectors.affinities_load(key_id=key_id, now=now, **{ids: value})
+
+    assert load(owner.pk, "id-1") != selectors.Affinities()
+    assert load(stranger.pk, "id-1") == selectors.Affinities() == load(stranger.pk, "id-unknown")
+    # Expired reads as unknown too.
+    assert load(owner.pk, "id-1", NOW + timedelta(hours=2)) == selectors.Affinities()
+
+
+def test_prune_deletes_only_expired_affinities_in_bounded_batches(db):
+    owner = GatewayKeyFactory()
+    for n in range(5):
+        services.affinity_record(
+            gateway_key_id=owner.pk,
+            kind=AffinityKind.FILE,
+            key=f"file-{n}",
+            assignment_id=None,
+            ttl=timedelta(minutes=n - 2),  # file-0, file-1 and file-2 are expired at NOW
+            now=NOW,
+        )
+    assert services.affinity_prune(now=NOW, limit=2) == 2
+    assert services.affinity_prune(now=NOW, limit=2) == 1
+    assert services.affinity_prune(now=NOW, limit=2) == 0
+    assert sorted(Affinity.objects.values_list("key", flat=True)) == ["file-3", "file-4"]
+
+
+def test_prune_affinities_command_deletes_every_expired_row(db):
+    owner = GatewayKeyFactory()
+    past = timezone.now() - timedelta(days=1)
+    for n in range(3):
+        services.affinity_record(
+            gateway_key_id=owner.pk,
+            kind=AffinityKind.RESPONSE,
+            key=f"resp_{n}",
+            assignment_id=None,
+            ttl=timedelta(hours=(-1, 1, 48)[n]),  # resp_0 and resp_1 have expired by now
+            now=past,
+        )
+    out = StringIO()
+    call_command("prune_affinities", "--batch", "1", stdout=out)
+    assert "deleted 2 expired affinities" in out.getvalue()
+    assert list(Affinity.objects.values_list("key", flat=True)) == ["resp_2"]
 
 
 def _race(key, settings, now, contenders):

@@ -3,11 +3,10 @@ from django.utils import timezone
 
 from pools.selectors import key_by_name
 from routing.eligibility import tighten
-from routing.models import AffinityKind
 from routing.plan import HardPin, PinKind
 from routing.route import Decision, RequirementsHeaderError, decide, parse_requirements_header
 from routing.routes import CLIENT_ROUTES, carriers
-from routing.selectors import affinity_get, pool_names, routing_view_load
+from routing.selectors import affinities_load, pool_names, routing_view_load
 from routing.types import Candidate, Requirements, RouteClass
 
 
@@ -60,10 +59,13 @@ class Command(BaseCommand):
             pool_ids=key.pool_ids, route_class=RouteClass(o["route_class"]), now=now
         )
         pins = []
-        if o["previous_response_id"]:
-            pin = affinity_get(kind=AffinityKind.RESPONSE, key=o["previous_response_id"], now=now)
-            pins.append(HardPin(PinKind.RESPONSE, pin.assignment_id if pin else None))
-        session = affinity_get(kind=AffinityKind.SESSION, key=o["session"], now=now) if o["session"] else None
+        found = affinities_load(
+            key_id=key.key_id, now=now, response_id=o["previous_response_id"], session=o["session"]
+        )
+        # As the proxy does: only the key's own live response pins; any other id pins nothing.
+        if found.response is not None:
+            pins.append(HardPin(PinKind.RESPONSE, found.response.assignment_id))
+        session = found.session
         decision = decide(
             view,
             key,
