@@ -37,6 +37,7 @@ ERROR_TYPES: Mapping[str, str] = {
     "pin_unavailable": "api_error",
     "gateway_unavailable": "api_error",
     "upstream_dispatch_unknown": "timeout_error",
+    "request_timeout": "timeout_error",  # the client sent its body too slowly (proxy.edge)
     "upstream_response_too_large": "api_error",
     # A path or method the API does not serve: Anthropic answers both as not_found_error.
     "not_found": "not_found_error",
