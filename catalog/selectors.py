@@ -5,12 +5,14 @@ Both ask the same two things: the configuration hash of a route as it is configu
 call `routing.capabilities.effective`, so what the panel shows is what eligibility uses.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from catalog.models import CapabilityEvidence, CatalogEntry
-from pools.models import ANTHROPIC_VERSION, Adapter
-from routing.capabilities import Capability, Evidence, latest, route_config_hash
+from pools.models import ANTHROPIC_VERSION, Adapter, Assignment
+from routing.capabilities import Capability, Effective, Evidence, effective_all, latest, route_config_hash
+from routing.eligibility import overlay
+from routing.types import TriState
 
 RouteKey = tuple[int, str]  # (assignment id, model)
 
@@ -20,6 +22,31 @@ def route_hash(*, adapter: str, base_url: str, model: str) -> str:
     (adapter, base_url, model, and the protocol version the adapter sends) invalidates its evidence."""
     settings = {"anthropic-version": ANTHROPIC_VERSION} if adapter == Adapter.ANTHROPIC else {}
     return route_config_hash(adapter=adapter, base_url=base_url, model=model, settings=settings)
+
+
+def route_capabilities(
+    assignment: Assignment,
+    *,
+    model: str,
+    model_tools: str,
+    model_vision: str,
+    evidence: Mapping[Capability, Evidence],
+    now: datetime,
+) -> tuple[Effective, ...]:
+    """The effective capabilities of one (assignment, model), in `Capability` order: its latest
+    evidence while unexpired and about the route as configured now, else the declared value (the
+    catalog's per-model tools/vision when known, else the assignment's), else unknown. The router's
+    snapshot and the panel both call this, so the panel shows what eligibility uses."""
+    a = assignment
+    declared = {
+        Capability.TOOLS: overlay(TriState(model_tools), TriState(a.tools)),
+        Capability.WRITE_TOOLS: a.write_tools,
+        Capability.VISION: overlay(TriState(model_vision), TriState(a.vision)),
+        Capability.ROLE_SEPARATION: a.role_separation,
+        Capability.TOOL_REPRESENTATION: a.tool_representation,
+    }
+    config_hash = route_hash(adapter=a.adapter, base_url=a.base_url, model=model)
+    return effective_all(declared, evidence, config_hash=config_hash, now=now)
 
 
 def evidence_load(*, pool_ids: Iterable[int], now: datetime) -> dict[RouteKey, dict[Capability, Evidence]]:

@@ -16,6 +16,7 @@ from django.urls import path
 from django.utils import timezone
 
 from catalog.models import CatalogEntry
+from catalog.selectors import evidence_load, route_capabilities
 from gatewaysite.admin import PoolScopedAdmin, ReadOnlyAdmin
 from pools.models import Assignment, GatewaySettings
 from pools.selectors import pools_visible_to
@@ -59,10 +60,12 @@ class AffinityAdmin(ReadOnlyAdmin):
     list_select_related = ("assignment", "gateway_key")
 
 
-# Only these assignment columns are read for the panel: never base_url (it may carry userinfo) nor
-# api_key_env, so no credential can reach the page, even through a template mistake.
+# Only these assignment columns are read for the panel: never api_key_env, and base_url only to compute
+# the route's configuration hash (`catalog.selectors.route_capabilities`); no row object reaches the
+# template, only `routing.panel` values, so neither can appear on the page.
 PANEL_ASSIGNMENT_FIELDS = (
     "pk",
+    "base_url",
     "pool_id",
     "name",
     "adapter",
@@ -113,20 +116,34 @@ def _usage(*, pool_ids: list[int] | None, now: datetime) -> list[panel.UsageRow]
 
 
 def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
-    """Everything /admin/upstreams/ shows `user`, in seven queries whatever the number of pools,
-    assignments and models: settings, pools, assignments, catalog entries, circuits, live demotions and
-    one usage aggregate. Reads only: a missing settings row is not created on a GET."""
+    """Everything /admin/upstreams/ shows `user`, in eight queries whatever the number of pools,
+    assignments and models: settings, pools, assignments, capability evidence, catalog entries, circuits,
+    live demotions and one usage aggregate. Reads only: a missing settings row is not created on a GET."""
     stored = GatewaySettings.objects.filter(pk=1).first()
     bsettings = breaker_settings(stored if stored is not None else GatewaySettings())
     pools = list(pools_visible_to(user).order_by("name").values_list("pk", "name"))
     pool_ids = [pk for pk, _ in pools]
-    assignments = Assignment.objects.filter(pool_id__in=pool_ids).only(*PANEL_ASSIGNMENT_FIELDS)
+    assignments = list(
+        Assignment.objects.filter(pool_id__in=pool_ids)
+        .only(*PANEL_ASSIGNMENT_FIELDS)
+        .order_by("tier", "name")
+    )
+    by_id = {a.pk: a for a in assignments}
+    evidence = evidence_load(pool_ids=pool_ids, now=now)
     entries: dict[int, list[panel.ModelFacts]] = {}
     for assignment_id, model, provenance, tools, vision, window in CatalogEntry.objects.filter(
         assignment__pool_id__in=pool_ids
     ).values_list("assignment_id", "model", "provenance", "tools", "vision", "context_window"):
+        capabilities = route_capabilities(
+            by_id[assignment_id],
+            model=model,
+            model_tools=tools,
+            model_vision=vision,
+            evidence=evidence.get((assignment_id, model), {}),
+            now=now,
+        )
         entries.setdefault(assignment_id, []).append(
-            panel.ModelFacts(model, provenance, TriState(tools), TriState(vision), window)
+            panel.ModelFacts(model, provenance, TriState(tools), TriState(vision), window, capabilities)
         )
     circuits: dict[int, dict[tuple[str, RouteClass], CircuitSnapshot]] = {}
     for row in Circuit.objects.filter(assignment__pool_id__in=pool_ids):
@@ -139,7 +156,7 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
         demotions.setdefault(assignment_id, {})[model] = panel.DemotionFacts(CircuitReason(reason), until)
 
     by_pool: dict[int, list[panel.AssignmentRow]] = {pk: [] for pk in pool_ids}
-    for a in assignments.order_by("tier", "name"):
+    for a in assignments:
         by_pool[a.pool_id].append(
             panel.AssignmentRow(
                 assignment_id=a.pk,

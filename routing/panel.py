@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
+from routing.capabilities import Effective
 from routing.types import CircuitReason, CircuitState, Health, RouteClass, TriState
 
 USAGE_WINDOW = timedelta(minutes=5)
@@ -111,6 +112,9 @@ class ModelFacts:
     tools: TriState = TriState.UNKNOWN
     vision: TriState = TriState.UNKNOWN
     context_window: int | None = None
+    # The route's effective capabilities with their provenance (`routing.capabilities.effective`,
+    # computed by the loader exactly as the router's snapshot does), in `Capability` order.
+    capabilities: tuple[Effective, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,7 @@ class ModelRow:
     context_window: int | None
     signals: tuple[Signal, ...]  # one per ROUTE_CLASSES, in that order
     demotion: DemotionFacts | None
+    capabilities: tuple[Effective, ...] = ()  # empty for a model that is not advertised
 
     @property
     def advertised(self) -> bool:
@@ -166,6 +171,7 @@ def model_rows(
                 context_window=entry.context_window if entry else None,
                 signals=tuple(signal(rc, circuits.get((model, rc)), settings, now) for rc in ROUTE_CLASSES),
                 demotion=demotion if demotion is not None and demotion.until > now else None,
+                capabilities=entry.capabilities if entry else (),
             )
         )
     return tuple(rows)

@@ -16,13 +16,12 @@ from datetime import datetime
 from django.db.models import Q
 
 from catalog.models import CatalogEntry
-from catalog.selectors import evidence_load, route_hash
+from catalog.selectors import evidence_load, route_capabilities
 from gatewaysite import rawsql
 from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback, Pool
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
-from routing.capabilities import Capability, Effective, Evidence, effective_all, valid_until
-from routing.eligibility import overlay
+from routing.capabilities import Capability, Effective, valid_until
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
 from routing.resolution import ModelPolicy
 from routing.route import RoutingView, Target
@@ -98,24 +97,6 @@ def _candidate(entry: CatalogEntry, capabilities: dict[Capability, Effective]) -
     )
 
 
-def route_capabilities(
-    entry: CatalogEntry, evidence: dict[Capability, Evidence], now: datetime
-) -> tuple[Effective, ...]:
-    """The effective capabilities of one (assignment, model): its unexpired evidence when the route's
-    configuration hash still matches, else the declared value (the catalog's per-model value when
-    known, else the assignment's), else unknown (`routing.capabilities.effective`)."""
-    a = entry.assignment
-    declared = {
-        Capability.TOOLS: overlay(TriState(entry.tools), TriState(a.tools)),
-        Capability.WRITE_TOOLS: a.write_tools,
-        Capability.VISION: overlay(TriState(entry.vision), TriState(a.vision)),
-        Capability.ROLE_SEPARATION: a.role_separation,
-        Capability.TOOL_REPRESENTATION: a.tool_representation,
-    }
-    config_hash = route_hash(adapter=a.adapter, base_url=a.base_url, model=entry.model)
-    return effective_all(declared, evidence, config_hash=config_hash, now=now)
-
-
 def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
     """Five queries whatever the number of pools, assignments and models."""
     # Read, never create: creating the singleton here would itself move the config version.
@@ -138,7 +119,14 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
     expiries: list[datetime] = []
     for entry in entries:
         a = entry.assignment
-        capabilities = route_capabilities(entry, evidence.get((a.pk, entry.model), {}), now)
+        capabilities = route_capabilities(
+            a,
+            model=entry.model,
+            model_tools=entry.tools,
+            model_vision=entry.vision,
+            evidence=evidence.get((a.pk, entry.model), {}),
+            now=now,
+        )
         if (expiry := valid_until(capabilities)) is not None:
             expiries.append(expiry)
         routes.setdefault(entry.model, []).append(_candidate(entry, {e.capability: e for e in capabilities}))

@@ -12,6 +12,7 @@ from html import escape
 from django import template
 from django.utils.safestring import SafeString, mark_safe
 
+from routing.capabilities import Effective
 from routing.panel import AssignmentRow, ModelRow, Signal
 
 register = template.Library()
@@ -83,6 +84,40 @@ def _cap(key: str, label: str, value: str) -> str:
     )
 
 
+CAPABILITY_LABELS = {
+    "tools": "Tools",
+    "write_tools": "Write tools",
+    "vision": "Vision",
+    "role_separation": "Role separation",
+    "tool_representation": "Tool representation",
+}
+
+
+def _effective(e: Effective) -> str:
+    """One capability as eligibility uses it: the value, where it comes from, and for evidence its expiry."""
+    key, source = escape(e.capability), escape(e.provenance)
+    note = f'<span class="cap-source cap-source-{source}" data-provenance="{source}">{source}</span>'
+    expires = ""
+    if e.expires_at is not None:
+        value = e.expires_at.astimezone(UTC)
+        expires = f' data-expires="{value.isoformat()}"'
+        when = f'<time datetime="{value.isoformat()}">{value:%Y-%m-%d %H:%M} UTC</time>'
+        note += f' <span class="cap-expiry">until {when}</span>'
+    label = CAPABILITY_LABELS.get(e.capability, key)
+    return (
+        f'<span class="cap-line" data-capability="{key}"{expires}>'
+        f'<span class="cap-name">{label}</span> {_badge(e.value)} {note}</span>'
+    )
+
+
+def _capabilities(m: ModelRow) -> str:
+    if not m.capabilities:  # not advertised: no route, nothing is eligible
+        return (
+            f'<span class="caps">{_cap("tools", "Tools", m.tools)}{_cap("vision", "Vision", m.vision)}</span>'
+        )
+    return f'<span class="caps">{"".join(_effective(e) for e in m.capabilities)}</span>'
+
+
 def _model_row(m: ModelRow) -> str:
     model, provenance = escape(m.model), escape(m.provenance)
     signals = "".join(f'<td data-label="{escape(s.label)}">{_signal(s)}</td>' for s in m.signals)
@@ -91,8 +126,7 @@ def _model_row(m: ModelRow) -> str:
         f'<span class="model-name">{model}</span> <span class="visually-hidden">provenance: </span>'
         f'<span class="provenance provenance-{provenance.replace(" ", "-")}" data-provenance="{provenance}">'
         f"{provenance}</span></th>"
-        f'<td data-label="Capabilities"><span class="caps">{_cap("tools", "Tools", m.tools)}'
-        f"{_cap('vision', 'Vision', m.vision)}</span></td>"
+        f'<td data-label="Capabilities">{_capabilities(m)}</td>'
         f'{signals}<td data-label="Demotion">{_demotion(m)}</td></tr>'
     )
 

@@ -10,7 +10,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
-from catalog.models import CatalogEntry
+from catalog.models import CapabilityEvidence, CatalogEntry
+from catalog.selectors import route_hash
 from pools.models import Assignment, GatewaySettings, Pool
 from proxy.models import Attempt, RequestRecord
 from routing.models import Circuit, Demotion
@@ -290,6 +291,22 @@ def _populate(pools: int, assignments: int, models: int) -> list[Pool]:
         for a in rows
         for m in range(models)
     )
+    CapabilityEvidence.objects.bulk_create(
+        CapabilityEvidence(
+            assignment=a,
+            model=f"m-{m}",
+            capability=capability,
+            qualified=True,
+            detail="ok",
+            qualified_at=now,
+            expires_at=now + timedelta(days=30),
+            corpus_version="qualify-1:load",
+            config_hash=route_hash(adapter="openai", base_url="http://127.0.0.1:9/v1", model=f"m-{m}"),
+        )
+        for a in rows
+        for m in range(models)
+        for capability in ("tools", "vision")
+    )
     record = RequestRecord.objects.create(
         request_id="load", route="/v1/responses", transport="sse", outcome="ok", started_at=now
     )
@@ -310,10 +327,11 @@ def _populate(pools: int, assignments: int, models: int) -> list[Pool]:
     return created
 
 
-# Session, user, settings, pools, assignments, catalog entries, circuits, demotions and usage; then the
+# Session, user, settings, pools, assignments, capability evidence, catalog entries, circuits, demotions
+# and usage; then the
 # admin's sidebar: a superuser's asks whether the settings singleton exists (may it be added?), an
 # operator's loads their user and group permissions once (and, lacking the add permission, asks no more).
-QUERIES = {"superuser": 10, "operator": 11}
+QUERIES = {"superuser": 11, "operator": 12}
 
 
 @pytest.mark.parametrize("who", QUERIES)
@@ -337,7 +355,10 @@ def test_the_page_runs_the_same_number_of_queries_whatever_the_data(
     assert sum(len(p.assignments) for p in panel.pools) == pools * assignments
     assert sum(len(a.models) for p in panel.pools for a in p.assignments) == pools * assignments * models
     assert all(
-        m.signals[0].state == "open" and m.demotion is not None
+        m.signals[0].state == "open"
+        and m.demotion is not None
+        and [c.provenance for c in m.capabilities]
+        == ["qualified", "unknown", "qualified", "unknown", "unknown"]
         for p in panel.pools
         for a in p.assignments
         for m in a.models

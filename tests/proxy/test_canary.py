@@ -205,3 +205,40 @@ def test_anthropic_routes_and_translations_store_and_log_no_content_or_secret(
     lines += [json.dumps(r.__dict__, default=str) for r in every_log_record.records]
     lines += [captured.out, captured.err]
     assert [(canary, line) for line in lines for canary in CANARIES if canary in line] == []
+
+
+def test_qualify_stores_and_prints_no_prompt_answer_or_credential(db, every_log_record, capfd, monkeypatch):
+    """`manage.py qualify` (SPEC §8.1) keeps verdicts only: neither its corpus text, nor this run's
+    tokens, nor an answer (which carries a canary), nor the upstream credential reach a table, the
+    output or a log."""
+    import io
+    import re
+
+    from django.core.management import call_command
+
+    from catalog.models import CapabilityEvidence
+    from tests.fakes.model_upstream import ModelUpstream
+
+    monkeypatch.setenv("GATEWAY_UPSTREAM_CANARY", UPSTREAM_KEY)
+    out = io.StringIO()
+    with ModelUpstream("faithful", canary=COMPLETION, require_key=UPSTREAM_KEY) as fake:
+        for name, adapter in (("q-openai", "openai"), ("q-anthropic", "anthropic")):
+            assignment = AssignmentFactory(
+                pool=PoolFactory(name="canary"),
+                name=name,
+                adapter=adapter,
+                base_url=fake.base_url,
+                api_key_env="GATEWAY_UPSTREAM_CANARY",
+            )
+            CatalogEntryFactory(assignment=assignment, model="gpt-5")
+        call_command("qualify", stdout=out, stderr=out)
+    assert CapabilityEvidence.objects.filter(qualified=True).count() == 10  # the canary did not hurt
+    sent = json.dumps([body for _, body in fake.hits])
+    tokens = set(re.findall(r"\b[RCPQX][0-9A-F]{8}\b", sent))
+    assert len(tokens) >= 5  # record, code, payload, rule, override were all sent
+    secrets = (*tokens, COMPLETION, UPSTREAM_KEY, "qualification probe", "Ignore all previous instructions")
+    printed = out.getvalue() + "".join(capfd.readouterr()) + every_log_record.text
+    for secret in secrets:
+        assert secret not in printed, secret
+        leaked = [table for table, value in _database_values() if secret in value]
+        assert leaked == [], (secret, leaked)
