@@ -66,7 +66,7 @@ class CapabilityEvidence(models.Model):
     model = models.CharField(max_length=200)
     capability = models.CharField(max_length=20, choices=Capability.choices)
     qualified = models.BooleanField()
-    detail = models.CharField(max_length=40, help_text="The check that decided the verdict.")
+    detail = models.CharField(max_length=80, help_text="The check that decided the verdict.")
     qualified_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     corpus_version = models.CharField(max_length=40)

@@ -4,10 +4,12 @@ Contract:
 - The corpus is `catalog/corpus/qualification-1.json`, in the repository. Its recorded version is the
   file's own `version` plus the first 12 hex digits of the file's SHA-256, so any edit of the text is a
   new corpus version in the evidence, with or without a version bump.
-- Each probe is a Chat Completions request (client route `/chat/completions`) and goes through
-  `proxy.adapters.codec.upstream_call`, the function the router's attempt loop calls: an `openai` or
-  `openrouter` route receives it as sent, an `anthropic` route receives the translated Messages request
-  and its answer is translated back. So a verdict is about the path real traffic takes.
+- Each probe is a Chat Completions request and goes through `proxy.adapters.codec.upstream_call`, the
+  function the router's attempt loop calls, once per client API a coding agent may use: as a Chat client
+  (`/chat/completions`) and as an Anthropic Messages client (`/messages`, the probe in its Messages form).
+  An `openai`/`openrouter` route receives the Chat request as sent and the Messages one translated; an
+  `anthropic` route receives the same translated request either way (judged once). Answers are
+  translated back as the client would get them. So a verdict is about the paths real traffic takes.
 - Every placeholder `{{name}}` is a fresh random token per run (`nonces`), so a cached, replayed or
   memorised answer cannot pass.
 - A probe passes only on the exact expected outcome (`check_*`): a native tool call with exactly the
@@ -37,7 +39,12 @@ from typing import Any
 
 from proxy import upstream
 from proxy.adapters.codec import UpstreamCall, upstream_call
-from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
+from proxy.adapters.translate import (
+    RequestTranslationError,
+    ResponseTranslationError,
+    anthropic_to_chat_response,
+    chat_to_anthropic_request,
+)
 from proxy.sse import Dialect
 from proxy.upstream import ResponseTooLarge, TransportFailure
 from routing.capabilities import Capability
@@ -46,7 +53,9 @@ from routing.route import Target
 from routing.types import Requirements
 
 CORPUS_PATH = Path(__file__).resolve().parent / "corpus" / "qualification-1.json"
-CLIENT_ROUTE = "/chat/completions"
+CLIENT_ROUTE = "/chat/completions"  # the corpus's own form
+MESSAGES = "/messages"
+CLIENT_ROUTES = (CLIENT_ROUTE, MESSAGES)  # every client API a route serves coding agents through
 PLACEHOLDER = re.compile(r"\{\{([a-z_]+)(?::([a-z_]+))?\}\}")
 
 # Check codes: the only thing recorded about how a probe went (never any of its text).
@@ -63,6 +72,9 @@ EXPECTED_MISSING = "expected_answer_missing"
 INSTRUCTION_NOT_SYSTEM = "instruction_not_in_system"
 FORGED_LABEL_ESCAPED = "forged_label_outside_tool_result"
 INJECTION_FOLLOWED = "injection_followed"
+
+
+DETAIL_MAX = 80  # CapabilityEvidence.detail
 
 
 class Inconclusive(Exception):
@@ -340,7 +352,7 @@ def verdicts(corpus: Corpus, outcomes: Mapping[str, Outcome]) -> tuple[Verdict, 
     for capability in Capability:
         failed = [outcomes[p] for p in corpus.capabilities[capability] if not outcomes[p].passed]
         detail = OK if not failed else f"{failed[0].probe}:{failed[0].detail}"
-        found.append(Verdict(capability, not failed, detail[:40]))
+        found.append(Verdict(capability, not failed, detail[:DETAIL_MAX]))
     return tuple(found)
 
 
@@ -393,54 +405,73 @@ async def send(call: UpstreamCall, timeout_s: float) -> tuple[int, bytes]:
     return response.status_code, await upstream.read_body(response)
 
 
-async def replay(
-    target: Target, model: str, corpus: Corpus, *, timeout_s: float, tokens: Mapping[str, str] | None = None
-) -> RouteRun:
-    """Every probe of the corpus through `target` serving `model`, in order. Raises Inconclusive."""
-    tokens = tokens or nonces()
-    run = RouteRun()
-    for probe in corpus.probes:
-        body, expect = render(probe, tokens, corpus.values)
-        try:
-            call = upstream_call(CLIENT_ROUTE, target, body, model=model, requirements=Requirements())
-        except RequestTranslationError:
-            run.outcomes[probe.id] = Outcome(probe.id, False, UNTRANSLATABLE)
-            continue
-        try:
-            status, raw = await send(call, timeout_s)
-        except TransportFailure as failure:
-            raise Inconclusive(probe.id, f"{failure.event}") from None
-        except ResponseTooLarge:
-            raise Inconclusive(probe.id, "upstream_response_too_large") from None
+async def _attempt(
+    probe: Probe, call: UpstreamCall, expect: Mapping[str, Any], run: RouteRun, *, timeout_s: float
+) -> str:
+    """One probe's request as the upstream receives it, judged: a check code. Raises Inconclusive."""
+    try:
+        status, raw = await send(call, timeout_s)
+    except TransportFailure as failure:
+        raise Inconclusive(probe.id, f"{failure.event}") from None
+    except ResponseTooLarge:
+        raise Inconclusive(probe.id, "upstream_response_too_large") from None
+    if not 200 <= status < 300:
         try:
             parsed = json.loads(raw)
         except ValueError:
             parsed = None
-        body_json = parsed if isinstance(parsed, dict) else None
-        if not 200 <= status < 300:
-            reason = _inconclusive_reason(status, body_json)
-            if reason is not None:
-                raise Inconclusive(probe.id, reason)
-            run.outcomes[probe.id] = Outcome(probe.id, False, f"{REJECTED}_{status}")
-            continue
-        try:
-            answer = json.loads(call.response(raw))
-        except (ResponseTranslationError, ValueError):
-            run.outcomes[probe.id] = Outcome(probe.id, False, MALFORMED)
-            continue
-        if not isinstance(answer, dict):
-            run.outcomes[probe.id] = Outcome(probe.id, False, MALFORMED)
-            continue
-        prompt, completion = _usage(answer)
-        if prompt is None and completion is None:
-            run.usage_missing += 1
-        run.input_tokens += prompt or 0
-        run.output_tokens += completion or 0
-        choices = answer.get("choices")
-        finish = choices[0].get("finish_reason") if isinstance(choices, list) and choices else None
-        if classify(Observation(status=status, finish_reason=finish)) is FailureClass.SAFETY_REFUSAL:
-            run.outcomes[probe.id] = Outcome(probe.id, False, REFUSED)
-            continue
-        code = judge(probe, call, answer, expect)
-        run.outcomes[probe.id] = Outcome(probe.id, code == OK, code)
+        reason = _inconclusive_reason(status, parsed if isinstance(parsed, dict) else None)
+        if reason is not None:
+            raise Inconclusive(probe.id, reason)
+        return f"{REJECTED}_{status}"
+    try:
+        answer = json.loads(call.response(raw))
+        if call.client_path == MESSAGES:
+            # Judged in one shape whatever the client API: the Chat form of the Messages answer.
+            answer = anthropic_to_chat_response(answer, model=call.model)
+    except (ResponseTranslationError, ValueError, TypeError, AttributeError):
+        return MALFORMED
+    if not isinstance(answer, dict):
+        return MALFORMED
+    prompt, completion = _usage(answer)
+    if prompt is None and completion is None:
+        run.usage_missing += 1
+    run.input_tokens += prompt or 0
+    run.output_tokens += completion or 0
+    choices = answer.get("choices")
+    finish = choices[0].get("finish_reason") if isinstance(choices, list) and choices else None
+    if classify(Observation(status=status, finish_reason=finish)) is FailureClass.SAFETY_REFUSAL:
+        return REFUSED
+    return judge(probe, call, answer, expect)
+
+
+async def replay(
+    target: Target, model: str, corpus: Corpus, *, timeout_s: float, tokens: Mapping[str, str] | None = None
+) -> RouteRun:
+    """Every probe of the corpus through `target` serving `model`, in order, once per client API that
+    reaches the route differently (a Chat client and an Anthropic Messages client: on an `openai` route
+    the second goes through the Messages -> Chat translation, on an `anthropic` route the two send the
+    same request, which is judged once). A probe passes when every way passed. Raises Inconclusive."""
+    tokens = tokens or nonces()
+    run = RouteRun()
+    for probe in corpus.probes:
+        body, expect = render(probe, tokens, corpus.values)
+        sent: list[dict] = []
+        outcome = Outcome(probe.id, True, OK)
+        for path in CLIENT_ROUTES:
+            label = probe.id if path == CLIENT_ROUTE else f"{probe.id}@messages"
+            try:
+                client_body = body if path == CLIENT_ROUTE else chat_to_anthropic_request(body)
+                call = upstream_call(path, target, client_body, model=model, requirements=Requirements())
+            except RequestTranslationError:
+                outcome = Outcome(label, False, UNTRANSLATABLE)
+                break
+            if call.payload in sent:
+                continue
+            sent.append(call.payload)
+            code = await _attempt(probe, call, expect, run, timeout_s=timeout_s)
+            if code != OK:
+                outcome = Outcome(label, False, code)
+                break
+        run.outcomes[probe.id] = outcome
     return run

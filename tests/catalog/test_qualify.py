@@ -228,4 +228,45 @@ def test_evidence_records_date_corpus_hash_and_expiry_from_qualification_days():
         assert row.corpus_version == corpus_load().version and row.corpus_version.startswith("qualify-1:")
         assert row.detail == "ok"
     assert "verdicts valid 7 days" in out
-    assert "235 tokens spent (200 input, 35 output)" in out
+    # The fake reports 40 + 7 tokens per answer; requests that reach the upstream identical through both
+    # client APIs are sent once.
+    sent = len(fake.hits)
+    assert 5 <= sent < 10
+    assert f"{47 * sent} tokens spent ({40 * sent} input, {7 * sent} output)" in out
+
+
+def test_the_request_as_sent_is_judged_too_a_translation_that_flattens_tool_results_fails(monkeypatch):
+    """On an openai route an Anthropic client's turn goes through the Messages -> Chat translation. A
+    translation that turned tool results into user text would send the forged label as a user turn:
+    the fixture fails on the request as sent, whatever the upstream answers."""
+    from proxy.adapters import codec
+
+    real = codec.anthropic_to_chat_request
+
+    def flattening(body):
+        chat = real(body)
+        chat["messages"] = [
+            {"role": "user", "content": f"Tool result: {m['content']}"} if m["role"] == "tool" else m
+            for m in chat["messages"]
+        ]
+        return chat
+
+    monkeypatch.setattr(codec, "anthropic_to_chat_request", flattening)
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        qualify()
+    assert verdicts(assignment) == {**ALL_TRUE, "role_separation": False, "tool_representation": False}
+    detail = CapabilityEvidence.objects.get(assignment=assignment, capability="role_separation").detail
+    assert detail == "role_separation@messages:forged_label_outside_tool_result"
+
+
+def test_evidence_adds_no_read_to_a_warm_request(django_assert_num_queries):
+    """The healthy hot path stays at its two reads (key, health): evidence rides in the cached
+    configuration, reloaded only when the config version moves or a verdict expires."""
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        qualify()
+    version, now = config_version(), timezone.now()
+    assert view_of(assignment, now, version).tools == TriState.TRUE  # loads the configuration once
+    with django_assert_num_queries(1):  # the health read only; the key read is not part of this call
+        assert view_of(assignment, now + timedelta(days=1), version).tools == TriState.TRUE
