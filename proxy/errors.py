@@ -25,3 +25,13 @@ TYPED_ERRORS: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "This API route does not accept this method."),
     "internal_error": (500, "The gateway failed to handle the request; the failure is logged."),
 }
+
+# Typed codes an identical retry may cure (SPEC §4 `x-should-retry: true`); every other is false.
+RETRYABLE = frozenset({"gateway_unavailable", "rate_limit_exceeded", "pin_unavailable", "internal_error"})
+
+
+def should_retry(code: str, param: str | None = None) -> bool:
+    """The `x-should-retry` of a typed error: `no_eligible_backend` only while circuits cool down."""
+    if code == "no_eligible_backend":
+        return param == "circuit_open"
+    return code in RETRYABLE

@@ -20,7 +20,13 @@ class RequestRecord(models.Model):
     transport = models.CharField(max_length=9, choices=Transport.choices)
     requested_model = models.CharField(max_length=200, blank=True)
     served_model = models.CharField(max_length=200, blank=True)
-    outcome = models.CharField(max_length=40, help_text="`ok` or the typed error code.")
+    operation_id = models.CharField(
+        max_length=64,
+        blank=True,
+        db_index=True,
+        help_text="x-gateway-operation-id from the client, else the request id.",
+    )
+    outcome = models.CharField(max_length=64, help_text="`ok` or the typed error code (sanitized).")
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     retry_count = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField(db_index=True)
@@ -61,12 +67,15 @@ class Attempt(models.Model):
     dispatch_state = models.CharField(max_length=9, choices=DispatchState.choices)
     upstream_status = models.PositiveSmallIntegerField(null=True, blank=True)
     error_code = models.CharField(
-        max_length=100, blank=True, help_text="Canonical code only, never a message."
+        max_length=64, blank=True, help_text="Canonical code only (sanitized), never a message."
     )
     elapsed_ms = models.PositiveIntegerField(default=0)
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     cost_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: unknown price.")
+    config_version = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The routing configuration version the route was chosen under."
+    )
 
     class Meta:
         ordering = ["request", "ordinal"]

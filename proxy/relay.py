@@ -32,7 +32,7 @@ from proxy import db, shutdown, upstream
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters.codec import StreamTranslator, UpstreamCall, upstream_call
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
-from proxy.errors import TYPED_ERRORS
+from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.sse import (
     Action,
     Block,
@@ -49,6 +49,7 @@ from routing import breaker, services
 from routing.breaker import BreakerSettings
 from routing.eligibility import evaluate
 from routing.failures import (
+    CanonicalError,
     DispatchState,
     Disposition,
     FailureClass,
@@ -65,6 +66,7 @@ from routing.models import AffinityKind
 from routing.plan import Plan, next_candidate
 from routing.pricing import cost_micros
 from routing.route import RoutingView
+from routing.sanitize import sanitized
 from routing.services import CircuitKey, Seen
 from routing.types import Candidate, Health, IneligibleReason, Requirements, RouteClass
 
@@ -106,6 +108,8 @@ class Exchange:
     attempts: list[AttemptLog] = field(default_factory=list)
     finished_at: datetime | None = None
     model_fallback: bool = False  # served by a cross-model candidate after a model_not_found
+    operation_id: str = ""  # the client's x-gateway-operation-id, else the request id
+    config_version: int | None = None  # the routing configuration its route was chosen under
     fallback_reason: str = ""  # the requested model was substituted before routing: explicit | family
 
 
@@ -128,6 +132,8 @@ class Final:
     body: bytes
     content_type: str = "application/json"
     frames: tuple[bytes, ...] = ()  # websocket: the events to send, one per frame (`body` is unused)
+    should_retry: bool | None = None  # a typed error's `x-should-retry` (SPEC §4); None on an answer
+    retry_after: int | None = None  # a relayed 429's `retry-after`
 
 
 @dataclass(slots=True)
@@ -145,6 +151,7 @@ class Failure:
     param: str | None
     withheld: tuple[bytes, ...] = ()  # the client output held back before the failure
     final: bool = False  # the upstream answered, but not in a relayable form: returned as is, never replayed
+    retry_after: int | None = None  # a relayed 429's `retry-after`, whole seconds (bounded)
 
 
 def _usage(payload: object) -> tuple[int | None, int | None]:
@@ -327,6 +334,7 @@ class Relay:
         # The failure-path state writes still running (see `_record_failure`), in submission order.
         self.state_writes: asyncio.Future[None] | None = None
         self.excluded: IneligibleReason | None = None  # why the last candidate was passed over at its turn
+        self.last_candidate: Candidate | None = None  # the candidate of the last failed attempt
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -514,7 +522,8 @@ class Relay:
                 self.x.served_model = c.model
                 self.x.model_fallback = c.cross_model
                 return await self._succeed(c, log, result)
-            last = result
+            last, self.last_candidate = result, c
+            log.cost_micros = self._cost(c, log)  # usage an upstream reported with its failure
             log.failure_class = str(result.failure)
             log.dispatch_state = str(result.dispatch)
             log.upstream_status = result.status
@@ -562,9 +571,12 @@ class Relay:
         configured read timeout."""
         return min(max(self._remaining_ms() / 1000, 0.001), settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
 
-    def failure(self, observation: Observation, withheld: tuple[bytes, ...] = ()) -> Failure:
+    def failure(
+        self, observation: Observation, withheld: tuple[bytes, ...] = (), retry_after: int | None = None
+    ) -> Failure:
         failure = classify(observation) or FailureClass.UPSTREAM_ERROR
-        error = canonical_error(observation.body)
+        # Only sanitized fields go on (SPEC §4): to the client, the ledger, the log and the metrics.
+        error = sanitized(canonical_error(observation.body), failure)
         return Failure(
             failure=failure,
             dispatch=dispatch_state(observation.transport, observation.status),
@@ -573,9 +585,12 @@ class Relay:
             code=error.code,
             param=error.param,
             withheld=withheld,
+            retry_after=retry_after if observation.status == 429 else None,
         )
 
-    def plain(self, log: AttemptLog, call: UpstreamCall, status: int, raw: bytes) -> Failure | Final:
+    def plain(
+        self, log: AttemptLog, call: UpstreamCall, status: int, raw: bytes, *, retry_after: int | None = None
+    ) -> Failure | Final:
         try:
             parsed = json.loads(raw)
         except ValueError:
@@ -594,7 +609,10 @@ class Relay:
                 # The upstream answered, but in a form the client's API cannot carry (a tool call's
                 # arguments that are not an object): a typed failure, never a guess, never a replay.
                 return self.unrelayable(status, "upstream_untranslatable")
-        return self.failure(Observation(status=status, body=body, has_provenance=True))
+        # A failed attempt is charged too when the upstream reported usage with its error.
+        log.input_tokens, log.output_tokens = _usage(body)
+        observation = Observation(status=status, body=body, has_provenance=True)
+        return self.failure(observation, retry_after=retry_after)
 
     @staticmethod
     def unrelayable(status: int, code: str) -> Failure:
@@ -669,16 +687,6 @@ class Relay:
             decision = reading.withholder.feed(block, cls)
             if decision.action is Action.POST_VISIBLE_FAILURE:
                 error = decision.error
-                out.append(
-                    self.dispatch.error_event(
-                        self.dialect,
-                        type=(error.type if error and error.type else "upstream_error"),
-                        code=error.code if error else None,
-                        param=error.param if error else None,
-                        message=POST_VISIBLE_MESSAGE,
-                        status=error.status if error else None,
-                    )
-                )
                 # Never retried, but classified like any failed attempt (SPEC §5.6): an upstream that
                 # keeps failing mid-stream cools like one that fails before output.
                 status = error.status if error and error.status else 200
@@ -688,6 +696,20 @@ class Relay:
                         body=cls.payload if isinstance(cls.payload, dict) else None,
                         transport=TransportEvent.STREAM_ERROR_EVENT,
                         has_provenance=True,
+                    )
+                )
+                fields = sanitized(
+                    CanonicalError(error.type, error.code, error.param) if error else CanonicalError(),
+                    failed.failure,
+                )
+                out.append(
+                    self.dispatch.error_event(
+                        self.dialect,
+                        type=fields.type or "upstream_error",
+                        code=fields.code,
+                        param=fields.param,
+                        message=POST_VISIBLE_MESSAGE,
+                        status=error.status if error else None,
                     )
                 )
                 log.status, log.failure_class = "failed", str(failed.failure)
@@ -832,33 +854,36 @@ class Relay:
         if last is None and self.untranslatable is not None:
             # Nothing was sent: the last candidate could not be sent this request in its API.
             await self._finish("invalid_request", 400)
-            return self.dispatch.error_final(
+            final = self.dispatch.error_final(
                 400,
                 message=UNTRANSLATABLE_MESSAGE.format(self.untranslatable),
                 type="invalid_request",
                 code="invalid_request",
                 param=self.untranslatable,
             )
+            return replace(final, should_retry=False)
         if last is None:
             reason = self.excluded or self.plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
             await self._finish("no_eligible_backend", 503)
-            return self.dispatch.error_final(
+            final = self.dispatch.error_final(
                 503,
-                message=TYPED_ERRORS["no_eligible_backend"][1],
+                message=self._no_eligible_message(reason),
                 type="service_unavailable",
                 code="no_eligible_backend",
                 param=str(reason),
             )
+            return replace(final, should_retry=should_retry("no_eligible_backend", str(reason)))
         action = self.disposition(last)
         if action is Disposition.DISPATCH_UNKNOWN:
             await self._finish("upstream_dispatch_unknown", 504)
-            return self.dispatch.error_final(
+            final = self.dispatch.error_final(
                 504,
                 message=TYPED_ERRORS["upstream_dispatch_unknown"][1],
                 type="upstream_error",
                 code="upstream_dispatch_unknown",
                 param=None,
             )
+            return replace(final, should_retry=False)
         if last.withheld and self.dialect is not None:
             # A stream that failed before any output: the withheld lifecycle once, then the failure.
             error = self.dispatch.error_event(
@@ -873,18 +898,65 @@ class Relay:
             return self.dispatch.events_final([*last.withheld, error])
         status = last.status if last.status and last.status >= 400 else 502
         await self._finish(last.code or str(last.failure), status)
-        return self.dispatch.error_final(
+        final = self.dispatch.error_final(
             status,
             message=self._failure_message(last),
             type=last.error_type or "upstream_error",
             code=last.code,
             param=last.param,
         )
+        # An identical retry may succeed only after a rate limit or a server-side failure (SPEC §4).
+        retry = not last.final and (status == 429 or status >= 500)
+        return replace(final, should_retry=retry, retry_after=last.retry_after if status == 429 else None)
+
+    @property
+    def _anthropic_client(self) -> bool:
+        return self.path.startswith("/messages")
+
+    def _too_long(self, window: int | None) -> str | None:
+        """Anthropic's documented wording for a context overflow, with both integers when known."""
+        tokens = self.requirements.estimated_tokens
+        if window is not None and tokens > window:
+            return f"prompt is too long: {tokens} tokens > {window} maximum"
+        return None
+
+    def _no_eligible_message(self, reason: IneligibleReason) -> str:
+        message = f"no eligible backend: {reason}"
+        if reason is IneligibleReason.CONTEXT_WINDOW:
+            windows = [
+                v.candidate.context_window
+                for v in self.plan.ineligible
+                if IneligibleReason.CONTEXT_WINDOW in v.reasons and v.candidate.context_window is not None
+            ]
+            too_long = self._too_long(max(windows)) if windows else None
+            if too_long is not None and self._anthropic_client:
+                message = f"{message} ({too_long})"
+        return message
 
     def _failure_message(self, last: Failure) -> str:
-        """The gateway's own words for a relayed failure (SPEC §4): never the provider's text."""
+        """The gateway's own words for a relayed failure (SPEC §4): never the provider's text, but what
+        happened, in the wording the client's API documents where agents react to it."""
         if last.final and last.code in TYPED_ERRORS:
             return TYPED_ERRORS[last.code][1]
+        if last.failure is FailureClass.CONTEXT_OVERFLOW:
+            window = self.last_candidate.context_window if self.last_candidate else None
+            if self._anthropic_client:
+                return self._too_long(window) or "prompt is too long for the model's context window"
+            tokens = self.requirements.estimated_tokens
+            if window is not None and tokens > window:
+                return (
+                    f"This model's maximum context length is {window} tokens. "
+                    f"However, your messages resulted in {tokens} tokens."
+                )
+            return "This model's maximum context length was exceeded by the request."
+        if last.failure is FailureClass.RATE_LIMITED:
+            return "The upstream rate limit was reached; retry after the indicated time."
+        if last.failure is FailureClass.QUOTA:
+            return "The upstream account's quota is exhausted."
+        if last.failure is FailureClass.UNAVAILABLE:
+            return "The upstream is unavailable."
+        if last.failure in (FailureClass.MODEL_UNAVAILABLE, FailureClass.MODEL_NOT_FOUND_CROSS):
+            return "The upstream does not serve this model."
         return "The upstream rejected the request."
 
 
@@ -962,7 +1034,8 @@ class HttpDispatch:
                 return relay.failure(Observation(status=response.status_code, transport=failure.event))
             except upstream.ResponseTooLarge:
                 return relay.unrelayable(response.status_code, "upstream_response_too_large")
-            return relay.plain(log, call, response.status_code, raw)
+            retry_after = upstream.retry_after_s(response.headers.get("retry-after"))
+            return relay.plain(log, call, response.status_code, raw, retry_after=retry_after)
         return await relay.read_events(c, log, SSESource(response), call)
 
     def pack(self, parts: list[bytes]) -> list[bytes]:

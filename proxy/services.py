@@ -14,7 +14,7 @@ def request_records_write(*, exchanges: list[Exchange]) -> None:
     spent (known costs only: an unknown price is never counted as zero, nor as anything)."""
     records = RequestRecord.objects.bulk_create([_record(x) for x in exchanges])
     Attempt.objects.bulk_create(
-        _attempt(record, a) for record, x in zip(records, exchanges, strict=True) for a in x.attempts
+        _attempt(record, x, a) for record, x in zip(records, exchanges, strict=True) for a in x.attempts
     )
     spent: dict[int, int] = {}
     for x in exchanges:
@@ -29,12 +29,14 @@ def request_records_write(*, exchanges: list[Exchange]) -> None:
 def _record(x: Exchange) -> RequestRecord:
     return RequestRecord(
         request_id=x.request_id,
+        operation_id=(x.operation_id or x.request_id)[:64],
         key_id=x.key_id,
-        route=x.route,
+        route=x.route[:64],
         transport=x.transport,
         requested_model=x.requested_model[:200],
-        served_model=x.served_model,
-        outcome=x.outcome,
+        served_model=x.served_model[:200],
+        # Sanitized upstream, bounded again here: no field's value can cost a ledger row.
+        outcome=x.outcome[:64],
         status_code=x.status_code,
         retry_count=x.retry_count,
         started_at=x.started_at,
@@ -42,19 +44,20 @@ def _record(x: Exchange) -> RequestRecord:
     )
 
 
-def _attempt(record: RequestRecord, a: AttemptLog) -> Attempt:
+def _attempt(record: RequestRecord, x: Exchange, a: AttemptLog) -> Attempt:
     return Attempt(
         request=record,
         ordinal=a.ordinal,
         assignment_id=a.assignment_id,
-        model=a.model,
+        model=a.model[:200],
         route_class=a.route_class,
         status=a.status,
-        failure_class=a.failure_class,
-        ineligible_reason=a.ineligible_reason,
+        failure_class=a.failure_class[:30],
+        ineligible_reason=a.ineligible_reason[:30],
         dispatch_state=a.dispatch_state,
         upstream_status=a.upstream_status,
-        error_code=a.error_code[:100],
+        error_code=a.error_code[:64],
+        config_version=x.config_version,
         elapsed_ms=a.elapsed_ms,
         input_tokens=a.input_tokens,
         output_tokens=a.output_tokens,

@@ -10,7 +10,10 @@ the original aiohttp exception (`__cause__`), conservatively: only a failure to 
 """
 
 import asyncio
+import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 import aiohttp
 import httpx
@@ -97,3 +100,26 @@ async def read_body(response: httpx.Response, limit: int | None = None) -> bytes
         await response.aclose()
     # One copy at the end; the chunks go with this frame.
     return b"".join(chunks)
+
+
+MAX_RETRY_AFTER_S = 3600
+
+
+def retry_after_s(value: str | None, *, now: datetime | None = None) -> int | None:
+    """An upstream's `retry-after` (seconds, or an HTTP date) as whole seconds within 0..3600; None
+    when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(math.ceil(seconds), 0), MAX_RETRY_AFTER_S)

@@ -25,7 +25,7 @@ from pools.selectors import Authenticated, key_authenticate
 from proxy import db
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
-from proxy.errors import TYPED_ERRORS
+from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.ledger import record
 from proxy.relay import Dispatch, Exchange, Final, HttpDispatch, Memory, Relay, Stream, error_body
 from proxy.sse import Dialect
@@ -36,6 +36,7 @@ from routing.plan import HardPin, PinKind, PlanError
 from routing.resolution import ResolutionError, is_allowed
 from routing.route import RequirementsHeaderError, RoutingView, decide, parse_requirements_header
 from routing.routes import carriers
+from routing.sanitize import valid as valid_field
 from routing.selectors import RouteSettings, affinities_load, routing_view_load
 from routing.types import Requirements, RouteClass
 
@@ -59,13 +60,25 @@ class RequestFailed(Exception):
 def typed_response(route: str, code: str, param: str | None = None) -> HttpResponse:
     """The gateway's typed error `code` in the envelope of the API `route` belongs to (SPEC §4)."""
     status, message = TYPED_ERRORS[code]
+    if code == "no_eligible_backend" and param:
+        message = f"no eligible backend: {param}"  # what excluded the last candidate, in words too
     if route in MESSAGES_ROUTES:
         # Anthropic's envelope has no code or param: its error type carries the meaning.
         kind = anthropic_adapter.error_type(code, status=status, param=param)
         body = anthropic_adapter.error_body(kind, message)
     else:
         body = error_body(message=message, type=code, code=code, param=param)
-    return HttpResponse(body, status=status, content_type="application/json")
+    response = HttpResponse(body, status=status, content_type="application/json")
+    response["x-should-retry"] = "true" if should_retry(code, param) else "false"
+    return response
+
+
+def request_id_headers(response: HttpResponse, request_id: str) -> None:
+    """The gateway's request id under the names the SDKs read into their exceptions (SPEC §4):
+    `x-request-id` (openai) and `request-id` (anthropic)."""
+    response["x-gateway-request-id"] = request_id
+    response["x-request-id"] = request_id
+    response["request-id"] = request_id
 
 
 def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
@@ -141,6 +154,17 @@ def validate_body(body: object) -> dict:
     return body
 
 
+def operation_id(headers: Mapping[str, str]) -> str | None:
+    """The client's `x-gateway-operation-id` (the logical operation a retry or a fallback continues),
+    held to the same alphabet as any id the ledger stores; anything else is a typed 400."""
+    value = headers.get("x-gateway-operation-id")
+    if value is None:
+        return None
+    if not valid_field(value):
+        raise RequestFailed("invalid_request", "x-gateway-operation-id")
+    return value
+
+
 def _headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -> tuple[Requirements, int]:
     try:
         extra = parse_requirements_header(headers.get("x-gateway-requirements", ""))
@@ -170,11 +194,13 @@ async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
         started_at=datetime.now(UTC),
     )
     try:
+        exchange.operation_id = operation_id(request.headers) or exchange.request_id
         response = await _handle(request, path, exchange, started_mono)
     except RequestFailed as failed:
         response = _typed(exchange, failed.code, failed.param)
         await record(exchange)
-    response["x-gateway-request-id"] = exchange.request_id
+    request_id_headers(response, exchange.request_id)
+    response["x-gateway-operation-id"] = exchange.operation_id or exchange.request_id
     return response
 
 
@@ -258,6 +284,7 @@ async def prepare(
         raise RequestFailed("authentication_error")
     key = loaded.authenticated.key
     exchange.key_id = key.key_id
+    exchange.config_version = loaded.authenticated.config_version
     if body_error is not None or body is None:
         raise body_error or RequestFailed("invalid_request")
     view, route_settings, session = loaded.view, loaded.settings, loaded.session
@@ -346,6 +373,10 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
     else:
         assert isinstance(result, Final)
         response = HttpResponse(result.body, status=result.status, content_type=result.content_type)
+        if result.should_retry is not None:
+            response["x-should-retry"] = "true" if result.should_retry else "false"
+        if result.retry_after is not None:
+            response["retry-after"] = str(result.retry_after)
     response["x-gateway-attempts"] = str(sum(1 for a in exchange.attempts if a.status != "ineligible"))
     response["x-gateway-served-model"] = exchange.served_model
     if exchange.model_fallback or exchange.fallback_reason:

@@ -12,7 +12,18 @@ ROUTING = Path(__file__).resolve().parent.parent / "routing"
 # The routing modules that may touch Django: everything else in routing/ is the pure core.
 ORM_MODULES = frozenset({"__init__", "apps", "models", "services", "selectors", "admin"})
 EXPECTED_PURE = frozenset(
-    {"types", "pricing", "resolution", "plan", "eligibility", "preference", "auto", "failures", "breaker"}
+    {
+        "types",
+        "pricing",
+        "resolution",
+        "plan",
+        "eligibility",
+        "preference",
+        "auto",
+        "failures",
+        "breaker",
+        "sanitize",
+    }
 )
 # Standard-library modules that would bring I/O, a clock, randomness or concurrency into the core.
 FORBIDDEN_STDLIB = frozenset(

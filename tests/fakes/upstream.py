@@ -85,6 +85,7 @@ class RawError(Behaviour):
 
     status: int
     body: Mapping[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,12 +156,16 @@ def generic_404() -> Reject:
     return Reject(404, ApiError("invalid_request_error", "Unknown request URL.", code="unknown_url"))
 
 
-def error(status: int, body: Mapping[str, Any]) -> RawError:
-    return RawError(status, body)
+def error(status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> RawError:
+    return RawError(status, body, dict(headers or {}))
 
 
-def rate_limited() -> Reject:
-    return Reject(429, ApiError("requests", "Rate limit reached.", "rate_limit_exceeded"))
+def rate_limited(retry_after: str | None = None) -> Reject | RawError:
+    """OpenAI's 429; with `retry_after`, the `retry-after` header it sends (seconds, as text)."""
+    err = ApiError("requests", "Rate limit reached.", "rate_limit_exceeded")
+    if retry_after is None:
+        return Reject(429, err)
+    return RawError(429, {"error": _openai_error(err)}, {"retry-after": retry_after})
 
 
 def quota() -> Reject:
@@ -996,8 +1001,8 @@ class FakeUpstream:
                 return web.json_response(api.json_body(_reply(behaviour, self.name)))
             case Reject(status=status, error=err):
                 return fail(status, err)
-            case RawError(status=status, body=body):
-                return web.json_response(dict(body), status=status)
+            case RawError(status=status, body=body, headers=headers):
+                return web.json_response(dict(body), status=status, headers=dict(headers))
             case FailBeforeVisible(terminal="overloaded"):
                 return fail(529, _MID_STREAM_FAILURE)
             case FailBeforeVisible():

@@ -242,3 +242,57 @@ def test_qualify_stores_and_prints_no_prompt_answer_or_credential(db, every_log_
         assert secret not in printed, secret
         leaked = [table for table, value in _database_values() if secret in value]
         assert leaked == [], (secret, leaked)
+
+
+FIELD_CANARY = "canary-field-a9s8d7f6"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_error_field_carries_nothing_anywhere(
+    gateway, canary_pool, every_log_record, capfd, admin_client, stream
+):
+    """A 10 KB `code`, a long `type` and a `param` with a credential-like canary (SPEC §4 last row):
+    each is replaced by its class's canonical value before it reaches the client, the log, the ledger,
+    the metrics or an admin filter, and the ledger row is stored (on PostgreSQL too: no column overflows)."""
+    a, b = canary_pool
+    body = {
+        "error": {
+            "message": PROVIDER_MESSAGE,
+            "type": f"invalid_request_error {FIELD_CANARY}" + "t" * 200,
+            "code": FIELD_CANARY + "c" * 10_000,
+            "param": f"Bearer {FIELD_CANARY}",
+        }
+    }
+    a.script("gpt-5", error(400, body))
+    chat = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    response = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        json=chat,
+        headers={"authorization": f"Bearer {GATEWAY_KEY}"},
+        timeout=TIMEOUT,
+    )
+    assert response.status_code == 400  # a client error: returned as it came, sanitized
+    assert FIELD_CANARY not in response.text and PROVIDER_MESSAGE not in response.text
+    error_object = response.json()["error"]
+    assert (error_object["type"], error_object["code"], error_object["param"]) == (
+        "invalid_request_error",
+        "upstream_client_error",
+        None,
+    )
+    assert_hits((a, 1), (b, 0))
+
+    ledger_settled()
+    record = RequestRecord.objects.get(request_id=response.headers["x-gateway-request-id"])
+    assert record.outcome == "upstream_client_error"
+    assert [x.error_code for x in record.attempts.all()] == ["upstream_client_error"]
+    assert [t for t, value in _database_values() if FIELD_CANARY in value] == []
+
+    metrics = httpx.get(f"{gateway}/metrics", timeout=TIMEOUT).text
+    changelist = admin_client.get("/admin/proxy/requestrecord/").content.decode()
+    attempts = admin_client.get("/admin/proxy/attempt/").content.decode()
+    assert "upstream_client_error" in changelist  # the filter offers the sanitized value only
+    captured = capfd.readouterr()
+    lines = [every_log_record.handler.format(r) for r in every_log_record.records]
+    for where, text in [("metrics", metrics), ("admin", changelist + attempts), ("logs", "\n".join(lines))]:
+        assert FIELD_CANARY not in text, where
+    assert FIELD_CANARY not in captured.out + captured.err
