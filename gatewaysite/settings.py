@@ -178,4 +178,8 @@ GATEWAY_CLIENT_TIMEOUT_S = env.float("GATEWAY_CLIENT_TIMEOUT_S", default=10.0)
 GATEWAY_BODY_TIMEOUT_S = env.float("GATEWAY_BODY_TIMEOUT_S", default=60.0)
 # Django refuses to read a larger body before our own check could give the typed 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GATEWAY_MAX_BODY_BYTES
+# Request records (and their attempts) older than this are deleted by `manage.py prune_ledger`.
+GATEWAY_LEDGER_RETENTION_DAYS = env.int("GATEWAY_LEDGER_RETENTION_DAYS", default=30)
+if GATEWAY_LEDGER_RETENTION_DAYS < 1:
+    raise ImproperlyConfigured("GATEWAY_LEDGER_RETENTION_DAYS: must be at least 1")
 GATEWAY_CONFIG = env.str("GATEWAY_CONFIG", default=str(BASE_DIR / "gatewaysite" / "demo_config.yaml"))

@@ -1,5 +1,7 @@
 """Ledger writes (SPEC §7.3)."""
 
+from datetime import datetime
+
 from django.db import transaction
 from django.db.models import F
 
@@ -63,3 +65,24 @@ def _attempt(record: RequestRecord, x: Exchange, a: AttemptLog) -> Attempt:
         output_tokens=a.output_tokens,
         cost_micros=a.cost_micros,
     )
+
+
+PRUNE_BATCH = 1000
+
+
+@transaction.atomic
+def request_records_prune(*, before: datetime, limit: int = PRUNE_BATCH) -> int:
+    """Delete up to `limit` request records started before `before`, with their attempts; returns how
+    many records. Bounded so that no statement holds the ledger tables for long while the writer keeps
+    inserting; `manage.py prune_ledger` calls it until nothing is left. Spend already counted on the
+    keys is not touched: a budget does not grow back when its history is pruned."""
+    old = list(
+        RequestRecord.objects.filter(started_at__lt=before).order_by("started_at").values_list("pk", flat=True)[
+            :limit
+        ]
+    )
+    if not old:
+        return 0
+    Attempt.objects.filter(request_id__in=old).delete()
+    deleted, _ = RequestRecord.objects.filter(pk__in=old).delete()
+    return deleted
