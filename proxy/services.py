@@ -76,11 +76,8 @@ def request_records_prune(*, before: datetime, limit: int = PRUNE_BATCH) -> int:
     many records. Bounded so that no statement holds the ledger tables for long while the writer keeps
     inserting; `manage.py prune_ledger` calls it until nothing is left. Spend already counted on the
     keys is not touched: a budget does not grow back when its history is pruned."""
-    old = list(
-        RequestRecord.objects.filter(started_at__lt=before).order_by("started_at").values_list("pk", flat=True)[
-            :limit
-        ]
-    )
+    due = RequestRecord.objects.filter(started_at__lt=before).order_by("started_at")
+    old = list(due.values_list("pk", flat=True)[:limit])
     if not old:
         return 0
     Attempt.objects.filter(request_id__in=old).delete()

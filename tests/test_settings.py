@@ -32,7 +32,10 @@ def _start(**env: str) -> subprocess.CompletedProcess:
             "the development secret key may not be used",
         ),
         ({"DJANGO_SECRET_KEY": "x" * 40, "GATEWAY_UPSTREAM_TIMEOUT_S": "ten"}, "GATEWAY_UPSTREAM_TIMEOUT_S"),
-        ({"DJANGO_SECRET_KEY": "x" * 40, "GATEWAY_LEDGER_RETENTION_DAYS": "0"}, "GATEWAY_LEDGER_RETENTION_DAYS"),
+        (
+            {"DJANGO_SECRET_KEY": "x" * 40, "GATEWAY_LEDGER_RETENTION_DAYS": "0"},
+            "GATEWAY_LEDGER_RETENTION_DAYS",
+        ),
     ],
 )
 def test_an_unsafe_or_malformed_configuration_refuses_to_start(env, message):
