@@ -81,3 +81,37 @@ def qualification_routes(
     if model is not None:
         entries = entries.filter(model=model)
     return list(entries.order_by("assignment__pool__name", "assignment__tier", "assignment__name", "model"))
+
+
+def capabilities_explained(
+    routes: Iterable[RouteKey], *, now: datetime
+) -> dict[RouteKey, tuple[Effective, ...]]:
+    """The effective capabilities of these routes with their provenance (for `routing_explain`), in three
+    queries: the same reads and the same function as the router's snapshot."""
+    wanted = set(routes)
+    if not wanted:
+        return {}
+    entries = CatalogEntry.objects.filter(
+        assignment_id__in={aid for aid, _ in wanted}, model__in={m for _, m in wanted}
+    ).select_related("assignment")
+    entries = [e for e in entries if (e.assignment_id, e.model) in wanted]
+    evidence = evidence_load(pool_ids={e.assignment.pool_id for e in entries}, now=now)
+    return {
+        (e.assignment_id, e.model): route_capabilities(
+            e.assignment,
+            model=e.model,
+            model_tools=e.tools,
+            model_vision=e.vision,
+            evidence=evidence.get((e.assignment_id, e.model), {}),
+            now=now,
+        )
+        for e in entries
+    }
+
+
+def provenance_text(value: Effective) -> str:
+    """`tools=true (qualified until 2027-01-01T12:00:00+00:00)`, `vision=unknown (unknown)`."""
+    note = str(value.provenance)
+    if value.expires_at is not None:
+        note += f" until {value.expires_at.isoformat(timespec='seconds')}"
+    return f"{value.capability}={value.value} ({note})"

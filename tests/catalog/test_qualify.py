@@ -17,7 +17,7 @@ from pools.models import Adapter, Assignment, ConfigVersion, GatewaySettings
 from routing.eligibility import evaluate
 from routing.selectors import routing_view_load
 from routing.types import IneligibleReason, Requirements, RouteClass, ToolRepresentation, TriState
-from tests.factories import AssignmentFactory, CatalogEntryFactory, PoolFactory
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.fakes.model_upstream import ModelUpstream
 
 pytestmark = pytest.mark.django_db
@@ -270,3 +270,22 @@ def test_evidence_adds_no_read_to_a_warm_request(django_assert_num_queries):
     assert view_of(assignment, now, version).tools == TriState.TRUE  # loads the configuration once
     with django_assert_num_queries(1):  # the health read only; the key read is not part of this call
         assert view_of(assignment, now + timedelta(days=1), version).tools == TriState.TRUE
+
+
+def test_routing_explain_says_where_each_capability_comes_from():
+    with ModelUpstream("drop_images") as fake:
+        assignment = route(fake)
+        Assignment.objects.filter(pk=assignment.pk).update(vision="true", tools="false")
+        GatewayKeyFactory(name="ci", pools=[assignment.pool])
+        out = io.StringIO()
+        call_command("routing_explain", key="ci", model="gpt-5", tools=True, stdout=out)
+        assert "ineligible: acct-a / gpt-5 [tier 0, healthy]: capability" in out.getvalue()
+        assert "acct-a / gpt-5: tools=false (declared) write_tools=unknown (unknown)" in out.getvalue()
+        qualify()
+    out = io.StringIO()
+    call_command("routing_explain", key="ci", model="gpt-5", tools=True, stdout=out)
+    text = out.getvalue()
+    expires = CapabilityEvidence.objects.filter(assignment=assignment).values_list("expires_at", flat=True)[0]
+    assert "1. acct-a / gpt-5" in text
+    assert f"tools=true (qualified until {expires.isoformat(timespec='seconds')})" in text
+    assert "vision=false (qualified until" in text  # evidence beats the claim

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
 from routing.eligibility import tighten
 from routing.plan import HardPin, PinKind
@@ -80,6 +81,7 @@ class Command(BaseCommand):
             f"route {o['route']}, route class {o['route_class']}, shortlist {settings.max_attempts}"
         )
         self._write_decision(decision)
+        self._write_capabilities(decision, now)
 
     def _write_decision(self, decision: Decision) -> None:
         w = self.stdout.write
@@ -110,6 +112,21 @@ class Command(BaseCommand):
             w(f"  beyond shortlist: {self._describe(c)}")
         for c in plan.disallowed:
             w(f"  not allowed for this key: {self._describe(c)}")
+
+    def _write_capabilities(self, decision: Decision, now) -> None:
+        """Why each candidate may or may not take a capability-bearing turn: each capability's value and
+        where it comes from (qualified evidence with its expiry, declared, unknown)."""
+        plan = decision.plan
+        if plan is None:
+            return
+        shown = [*plan.order, *(v.candidate for v in plan.ineligible)]
+        explained = capabilities_explained([c.key for c in shown], now=now)
+        if explained:
+            self.stdout.write("capabilities:")
+        for c in shown:
+            if c.key in explained:
+                text = " ".join(provenance_text(v) for v in explained[c.key])
+                self.stdout.write(f"  {c.assignment} / {c.model}: {text}")
 
     @staticmethod
     def _describe(c: Candidate) -> str:
