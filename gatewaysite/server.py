@@ -9,6 +9,10 @@ it (`make run` uses it), with what uvicorn does not do by itself (SPEC §11):
 - websocket messages refused by the server as soon as their header announces more than
   `GATEWAY_MAX_BODY_BYTES` (`--ws-max-size`, close code 1009), before their payload is read.
 
+- with more than one worker (`--workers N` or `WEB_CONCURRENCY`), a fresh directory for
+  prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, created, or emptied when the
+  operator names one), so that `/metrics` sums every worker (proxy/metrics.py).
+
 Any uvicorn option may follow (`--port`, `--workers`, ...). The equivalent plain uvicorn command is
 `uvicorn gatewaysite.asgi:application --http gatewaysite.server:HttpToolsProtocol --ws-max-size N`.
 
@@ -18,8 +22,12 @@ real server started by this module, so an uvicorn upgrade that changes them fail
 """
 
 import asyncio
+import atexit
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHttpToolsProtocol
 
@@ -82,8 +90,39 @@ def command(args: list[str]) -> list[str]:
     ]
 
 
+def workers(args: list[str]) -> int:
+    """The number of worker processes uvicorn will start for these arguments (its own rules: the
+    last `--workers` wins, else `WEB_CONCURRENCY`, else one)."""
+    count = os.environ.get("WEB_CONCURRENCY", "1")
+    for i, arg in enumerate(args):
+        if arg == "--workers" and i + 1 < len(args):
+            count = args[i + 1]
+        elif arg.startswith("--workers="):
+            count = arg.removeprefix("--workers=")
+    try:
+        return int(count)
+    except ValueError:
+        return 1  # uvicorn refuses it itself, with its own message
+
+
+def prepare_metrics_dir(args: list[str]) -> None:
+    """Workers share their counters through files (before any of them imports prometheus-client);
+    files from an earlier run would be counted again, so the directory starts empty."""
+    named = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if named:
+        directory = Path(named)
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.db"):
+            stale.unlink()
+    elif workers(args) > 1:
+        directory = Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gatewaysite.settings")
+    prepare_metrics_dir(sys.argv[1:])
     import uvicorn
 
     uvicorn.main.main(args=command(sys.argv[1:]), prog_name="gatewaysite.server")

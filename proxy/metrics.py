@@ -13,18 +13,31 @@ Contract:
   labelled by the requested model (a client can send any string), a key, a prompt or a provider
   message.
 
+- Several worker processes (`python -m gatewaysite.server --workers N`, or any server started with
+  `PROMETHEUS_MULTIPROC_DIR` set): each worker's counters live in files in that directory and a
+  scrape, whichever worker answers it, sums every worker's files (prometheus-client's multiprocess
+  mode), so counts never alternate between workers.
+
 /metrics has no authentication, as is usual for Prometheus targets: operators should keep it on a
 private network (or block `/metrics` at the ingress). It exposes counts only, never content.
 """
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 
 from django.db import DatabaseError
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -201,8 +214,19 @@ class OpenCircuitsCollector(Collector):
 REGISTRY.register(OpenCircuitsCollector())
 
 
+def scrape_registry() -> CollectorRegistry:
+    """What a scrape exposes: this process's REGISTRY, or with several workers the sum of every
+    worker's files plus the database gauge (counted once: it is not per process)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    registry.register(OpenCircuitsCollector())
+    return registry
+
+
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
     # Sync on purpose: the gauge queries the database, and Django runs a sync view in a thread under
     # ASGI, so the event loop never blocks on it.
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)
