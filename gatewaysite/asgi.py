@@ -26,7 +26,7 @@ from django.core.handlers.exception import convert_exception_to_response  # noqa
 from django.http import HttpResponseBase  # noqa: E402
 from django.urls import re_path, set_script_prefix  # noqa: E402
 
-from proxy import edge, ledger, shutdown, upstream  # noqa: E402
+from proxy import edge, files, ledger, shutdown, upstream  # noqa: E402
 from proxy.routing import websocket_urlpatterns  # noqa: E402
 from proxy.views import bearer, typed_response  # noqa: E402
 
@@ -54,6 +54,12 @@ class ApiHandler(ASGIHandler):
         moment it passes the limit, within the client timeouts (`proxy.edge`). A request whose body
         was left unread reaches its view with `request.gateway_refusal` set and an empty body."""
         path = scope["path"]
+        if path == edge.UPLOAD_PATH and scope["method"] == "POST":
+            # A file upload streams its body to the upstream itself (proxy.files), never read here.
+            response = await files.upload(scope, receive)
+            response["x-content-type-options"] = "nosniff"
+            await self.send_response(response, send)
+            return
         headers = edge.headers_of(scope)
         refusal = await edge.body_refusal(path, headers, bearer(headers))
         body = b""

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import path
 
 from gatewaysite import health
+from proxy import files
 from proxy import views as proxy
 from proxy.metrics import metrics_view
 
@@ -15,5 +16,8 @@ urlpatterns = [
     path("v1/messages", proxy.messages),
     path("v1/messages/count_tokens", proxy.messages_count_tokens),
     path("v1/models", proxy.models),
+    # POST v1/files (the upload) is served at the ASGI edge before its body is read (gatewaysite.asgi).
+    path("v1/files/<str:file_id>", files.file_object),
+    path("v1/files/<str:file_id>/content", files.file_content),
     path("admin/", admin.site.urls),
 ]

@@ -14,7 +14,7 @@ body over the limit, costs no more than its headers.
 import asyncio
 import hmac
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -42,9 +42,12 @@ class ClientGone(Exception):
     """The client disconnected before its body was complete."""
 
 
+UPLOAD_PATH = "/v1/files"
+
+
 def body_limit(path: str) -> int:
-    """The largest body accepted on `path`."""
-    return settings.GATEWAY_MAX_BODY_BYTES
+    """The largest body accepted on `path` (a file upload has its own limit)."""
+    return settings.GATEWAY_MAX_UPLOAD_BYTES if path == UPLOAD_PATH else settings.GATEWAY_MAX_BODY_BYTES
 
 
 def headers_of(scope: Mapping) -> dict[str, str]:
@@ -110,11 +113,12 @@ async def body_refusal(path: str, headers: Mapping[str, str], raw_key: str) -> s
     return None if known else "authentication_error"
 
 
-async def read_body(receive: Receive, *, limit: int, idle_timeout_s: float, total_timeout_s: float) -> bytes:
-    """The ASGI request body, at most `limit` bytes. Raises BodyTooLarge as soon as more arrived (the
-    rest is never read), BodyTimeout when one part takes longer than `idle_timeout_s` or the whole
-    longer than `total_timeout_s`, ClientGone on a disconnect."""
-    chunks: list[bytes] = []
+async def iter_body(
+    receive: Receive, *, limit: int, idle_timeout_s: float, total_timeout_s: float
+) -> AsyncIterator[bytes]:
+    """The ASGI request body as it arrives, at most `limit` bytes. Raises BodyTooLarge as soon as more
+    arrived (the rest is never read), BodyTimeout when one part takes longer than `idle_timeout_s` or
+    the whole longer than `total_timeout_s`, ClientGone on a disconnect."""
     size = 0
     deadline = time.monotonic() + total_timeout_s
     while True:
@@ -132,6 +136,12 @@ async def read_body(receive: Receive, *, limit: int, idle_timeout_s: float, tota
         if size > limit:
             raise BodyTooLarge
         if chunk:
-            chunks.append(chunk)
+            yield chunk
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return
+
+
+async def read_body(receive: Receive, *, limit: int, idle_timeout_s: float, total_timeout_s: float) -> bytes:
+    """The whole body (`iter_body`'s rules), for the JSON routes."""
+    chunks = iter_body(receive, limit=limit, idle_timeout_s=idle_timeout_s, total_timeout_s=total_timeout_s)
+    return b"".join([chunk async for chunk in chunks])

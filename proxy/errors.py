@@ -9,6 +9,8 @@ TYPED_ERRORS: dict[str, tuple[int, str]] = {
     "authentication_error": (401, "A valid gateway key is required."),
     "permission_denied": (403, "This key may not use the model."),
     "model_not_found": (404, "No route serves this model."),
+    # Not in SPEC §4's table: an unknown file id, or one another key uploaded (the same answer).
+    "file_not_found": (404, "No such file."),
     "file_assignment_conflict": (409, "The assignment holding the referenced file is no longer in the pool."),
     "request_too_large": (413, "The request body is too large."),
     "request_timeout": (408, "The request body did not arrive in time."),

@@ -120,10 +120,14 @@ class Memory:
     response_ids: bool = False  # Responses routes: response id -> assignment, for previous_response_id
     session: str | None = None  # x-gateway-session
     session_seen: tuple[int | None, str] | None = None  # (assignment, model) already stored for it
+    file_upload: bool = False  # POST /v1/files: the answer's file id -> assignment (`Relay.file_id`)
+    file_deleted: str | None = None  # DELETE /v1/files/{id}: that file's affinity is over
 
 
 RESPONSE_AFFINITY_TTL = timedelta(days=30)  # as long as the providers keep stored responses
 SESSION_AFFINITY_TTL = timedelta(hours=1)
+# Uploaded files stay until deleted (OpenAI keeps them indefinitely); a year bounds a forgotten one.
+FILE_AFFINITY_TTL = timedelta(days=365)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +333,7 @@ class Relay:
         self.anthropic_beta = anthropic_beta
         self.untranslatable: str | None = None  # the param a translation refused (a candidate passed over)
         self.response_id: str | None = None
+        self.file_id: str | None = None  # an upload's answer: the file the upstream created
         self.held_probe = False
         self.failed_after_output: FailureClass | None = None  # an upstream error event after output
         # The failure-path state writes still running (see `_record_failure`), in submission order.
@@ -375,6 +380,19 @@ class Relay:
                 ttl=RESPONSE_AFFINITY_TTL,
                 now=now,
             )
+        if self.memory.file_upload and self.file_id:
+            services.affinity_record(
+                gateway_key_id=owner,
+                kind=AffinityKind.FILE,
+                key=self.file_id,
+                assignment_id=c.assignment_id,
+                ttl=FILE_AFFINITY_TTL,
+                now=now,
+            )
+        if self.memory.file_deleted:
+            services.affinity_forget(
+                gateway_key_id=owner, kind=AffinityKind.FILE, key=self.memory.file_deleted
+            )
         if self.memory.session and self.memory.session_seen != (c.assignment_id, c.model):
             services.affinity_record(
                 gateway_key_id=owner,
@@ -389,7 +407,12 @@ class Relay:
     async def _record_success(self, c: Candidate) -> None:
         await self.state_written()  # the failures before it first: one request's writes stay in order
         seen = Seen(self.view.circuits.get(c.key))
-        remember = (self.memory.response_ids and self.response_id) or self.memory.session
+        remember = (
+            (self.memory.response_ids and self.response_id)
+            or self.memory.session
+            or (self.memory.file_upload and self.file_id)
+            or self.memory.file_deleted
+        )
         writes = seen.snapshot is not None and not seen.snapshot.clean
         if remember or writes or c.demoted:
             await self._write_state(self._success_state, c, seen, remember, writes)
@@ -840,6 +863,20 @@ class Relay:
         if log.input_tokens is None or log.output_tokens is None:
             return None
         return cost_micros(c.price, input_tokens=log.input_tokens, output_tokens=log.output_tokens)
+
+    async def end_passthrough(self, c: Candidate, log: AttemptLog, *, outcome: str) -> None:
+        """A relayed body that is no event stream (a file's content) ended: "ok" when it was read to
+        its end, "upstream_interrupted" when the upstream cut it, "cancelled" when the client left."""
+        if outcome == "ok":
+            log.status, log.dispatch_state = "succeeded", DispatchState.COMPLETED
+            await self._record_success(c)
+            await self._finish("ok", 200)
+            return
+        log.status, log.dispatch_state = ("cancelled" if outcome == "cancelled" else "failed"), "unknown"
+        log.failure_class = FailureClass.CANCELLED if outcome == "cancelled" else FailureClass.INTERRUPTED
+        if self.held_probe:  # a verdict-free end frees the probe slot (SPEC §7.1)
+            await db.run(services.circuit_release_probe, key=self._key(c))
+        await self._finish(outcome, 499 if outcome == "cancelled" else 200)
 
     async def _succeed(self, c: Candidate, log: AttemptLog, result: Final | Stream) -> Final | Stream:
         if isinstance(result, Stream):

@@ -11,6 +11,7 @@ the original aiohttp exception (`__cause__`), conservatively: only a failure to 
 
 import asyncio
 import math
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -65,12 +66,22 @@ def transport_event(exc: Exception) -> TransportEvent:
 
 
 async def open_stream(
-    method: str, url: str, *, headers: dict[str, str], json: object, read_timeout_s: float
+    method: str,
+    url: str,
+    *,
+    headers: dict[str, str],
+    json: object,
+    read_timeout_s: float,
+    content: AsyncIterable[bytes] | None = None,
 ) -> httpx.Response:
     """Send the request and return the response with its body unread (the caller streams or reads
-    it and must close it). Raises TransportFailure with what is known of the dispatch."""
+    it and must close it). Raises TransportFailure with what is known of the dispatch. `content`
+    (instead of `json`): a body sent as it is produced, never held whole (a file upload)."""
     timeout = httpx.Timeout(read_timeout_s, connect=settings.GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S)
-    request = client().build_request(method, url, headers=headers, json=json, timeout=timeout)
+    if content is not None:
+        request = client().build_request(method, url, headers=headers, content=content, timeout=timeout)
+    else:
+        request = client().build_request(method, url, headers=headers, json=json, timeout=timeout)
     try:
         return await client().send(request, stream=True)
     except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:

@@ -165,7 +165,7 @@ def operation_id(headers: Mapping[str, str]) -> str | None:
     return value
 
 
-def _headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -> tuple[Requirements, int]:
+def headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -> tuple[Requirements, int]:
     try:
         extra = parse_requirements_header(headers.get("x-gateway-requirements", ""))
     except RequirementsHeaderError:
@@ -291,7 +291,7 @@ async def prepare(
     assert view is not None and route_settings is not None
     exchange.requested_model = body["model"]
     exchange.transport = str(route_class)
-    extra, deadline_ms = _headers_requirements(headers, route_settings.default_deadline_ms)
+    extra, deadline_ms = headers_requirements(headers, route_settings.default_deadline_ms)
     anthropic = path in MESSAGES_ROUTES
     turn = (anthropic_adapter if anthropic else openai_adapter).turn_requirements(body, body_size)
     route = path.removeprefix("/v1")

@@ -60,6 +60,9 @@ class RoutingView:
     auto_models: tuple[str, ...] = ()
     circuits: Mapping[tuple[int, str], CircuitSnapshot] = field(default_factory=dict)
     targets: Mapping[int, Target] = field(default_factory=dict)  # assignment id -> dispatch target
+    # One candidate per enabled assignment, with model "": what a route without a model (the Files
+    # API) plans over.
+    accounts: tuple[Candidate, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

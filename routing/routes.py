@@ -19,7 +19,11 @@ CLIENT_ROUTES = (
     "/messages/count_tokens",
 )
 
+# The Files API exists on OpenAI itself, not on OpenRouter or Anthropic-shaped accounts.
+FILES_ADAPTERS = frozenset({"openai"})
+
 ROUTE_ADAPTERS: Mapping[str, frozenset[str]] = {
+    "/files": FILES_ADAPTERS,
     "/responses": OPENAI_FAMILY,
     "/responses/compact": OPENAI_FAMILY,
     "/messages/count_tokens": ANTHROPIC_FAMILY,

@@ -39,6 +39,9 @@ from routing.types import (
 )
 
 CACHE_LIMIT = 512
+# The model of an account-wide candidate (a route with no model, the Files API): its circuits are
+# (assignment, "") per route class, apart from every model's.
+ACCOUNT_MODEL = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class ConfigSnapshot:
     routes: dict[str, tuple[Candidate, ...]]  # healthy, undemoted: health is applied per request
     auto_models: tuple[str, ...]
     targets: dict[int, Target]
+    accounts: tuple[Candidate, ...] = ()  # one per assignment, model "" (`RoutingView.accounts`)
     # The first expiry of a qualified capability it applied: from then on it is stale whatever the
     # config version says (an expiry moves no trigger).
     valid_until: datetime | None = None
@@ -114,6 +118,7 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
     routes: dict[str, list[Candidate]] = {}
     auto_models: list[str] = []
     targets: dict[int, Target] = {}
+    accounts: list[Candidate] = []
     pools_seen: set[int] = set()
     evidence = evidence_load(pool_ids=pool_ids, now=now)
     expiries: list[datetime] = []
@@ -129,7 +134,10 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
         )
         if (expiry := valid_until(capabilities)) is not None:
             expiries.append(expiry)
-        routes.setdefault(entry.model, []).append(_candidate(entry, {e.capability: e for e in capabilities}))
+        candidate = _candidate(entry, {e.capability: e for e in capabilities})
+        routes.setdefault(entry.model, []).append(candidate)
+        if a.pk not in targets:
+            accounts.append(replace(candidate, model=ACCOUNT_MODEL, context_window=None, price=Price()))
         targets[a.pk] = Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env)
         if a.pool_id not in pools_seen:
             pools_seen.add(a.pool_id)
@@ -147,6 +155,7 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
         auto_models=tuple(auto_models),
         targets=targets,
         valid_until=min(expiries, default=None),
+        accounts=tuple(accounts),
     )
 
 
@@ -229,7 +238,14 @@ def routing_view_load(
             )
             for model, candidates in routes.items()
         }
+    accounts = config.accounts
+    if circuits:
+        accounts = tuple(
+            c if c.key not in circuits else replace(c, health=breaker.health(circuits[c.key], bs, now))
+            for c in accounts
+        )
     view = RoutingView(
+        accounts=accounts,
         policy=config.policy,
         max_attempts=config.settings.max_attempts,
         routes=routes,

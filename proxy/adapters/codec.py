@@ -40,6 +40,7 @@ from routing.types import Requirements
 CHAT = "/chat/completions"
 MESSAGES = "/messages"
 COUNT_TOKENS = "/messages/count_tokens"
+FILES = "/files"
 ANTHROPIC_ROUTES = frozenset({MESSAGES, COUNT_TOKENS})
 
 
@@ -110,6 +111,10 @@ def upstream_call(
     anthropic_beta: str | None = None,
 ) -> UpstreamCall:
     """The request for client route `path` (without `/v1`) on `target`, serving `model`."""
+    if path == FILES or path.startswith(FILES + "/"):
+        # The Files API: no model, no translation; only `openai` accounts are eligible (routing.files).
+        url, headers = openai_adapter.files_request(target, path)
+        return UpstreamCall(url, headers, {}, Dialect.CHAT, False, path, model)
     anthropic_upstream = target.adapter in ANTHROPIC_FAMILY
     if path in ANTHROPIC_ROUTES and anthropic_upstream:
         url, headers, payload = anthropic_adapter.build_request(

@@ -24,6 +24,12 @@ def build_request(
     return f"{target.base_url.rstrip('/')}{path}", headers, payload
 
 
+def files_request(target: Target, path: str) -> tuple[str, dict[str, str]]:
+    """A Files API request (`/files`, `/files/{id}`, `/files/{id}/content`): the URL and the
+    credential; the body (an upload's multipart) and its content type are the client's, as sent."""
+    return f"{target.base_url.rstrip('/')}{path}", upstream_auth_headers(target.adapter, target.api_key_env)
+
+
 def _has_image(value: object) -> bool:
     # Iterative: a client's nesting depth must not be able to exhaust the stack.
     pending = [value]

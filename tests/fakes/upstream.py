@@ -18,6 +18,11 @@ Contract:
   flushed) whenever the request's `Accept-Encoding` offers gzip or deflate (`compression` picks which
   it prefers, or "identity" to never compress). `answer_digests` are the SHA-256 of the plain bodies
   it answered, before compression.
+- OpenAI's Files API (`POST /v1/files` multipart with `purpose` and `file`, `GET /v1/files/{id}`,
+  `GET /v1/files/{id}/content`, `DELETE /v1/files/{id}`): the upload is parsed as a stream and kept on
+  disk (never whole in memory), answered with a file object; an id this account does not hold gets
+  OpenAI's 404 (`invalid_request_error`, param `id`). `script_files(...)` scripts these requests
+  (an upload's body is read before a scripted rejection, as a server does).
 - Like OpenAI, it stores the Responses it served: a `previous_response_id` it never created gets
   400 `previous_response_not_found` (another account's response is unknown to this one).
 """
@@ -28,15 +33,18 @@ import asyncio
 import hashlib
 import json
 import re
+import shutil
+import tempfile
 import threading
 import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal, Protocol, Self, cast
 
-from aiohttp import WSCloseCode, WSMsgType, hdrs, web
+from aiohttp import BodyPartReader, WSCloseCode, WSMsgType, hdrs, web
 from aiohttp.web import ContentCoding
 
 Transport = Literal["http", "sse", "websocket"]
@@ -218,6 +226,46 @@ _MODEL_NOT_FOUND = ApiError(
 _MID_STREAM_FAILURE = ApiError("server_error", "The server had an error while processing your request.")
 _BAD_JSON = ApiError("invalid_request_error", "We could not parse the JSON body of your request.")
 _MISSING_MODEL = ApiError("invalid_request_error", "You must provide a model parameter.", None, "model")
+
+
+FILE_PURPOSES = frozenset({"assistants", "batch", "fine-tune", "vision", "user_data", "evals"})
+FILES_SCRIPT = "(files)"  # the script key of Files API requests (they name no model)
+
+
+def _missing_parameter(name: str) -> ApiError:
+    return ApiError(
+        "invalid_request_error", f"Missing required parameter: '{name}'.", "missing_required_parameter", name
+    )
+
+
+def _no_such_file(file_id: str) -> ApiError:
+    return ApiError("invalid_request_error", f"No such File object: {file_id}", None, "id")
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file an account holds: its object's fields, the SHA-256 of its bytes and where they are."""
+
+    id: str
+    filename: str
+    purpose: str
+    bytes: int
+    sha256: str
+    created_at: int
+    path: Path
+
+    def object(self) -> JsonObject:
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "expires_at": None,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": None,
+        }
 
 
 def _previous_not_found(previous: str) -> ApiError:
@@ -753,6 +801,8 @@ class FakeUpstream:
         self._hits: list[Hit] = []
         self._ws_connections = 0
         self._responses: set[str] = set()  # the Responses it served (and so stores), by id
+        self._files: dict[str, StoredFile] = {}
+        self._file_dir: Path | None = None
         self._running: _Running | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -784,6 +834,9 @@ class FakeUpstream:
         running.thread.join()
         # Cleared last: handlers still finishing during the shutdown look their state up here.
         self._running = None
+        if self._file_dir is not None:
+            shutil.rmtree(self._file_dir, ignore_errors=True)
+            self._file_dir = None
 
     def __enter__(self) -> Self:
         return self.start()
@@ -803,6 +856,10 @@ class FakeUpstream:
             app.router.add_post(path, self._http_handler(route))
         app.router.add_get("/v1/responses", self._handle_websocket)
         app.router.add_get("/v1/models", self._handle_models)
+        app.router.add_post("/v1/files", self._handle_file_upload)
+        app.router.add_get("/v1/files/{file_id}", self._handle_file)
+        app.router.add_delete("/v1/files/{file_id}", self._handle_file)
+        app.router.add_get("/v1/files/{file_id}/content", self._handle_file_content)
         # Handlers end promptly on `stopping`; the timeout only bounds a handler stuck elsewhere.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
@@ -950,6 +1007,128 @@ class FakeUpstream:
         except TimeoutError:
             return False
         return True
+
+    # -- Files API ------------------------------------------------------------------------------------
+
+    def script_files(self, first: Behaviour, *then: Behaviour) -> None:
+        """Answer the next Files API requests with these behaviours (`Serve`: as the API would)."""
+        self.script(FILES_SCRIPT, first, *then)
+
+    @property
+    def files(self) -> dict[str, StoredFile]:
+        with self._lock:
+            return dict(self._files)
+
+    def _files_behaviour(self) -> Behaviour:
+        with self._lock:
+            script = self._scripts.get(FILES_SCRIPT)
+            if script:
+                return script.pop(0) if len(script) > 1 else script[0]
+        return serve()
+
+    async def _files_scripted(self, request: web.Request, behaviour: Behaviour) -> web.StreamResponse | None:
+        """A scripted Files answer other than Serve, once the request's body has been read."""
+        match behaviour:
+            case Serve():
+                return None
+            case Reject(status=status, error=err):
+                return _openai_failure(status, err)
+            case RawError(status=status, body=body):
+                return web.json_response(dict(body), status=status)
+            case Hang(seconds=seconds):
+                await self._pause(seconds)
+        return _drop(request)
+
+    async def _handle_file_upload(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, None, None, "http")
+        if not self._authorized(request):
+            return _openai_failure(401, _BAD_KEY)
+        behaviour = self._files_behaviour()
+        if not request.content_type.startswith("multipart/"):
+            await request.read()
+            return _openai_failure(400, _missing_parameter("file"))
+        if self._file_dir is None:
+            self._file_dir = Path(tempfile.mkdtemp(prefix=f"fake-{self.name}-files-"))
+        file_id = _new_id("file-")
+        path = self._file_dir / file_id
+        purpose: str | None = None
+        filename: str | None = None
+        size = 0
+        digest = hashlib.sha256()
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader):
+                continue  # a nested multipart: not part of the Files API
+            if part.name == "purpose":
+                purpose = await part.text()
+            elif part.name == "file":
+                filename = part.filename or "upload"
+                with path.open("wb") as out:  # streamed to disk, a chunk at a time
+                    while chunk := await part.read_chunk(1 << 16):
+                        size += len(chunk)
+                        digest.update(chunk)
+                        out.write(chunk)
+            else:
+                await part.release()
+        scripted = await self._files_scripted(request, behaviour)
+        if scripted is not None or filename is None or purpose is None or purpose not in FILE_PURPOSES:
+            path.unlink(missing_ok=True)
+        if scripted is not None:
+            return scripted
+        if filename is None:
+            return _openai_failure(400, _missing_parameter("file"))
+        if purpose is None:
+            return _openai_failure(400, _missing_parameter("purpose"))
+        if purpose not in FILE_PURPOSES:
+            invalid = ApiError(
+                "invalid_request_error", f"Invalid value for purpose: '{purpose}'.", None, "purpose"
+            )
+            return _openai_failure(400, invalid)
+        stored = StoredFile(file_id, filename, purpose, size, digest.hexdigest(), int(time.time()), path)
+        with self._lock:
+            self._files[file_id] = stored
+        return web.json_response(stored.object())
+
+    def _stored(self, request: web.Request) -> StoredFile | None:
+        with self._lock:
+            return self._files.get(request.match_info["file_id"])
+
+    async def _handle_file(self, request: web.Request) -> web.StreamResponse:
+        """GET (the file object) and DELETE /v1/files/{id}."""
+        self._record(request, None, None, "http")
+        if not self._authorized(request):
+            return _openai_failure(401, _BAD_KEY)
+        scripted = await self._files_scripted(request, self._files_behaviour())
+        if scripted is not None:
+            return scripted
+        stored = self._stored(request)
+        if stored is None:
+            return _openai_failure(404, _no_such_file(request.match_info["file_id"]))
+        if request.method == "DELETE":
+            with self._lock:
+                self._files.pop(stored.id, None)
+            stored.path.unlink(missing_ok=True)
+            return web.json_response({"id": stored.id, "object": "file", "deleted": True})
+        return web.json_response(stored.object())
+
+    async def _handle_file_content(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, None, None, "http")
+        if not self._authorized(request):
+            return _openai_failure(401, _BAD_KEY)
+        scripted = await self._files_scripted(request, self._files_behaviour())
+        if scripted is not None:
+            return scripted
+        stored = self._stored(request)
+        if stored is None:
+            return _openai_failure(404, _no_such_file(request.match_info["file_id"]))
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = stored.bytes
+        await response.prepare(request)
+        with stored.path.open("rb") as source:
+            while chunk := source.read(1 << 16):
+                await response.write(chunk)
+        await response.write_eof()
+        return response
 
     # -- HTTP -----------------------------------------------------------------------------------------
 

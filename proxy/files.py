@@ -1,0 +1,454 @@
+"""The OpenAI Files API (SPEC §4, §5.2, §7.2): `POST /v1/files`, `GET /v1/files/{id}`,
+`GET /v1/files/{id}/content`, `DELETE /v1/files/{id}`, for `openai` accounts.
+
+- An upload is planned like any request without a model (`routing.files.files_plan`) and runs through
+  the one attempt loop (`proxy.relay.Relay`) with `FilesDispatch` as its transport, so it fails over
+  before the client has seen anything, records circuits and its ledger row like every other route.
+  Its answer's file id is remembered as the key's own file affinity (id -> assignment).
+- The upload body is never held whole: `gatewaysite.asgi` hands `POST /v1/files` here before reading
+  anything; the key and `content-length` are checked first (`proxy.edge.body_refusal`, limit
+  GATEWAY_MAX_UPLOAD_BYTES), then the client's multipart body is streamed as it arrives
+  (`proxy.edge.iter_body`: refused the moment it passes the limit) to the upstream, as sent. When the
+  plan has another candidate, what was streamed is also spooled to a temporary file on disk, so a
+  pre-visible failure (a 429, a refused connection) can be replayed to the next candidate.
+- GET, content and DELETE go to the assignment that holds the file, never elsewhere. A file id the key
+  does not own (unknown, expired, another key's) gets the same 404 from the same single lookup; a file
+  whose assignment left the key's pools gets 409 `file_assignment_conflict`. A DELETE that succeeds
+  ends the affinity.
+- `file_ids_of` finds the file ids a Chat, Responses or Messages body references, which `proxy.views`
+  turns into hard pins (`routing.files`).
+
+The ledger row of a file operation has its route (`/v1/files`, `/v1/files/{id}`,
+`/v1/files/{id}/content`, `DELETE /v1/files/{id}`), attempts and outcome: never a file id, file name
+or content.
+"""
+
+import json
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import IO
+
+import aiohttp
+import httpx
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.views.decorators.http import require_http_methods
+
+from pools.selectors import Authenticated, key_authenticate
+from proxy import db, edge, upstream
+from proxy.adapters.codec import UpstreamCall
+from proxy.ledger import record
+from proxy.relay import AttemptLog, Exchange, Failure, Final, HttpDispatch, Memory, Relay, Stream, settle
+from proxy.upstream import TransportFailure
+from proxy.views import READ_TIMEOUT_S, RequestFailed, bearer, headers_requirements, typed_response
+from routing.eligibility import tighten
+from routing.failures import DispatchState, FailureClass, Observation
+from routing.files import TooManyFiles, files_plan, referenced_file_ids
+from routing.models import Affinity, AffinityKind
+from routing.plan import HardPin, PinKind, PlanError
+from routing.route import RoutingView
+from routing.selectors import RouteSettings, affinity_get, routing_view_load
+from routing.types import Candidate, RouteClass
+
+UPLOAD_ROUTE = edge.UPLOAD_PATH
+FILE_ROUTE = "/v1/files/{id}"
+CONTENT_ROUTE = "/v1/files/{id}/content"
+DELETE_ROUTE = "DELETE /v1/files/{id}"
+# The ids the gateway routes by: what OpenAI issues (`file-...`), never a path step such as `..`.
+FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,300}")
+NEVER_AN_ID = "."  # what FILE_ID never matches, so never recorded
+SPOOL_CHUNK = 1 << 16
+# An upload may take longer than a JSON body: at least this rate is expected of the client.
+UPLOAD_MIN_BYTES_PER_S = 64 * 1024
+
+
+def file_ids_of(body: dict, raw: bytes | str) -> tuple[str, ...]:
+    """The file ids `body` references (`routing.files.referenced_file_ids`), or RequestFailed for too
+    many. `raw` is the body as sent: without the text `file_id` (or a JSON escape, which could spell
+    it) it references no file, and the walk over the parsed body is skipped."""
+    text = raw.encode() if isinstance(raw, str) else raw
+    if b"file_id" not in text and b"\\u" not in text:
+        return ()
+    try:
+        return referenced_file_ids(body)
+    except TooManyFiles:
+        raise RequestFailed("invalid_request", "file_id") from None
+
+
+# -- the upload body ---------------------------------------------------------------------------------
+
+
+class UploadBody:
+    """The client's upload as one attempt after another reads it: a replay of what earlier attempts
+    took (from the spool on disk), then the rest as it arrives. `refused` is the typed code of a body
+    that broke the rules midway (too large, too slow, or the client left)."""
+
+    def __init__(self, receive: edge.Receive, *, limit: int, replayable: bool, declared: int | None) -> None:
+        expected = declared if declared is not None else limit
+        self._client = edge.iter_body(
+            receive,
+            limit=limit,
+            idle_timeout_s=settings.GATEWAY_CLIENT_TIMEOUT_S,
+            total_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S + expected / UPLOAD_MIN_BYTES_PER_S,
+        )
+        self._spool: IO[bytes] | None = tempfile.TemporaryFile() if replayable else None  # noqa: SIM115
+        self._spooled = 0
+        self._attempts = 0
+        self.done = False
+        self.refused: str | None = None
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        self._attempts += 1
+        if self._attempts > 1 and self._spool is None:
+            raise RuntimeError("an upload without a spool was dispatched twice")
+        offset = 0
+        while self._spool is not None and offset < self._spooled:
+            self._spool.seek(offset)
+            chunk = self._spool.read(min(SPOOL_CHUNK, self._spooled - offset))
+            offset += len(chunk)
+            yield chunk
+        if self.done or self.refused is not None:
+            if self.refused is not None:
+                raise UploadRefused(self.refused)
+            return
+        try:
+            async for chunk in self._client:
+                if self._spool is not None:
+                    # Spooled before it is handed on: an attempt abandoned right after taking it
+                    # still leaves it for the next one.
+                    self._spool.seek(0, 2)
+                    self._spool.write(chunk)
+                    self._spooled += len(chunk)
+                yield chunk
+        except edge.BodyTooLarge:
+            self.refused = "request_too_large"
+        except edge.BodyTimeout:
+            self.refused = "request_timeout"
+        except edge.ClientGone:
+            self.refused = "cancelled"
+        if self.refused is not None:
+            raise UploadRefused(self.refused)
+        self.done = True
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
+
+class UploadRefused(Exception):
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+REFUSED_STATUS = {"request_too_large": 413, "request_timeout": 408, "cancelled": 499}
+
+
+# -- the transport -------------------------------------------------------------------------------------
+
+
+def _file_id(raw: bytes) -> str | None:
+    """The id of the file object an upload answered."""
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict) or parsed.get("object") != "file":
+        return None
+    value = parsed.get("id")
+    return value if isinstance(value, str) and FILE_ID.fullmatch(value) else None
+
+
+class FilesDispatch(HttpDispatch):
+    """One Files API attempt (a `proxy.relay.Dispatch`): the OpenAI error envelope of HttpDispatch, a
+    streamed multipart body for an upload, a streamed answer for a file's content."""
+
+    def __init__(
+        self,
+        method: str,
+        *,
+        upload: UploadBody | None = None,
+        content_type: str = "",
+        content_length: int | None = None,
+        content: bool = False,
+    ) -> None:
+        super().__init__()
+        self.method = method
+        self.upload = upload
+        self.content_type = content_type  # an upload's (with its boundary); a content answer's
+        self.content_length = content_length
+        self.content = content
+
+    def _refused(self) -> Failure | None:
+        if self.upload is None or self.upload.refused is None:
+            return None
+        code = self.upload.refused
+        # The client's failure, not the upstream's: no circuit counts it, nothing is retried.
+        if code == "cancelled":
+            return Failure(FailureClass.CANCELLED, DispatchState.UNKNOWN, 499, None, code, None)
+        # The upstream never received a whole body: it created nothing.
+        return Failure(
+            FailureClass.CLIENT_ERROR,
+            DispatchState.REJECTED,
+            REFUSED_STATUS[code],
+            "invalid_request_error",
+            code,
+            None,
+        )
+
+    async def attempt(
+        self, relay: Relay, c: Candidate, log: AttemptLog, call: UpstreamCall
+    ) -> Failure | Final | Stream:
+        headers = dict(call.headers)
+        body = None
+        if self.upload is not None:
+            headers["content-type"] = self.content_type
+            if self.content_length is not None:
+                headers["content-length"] = str(self.content_length)
+            body = self.upload.stream()
+        try:
+            response = await upstream.open_stream(
+                self.method,
+                call.url,
+                headers=headers,
+                json=None,
+                content=body,
+                read_timeout_s=relay.read_timeout_s(),
+            )
+        except TransportFailure as failure:
+            return self._refused() or relay.failure(Observation(transport=failure.event))
+        log.upstream_status = response.status_code
+        if self.content and response.status_code == 200:
+            self.content_type = response.headers.get("content-type", "application/octet-stream")
+            return Stream(self._relay_content(relay, c, log, response))
+        try:
+            raw = await upstream.read_body(response)
+        except TransportFailure as failure:
+            return relay.failure(Observation(status=response.status_code, transport=failure.event))
+        except upstream.ResponseTooLarge:
+            return relay.unrelayable(response.status_code, "upstream_response_too_large")
+        refused = self._refused()
+        if refused is not None:
+            return refused
+        result = relay.plain(log, call, response.status_code, raw)
+        if isinstance(result, Final) and self.upload is not None:
+            relay.file_id = _file_id(raw)
+        return result
+
+    async def _relay_content(
+        self, relay: Relay, c: Candidate, log: AttemptLog, response: httpx.Response
+    ) -> AsyncIterator[bytes]:
+        """A file's bytes as they come (never held whole); the exchange settles when they end."""
+        outcome = "cancelled"
+        started = time.monotonic()
+        try:
+            async for chunk in response.aiter_bytes():
+                yield chunk
+            outcome = "ok"
+        except (httpx.HTTPError, aiohttp.ClientError, TimeoutError):
+            outcome = "upstream_interrupted"  # the client sees a body cut short, as the upstream cut it
+        finally:
+            log.elapsed_ms += int((time.monotonic() - started) * 1000)
+            await settle(response.aclose())
+            await settle(relay.end_passthrough(c, log, outcome=outcome))
+
+
+# -- the request path ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FilesLoaded:
+    authenticated: Authenticated
+    view: RoutingView
+    settings: RouteSettings
+    affinity: Affinity | None
+
+
+def _load(raw_key: str, file_id: str | None, now: datetime) -> FilesLoaded | None:
+    """The key, its routing view and (for an existing file) the key's own affinity of `file_id`: one
+    thread hop; an id the key does not own costs the same query as one nobody owns."""
+    authenticated = key_authenticate(raw_key)
+    if authenticated is None:
+        return None
+    key = authenticated.key
+    view, route_settings = routing_view_load(
+        pool_ids=key.pool_ids,
+        route_class=RouteClass.HTTP,
+        now=now,
+        config_version=authenticated.config_version,
+    )
+    affinity = (
+        affinity_get(key_id=key.key_id, kind=AffinityKind.FILE, key=file_id, now=now) if file_id else None
+    )
+    return FilesLoaded(authenticated, view, route_settings, affinity)
+
+
+def _exchange(route: str) -> Exchange:
+    return Exchange(
+        request_id=uuid.uuid4().hex,
+        key_id=None,
+        route=route,
+        transport=str(RouteClass.HTTP),
+        requested_model="",
+        started_at=datetime.now(UTC),
+    )
+
+
+async def _relay(
+    exchange: Exchange,
+    headers: Mapping[str, str],
+    *,
+    file_id: str | None,
+    started: float,
+    path: str,
+    dispatch: FilesDispatch,
+    memory: Memory,
+    replayable: list[bool] | None = None,
+) -> Relay:
+    """The Relay of one Files request, or RequestFailed with its typed code."""
+    try:
+        loaded = await db.run_within(READ_TIMEOUT_S, _load, bearer(headers), file_id, datetime.now(UTC))
+    except DatabaseError:
+        raise RequestFailed("gateway_unavailable") from None
+    if loaded is None:
+        raise RequestFailed("authentication_error")
+    key = loaded.authenticated.key
+    exchange.key_id = key.key_id
+    if file_id is not None and loaded.affinity is None:
+        raise RequestFailed("file_not_found", "id")
+    extra, deadline_ms = headers_requirements(headers, loaded.settings.default_deadline_ms)
+    pin = HardPin(PinKind.FILE, loaded.affinity.assignment_id) if loaded.affinity is not None else None
+    plan = files_plan(loaded.view, tighten(key.requirements, extra), pin=pin)
+    if isinstance(plan, PlanError):
+        raise RequestFailed(str(plan.code))
+    if replayable is not None:
+        replayable.append(len(plan.order) > 1)
+    return Relay(
+        exchange=exchange,
+        view=loaded.view,
+        plan=plan,
+        breaker_settings=loaded.settings.breaker,
+        demotion_seconds=loaded.settings.demotion_seconds,
+        backoff_base_ms=loaded.settings.backoff_base_ms,
+        requirements=tighten(key.requirements, extra),
+        deadline=started + deadline_ms / 1000,
+        path=path,
+        body={},
+        route_class=RouteClass.HTTP,
+        dialect=None,
+        on_finish=record,
+        memory=memory,
+        dispatch=dispatch,
+    )
+
+
+def _answer(exchange: Exchange, result: Final | Stream, dispatch: FilesDispatch) -> HttpResponse:
+    if isinstance(result, Stream):
+        response: HttpResponse = StreamingHttpResponse(result.chunks, content_type=dispatch.content_type)
+    else:
+        response = HttpResponse(result.body, status=result.status, content_type=result.content_type)
+    response["x-gateway-attempts"] = str(sum(1 for a in exchange.attempts if a.status != "ineligible"))
+    return response
+
+
+async def _typed(exchange: Exchange, failed: RequestFailed) -> HttpResponse:
+    response = typed_response(UPLOAD_ROUTE, failed.code, failed.param)
+    exchange.outcome, exchange.status_code = failed.code, response.status_code
+    await record(exchange)
+    return response
+
+
+def _multipart(headers: Mapping[str, str]) -> bool:
+    kind, _, params = headers.get("content-type", "").partition(";")
+    return kind.strip().lower() == "multipart/form-data" and "boundary=" in params.lower()
+
+
+async def upload(scope: Mapping, receive: edge.Receive) -> HttpResponse:
+    """POST /v1/files, served from the ASGI scope before any of its body is read."""
+    started = time.monotonic()
+    exchange = _exchange(UPLOAD_ROUTE)
+    headers = edge.headers_of(scope)
+    body: UploadBody | None = None
+    try:
+        refusal = await edge.body_refusal(UPLOAD_ROUTE, headers, bearer(headers))
+        if refusal is not None:
+            raise RequestFailed(refusal)
+        if not _multipart(headers):
+            raise RequestFailed("invalid_request", "file")
+        declared = edge.declared_length(headers)
+        dispatch = FilesDispatch(
+            "POST", content_type=headers["content-type"], content_length=declared if declared else None
+        )
+        replayable: list[bool] = []
+        relay = await _relay(
+            exchange,
+            headers,
+            file_id=None,
+            started=started,
+            path="/files",
+            dispatch=dispatch,
+            memory=Memory(file_upload=True),
+            replayable=replayable,
+        )
+        body = dispatch.upload = UploadBody(
+            receive, limit=edge.body_limit(UPLOAD_ROUTE), replayable=replayable[0], declared=declared
+        )
+        result = await relay.run()
+        if body.refused is not None and body.refused != "cancelled":
+            response = typed_response(UPLOAD_ROUTE, body.refused)
+        else:
+            response = _answer(exchange, result, dispatch)
+    except RequestFailed as failed:
+        response = await _typed(exchange, failed)
+    finally:
+        if body is not None:
+            body.close()
+    if body is None or not body.done:
+        response["connection"] = "close"  # the rest of the body may still be on its way: never read
+    response["x-gateway-request-id"] = exchange.request_id
+    return response
+
+
+async def _file_request(
+    request: HttpRequest, file_id: str, *, route: str, content: bool = False
+) -> HttpResponse:
+    started = time.monotonic()
+    exchange = _exchange(route)
+    delete = request.method == "DELETE"
+    dispatch = FilesDispatch(request.method or "GET", content=content)
+    try:
+        relay = await _relay(
+            exchange,
+            request.headers,
+            # An id the gateway could never have recorded is looked up all the same (as a name nobody
+            # owns), so its answer and its cost are an unknown id's.
+            file_id=file_id if FILE_ID.fullmatch(file_id) else NEVER_AN_ID,
+            started=started,
+            path=f"/files/{file_id}/content" if content else f"/files/{file_id}",
+            dispatch=dispatch,
+            memory=Memory(file_deleted=file_id if delete else None),
+        )
+        response = _answer(exchange, await relay.run(), dispatch)
+    except RequestFailed as failed:
+        response = await _typed(exchange, failed)
+    response["x-gateway-request-id"] = exchange.request_id
+    return response
+
+
+@require_http_methods(["GET", "DELETE"])
+async def file_object(request: HttpRequest, file_id: str) -> HttpResponse:
+    """GET /v1/files/{id} (the file object) and DELETE /v1/files/{id}."""
+    route = DELETE_ROUTE if request.method == "DELETE" else FILE_ROUTE
+    return await _file_request(request, file_id, route=route)
+
+
+@require_http_methods(["GET"])
+async def file_content(request: HttpRequest, file_id: str) -> HttpResponse:
+    """GET /v1/files/{id}/content: the file's bytes, streamed."""
+    return await _file_request(request, file_id, route=CONTENT_ROUTE, content=True)

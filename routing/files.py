@@ -1,0 +1,70 @@
+"""The plan of a Files API request (SPEC §4, §5.2, §7.2).
+
+Contract: a Files request names no model. `files_plan` plans over the view's accounts (one candidate
+per enabled assignment of the key's pools, model ""), through the same `plan.build_plan` as every
+other route: eligibility by adapter (only `openai` accounts have a Files API), privacy, region,
+router, quality and health (the account's own circuits, kept apart from every model's); an upload
+has no token price, so a key's budget does not gate it. `pin` is the assignment that holds the file
+(GET, content, DELETE): the plan is that account or a `file_assignment_conflict`, never another.
+
+`referenced_file_ids` lists, without repeats, every string under a `file_id` key (and
+every string in a `file_ids` list) anywhere in a request body: Chat Completions `file` parts,
+Responses `input_file`/`input_image`, Assistants-style `attachments`, Anthropic `source: {type:
+file}` and `container_upload` blocks all name the file that way. Iterative, so a client's nesting
+depth cannot exhaust the stack.
+"""
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from routing.plan import HardPin, PinKind, Plan, PlanError, build_plan
+from routing.resolution import WILDCARD
+from routing.route import RoutingView
+from routing.routes import FILES_ADAPTERS
+from routing.types import Requirements
+
+MAX_FILE_IDS = 64  # distinct file ids one request may reference (more is an invalid request)
+MAX_FILE_ID_LENGTH = 300  # as long as an affinity key may be
+
+
+class TooManyFiles(ValueError):
+    """A request references more than MAX_FILE_IDS distinct files, or a file id that is too long."""
+
+
+def files_plan(
+    view: RoutingView, requirements: Requirements, *, pin: HardPin | None = None
+) -> Plan | PlanError:
+    return build_plan(
+        primary=view.accounts,
+        requirements=replace(requirements, adapters=FILES_ADAPTERS, budget_remaining_micros=None),
+        allowed_models=(WILDCARD,),
+        max_attempts=view.max_attempts,
+        pins=(pin,) if pin is not None else (),
+    )
+
+
+def referenced_file_ids(body: object) -> tuple[str, ...]:
+    found: dict[str, None] = {}
+    pending = [body]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            for name, value in item.items():
+                if isinstance(value, dict | list):
+                    if name == "file_ids" and isinstance(value, list):
+                        found.update((v, None) for v in value if isinstance(v, str))
+                    pending.append(value)
+                elif name == "file_id" and isinstance(value, str):
+                    found[value] = None
+        elif isinstance(item, list):
+            pending.extend(v for v in item if isinstance(v, dict | list))
+    ids = tuple(found)
+    if len(ids) > MAX_FILE_IDS or any(len(i) > MAX_FILE_ID_LENGTH for i in ids):
+        raise TooManyFiles
+    return ids
+
+
+def file_pins(assignments: Sequence[int | None]) -> tuple[HardPin, ...]:
+    """The hard pins of the referenced files the key owns (their assignments, None: gone). Two files
+    on different assignments cannot both be honoured: `build_plan` answers file_assignment_conflict."""
+    return tuple(HardPin(PinKind.FILE, assignment_id) for assignment_id in dict.fromkeys(assignments))
