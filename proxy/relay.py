@@ -175,6 +175,19 @@ def _usage(payload: object) -> tuple[int | None, int | None]:
     )
 
 
+def _usage_only_chunk(block: Block) -> bool:
+    """The Chat chunk that carries only usage (`choices: []`), sent because the gateway asked for it."""
+    if block.data is None or b'"usage"' not in block.raw or b'"choices"' not in block.raw:
+        return False
+    try:
+        payload = json.loads(block.data)
+    except ValueError:
+        return False
+    return (
+        isinstance(payload, dict) and payload.get("choices") == [] and isinstance(payload.get("usage"), dict)
+    )
+
+
 def _finish_reason(payload: object) -> str | None:
     """finish_reason (chat), incomplete reason (Responses, plain or in a stream event), stop_reason."""
     if not isinstance(payload, dict):
@@ -263,16 +276,23 @@ class Reading:
     """One attempt's stream as it is read: the upstream's blocks, classified in its own dialect, and
     the client's output (the blocks as they came, or translated into the client's API)."""
 
-    def __init__(self, source: EventSource, dialect: Dialect, translator: StreamTranslator | None) -> None:
+    def __init__(
+        self,
+        source: EventSource,
+        dialect: Dialect,
+        translator: StreamTranslator | None,
+        strip_usage: bool = False,
+    ) -> None:
         self.source = source
         self.batches = source.batches()
         self.dialect = dialect
         self.translator = translator
+        self.strip_usage = strip_usage
         self.withholder = Withholder()
 
     def output(self, blocks: Iterable[Block]) -> list[bytes]:
         if self.translator is None:
-            return [b.raw for b in blocks]
+            return [b.raw for b in blocks if not (self.strip_usage and _usage_only_chunk(b))]
         return [out for out in map(self.translator.feed, blocks) if out]
 
     def finish(self) -> bytes:
@@ -662,7 +682,12 @@ class Relay:
         Failure that ended the attempt before anything was shown (SPEC §6.2, §6.3). Events are
         classified in the upstream's dialect (`call.dialect`) and written in the client's."""
         assert self.dialect is not None
-        reading = Reading(source, call.dialect if call else self.dialect, call.stream() if call else None)
+        reading = Reading(
+            source,
+            call.dialect if call else self.dialect,
+            call.stream() if call else None,
+            strip_usage=call.strip_usage if call else False,
+        )
         batches = reading.batches
         try:
             async for blocks in batches:
@@ -852,9 +877,13 @@ class Relay:
         if payload is None:
             return
         self._note_response_id(payload)
-        tokens = _usage(payload)
-        if tokens != (None, None):
-            log.input_tokens, log.output_tokens = tokens
+        # Streams report usage in parts (Anthropic: input in message_start, output in message_delta):
+        # a later event updates what it names and keeps the rest.
+        prompt, completion = _usage(payload)
+        if prompt is not None:
+            log.input_tokens = prompt
+        if completion is not None:
+            log.output_tokens = completion
         if classify(Observation(finish_reason=_finish_reason(payload))) is FailureClass.SAFETY_REFUSAL:
             log.failure_class = str(FailureClass.SAFETY_REFUSAL)
             self.x.outcome = "terminal_refusal"

@@ -6,7 +6,7 @@ adapter) is decided here and nowhere else:
 
 | client route | `openai` / `openrouter` assignment | `anthropic` assignment |
 | --- | --- | --- |
-| `/chat/completions` | as sent | translated to `/messages` and back |
+| `/chat/completions` | as sent (a stream asks for usage) | translated to `/messages` and back |
 | `/responses`, `/responses/compact` | as sent | not carried (no Anthropic form) |
 | `/messages` | translated to `/chat/completions` and back | as sent |
 | `/messages/count_tokens` | not carried (no OpenAI form) | as sent |
@@ -67,6 +67,9 @@ class UpstreamCall:
     client_path: str
     model: str
     include_usage: bool = False  # a Chat client's `stream_options.include_usage`
+    # The gateway asked a Chat stream for usage the client did not ask for: its usage-only chunk is
+    # read for the ledger and not relayed (SPEC §6.0).
+    strip_usage: bool = False
 
     def response(self, raw: bytes) -> bytes:
         """A successful plain answer as the client's API has it; ResponseTranslationError when the
@@ -141,5 +144,15 @@ def upstream_call(
     url, headers, payload = openai_adapter.build_request(
         target, path, body, model=model, requirements=requirements
     )
-    dialect = Dialect.CHAT if path == CHAT else Dialect.RESPONSES
-    return UpstreamCall(url, headers, payload, dialect, False, path, model)
+    if path != CHAT:
+        return UpstreamCall(url, headers, payload, Dialect.RESPONSES, False, path, model)
+    strip_usage = False
+    if body.get("stream") is True and not _include_usage(body):
+        # OpenAI streams report usage only when asked: without it a streamed answer is never charged.
+        options = body.get("stream_options")
+        payload["stream_options"] = {
+            **(options if isinstance(options, Mapping) else {}),
+            "include_usage": True,
+        }
+        strip_usage = True
+    return UpstreamCall(url, headers, payload, Dialect.CHAT, False, path, model, strip_usage=strip_usage)
