@@ -264,6 +264,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
                 dialect=Dialect.RESPONSES,
                 dispatch=WebsocketDispatch(self.link),
                 pins=[HardPin(PinKind.WEBSOCKET, live.assignment_id)] if live is not None else [],
+                raw=item if isinstance(item, str) else None,
             )
         except RequestFailed as failed:
             await self._typed(exchange, failed, bad_frame=False)

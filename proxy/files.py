@@ -15,8 +15,8 @@
   does not own (unknown, expired, another key's) gets the same 404 from the same single lookup; a file
   whose assignment left the key's pools gets 409 `file_assignment_conflict`. A DELETE that succeeds
   ends the affinity.
-- `file_ids_of` finds the file ids a Chat, Responses or Messages body references, which `proxy.views`
-  turns into hard pins (`routing.files`).
+- The file ids a Chat, Responses or Messages body references become hard pins in `proxy.views.prepare`
+  (`routing.files.file_ids_of`, `file_pins`).
 
 The ledger row of a file operation has its route (`/v1/files`, `/v1/files/{id}`,
 `/v1/files/{id}/content`, `DELETE /v1/files/{id}`), attempts and outcome: never a file id, file name
@@ -49,7 +49,7 @@ from proxy.upstream import TransportFailure
 from proxy.views import READ_TIMEOUT_S, RequestFailed, bearer, headers_requirements, typed_response
 from routing.eligibility import tighten
 from routing.failures import DispatchState, FailureClass, Observation
-from routing.files import TooManyFiles, files_plan, referenced_file_ids
+from routing.files import files_plan
 from routing.models import Affinity, AffinityKind
 from routing.plan import HardPin, PinKind, PlanError
 from routing.route import RoutingView
@@ -66,19 +66,6 @@ NEVER_AN_ID = "."  # what FILE_ID never matches, so never recorded
 SPOOL_CHUNK = 1 << 16
 # An upload may take longer than a JSON body: at least this rate is expected of the client.
 UPLOAD_MIN_BYTES_PER_S = 64 * 1024
-
-
-def file_ids_of(body: dict, raw: bytes | str) -> tuple[str, ...]:
-    """The file ids `body` references (`routing.files.referenced_file_ids`), or RequestFailed for too
-    many. `raw` is the body as sent: without the text `file_id` (or a JSON escape, which could spell
-    it) it references no file, and the walk over the parsed body is skipped."""
-    text = raw.encode() if isinstance(raw, str) else raw
-    if b"file_id" not in text and b"\\u" not in text:
-        return ()
-    try:
-        return referenced_file_ids(body)
-    except TooManyFiles:
-        raise RequestFailed("invalid_request", "file_id") from None
 
 
 # -- the upload body ---------------------------------------------------------------------------------

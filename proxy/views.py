@@ -31,6 +31,7 @@ from proxy.relay import Dispatch, Exchange, Final, HttpDispatch, Memory, Relay, 
 from proxy.sse import Dialect
 from routing.auto import AutoError
 from routing.eligibility import tighten
+from routing.files import TooManyFiles, file_ids_of, file_pins
 from routing.models import Affinity
 from routing.plan import HardPin, PinKind, PlanError
 from routing.resolution import ResolutionError, is_allowed
@@ -213,6 +214,7 @@ class Loaded:
     settings: RouteSettings | None = None
     pin: Affinity | None = None
     session: Affinity | None = None
+    files: tuple[Affinity, ...] = ()  # the key's own affinities of the files the body references
 
 
 def _load(
@@ -222,6 +224,7 @@ def _load(
     session_key: str | None,
     now: datetime,
     route_class: RouteClass,
+    file_ids: tuple[str, ...] = (),
 ) -> Loaded | None:
     authenticated = key_authenticate(raw_key)
     if authenticated is None or body is None:
@@ -236,8 +239,9 @@ def _load(
         now=now,
         response_id=previous[:300] if path in RESPONSES_ROUTES and isinstance(previous, str) else None,
         session=session_key,
+        file_ids=file_ids,
     )
-    return Loaded(authenticated, view, settings, found.response, found.session)
+    return Loaded(authenticated, view, settings, found.response, found.session, tuple(found.files.values()))
 
 
 READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone
@@ -266,15 +270,29 @@ async def prepare(
     dialect: Dialect | None,
     dispatch: Dispatch | None = None,
     pins: Sequence[HardPin] = (),
+    raw: bytes | str | None = None,
 ) -> Relay:
     """The Relay for one client request, or RequestFailed with its typed code (the exchange records
     what was learnt before: the key, the requested model). `headers` are the request's (an HTTP
-    request's, or a websocket handshake's); `pins` are the ingress's own hard pins (a live websocket)."""
+    request's, or a websocket handshake's); `pins` are the ingress's own hard pins (a live websocket);
+    `raw` is the body as sent, if the ingress has it (it spares most bodies the search for file ids)."""
     session_key = headers.get("x-gateway-session", "")[:300] or None
     now = datetime.now(UTC)
     try:
+        file_ids = file_ids_of(body, raw) if body is not None else ()
+    except TooManyFiles:
+        file_ids, body_error = (), body_error or RequestFailed("invalid_request", "file_id")
+    try:
         loaded = await db.run_within(
-            _read_timeout_s(headers), _load, bearer(headers), body, path, session_key, now, route_class
+            _read_timeout_s(headers),
+            _load,
+            bearer(headers),
+            body,
+            path,
+            session_key,
+            now,
+            route_class,
+            file_ids,
         )
     except DatabaseError:
         # Without the database nothing can be authorized or routed: fail fast, typed, and let the
@@ -299,6 +317,9 @@ async def prepare(
     # A response the gateway relayed pins the request to its assignment; one it never saw (or whose
     # affinity expired) pins nothing, and the upstream answers for itself.
     pins = [*pins, HardPin(PinKind.RESPONSE, loaded.pin.assignment_id)] if loaded.pin else list(pins)
+    # A file the key uploaded pins the request to the account that holds it (two such accounts, or
+    # one that left the pools: 409); a file id it does not own pins nothing (SPEC §5.2, §7.2).
+    pins += file_pins([affinity.assignment_id for affinity in loaded.files])
     decision = decide(
         view,
         key,
@@ -365,6 +386,7 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
         started=started,
         route_class=RouteClass.SSE if streaming else RouteClass.HTTP,
         dialect=DIALECTS.get(path) if streaming else None,
+        raw=request.body if body is not None else None,
     )
     result = await relay.run()
     if isinstance(result, Stream):

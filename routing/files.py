@@ -64,6 +64,16 @@ def referenced_file_ids(body: object) -> tuple[str, ...]:
     return ids
 
 
+def file_ids_of(body: object, raw: bytes | str | None) -> tuple[str, ...]:
+    """`referenced_file_ids(body)`, skipping the walk when `raw` (the body as sent) cannot reference a
+    file: without the text `file_id`, or a JSON escape that could spell it, there is none."""
+    if raw is not None:
+        text = raw.encode() if isinstance(raw, str) else raw
+        if b"file_id" not in text and b"\\u" not in text:
+            return ()
+    return referenced_file_ids(body)
+
+
 def file_pins(assignments: Sequence[int | None]) -> tuple[HardPin, ...]:
     """The hard pins of the referenced files the key owns (their assignments, None: gone). Two files
     on different assignments cannot both be honoured: `build_plan` answers file_assignment_conflict."""

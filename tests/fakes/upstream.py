@@ -21,7 +21,8 @@ Contract:
 - OpenAI's Files API (`POST /v1/files` multipart with `purpose` and `file`, `GET /v1/files/{id}`,
   `GET /v1/files/{id}/content`, `DELETE /v1/files/{id}`): the upload is parsed as a stream and kept on
   disk (never whole in memory), answered with a file object; an id this account does not hold gets
-  OpenAI's 404 (`invalid_request_error`, param `id`). `script_files(...)` scripts these requests
+  OpenAI's 404 (`invalid_request_error`, param `id`), and so does a request that references a
+  `file-...` id it does not hold. `script_files(...)` scripts these requests
   (an upload's body is read before a scripted rejection, as a server does).
 - Like OpenAI, it stores the Responses it served: a `previous_response_id` it never created gets
   400 `previous_response_not_found` (another account's response is unknown to this one).
@@ -991,6 +992,21 @@ class FakeUpstream:
         with self._lock:
             return None if previous in self._responses else previous
 
+    def _missing_file(self, body: JsonObject) -> str | None:
+        """A `file-...` id the body references that this account does not hold (OpenAI's ids: another
+        account's file does not exist here)."""
+        pending: list[object] = [body]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, dict):
+                file_id = item.get("file_id")
+                if isinstance(file_id, str) and file_id.startswith("file-") and file_id not in self.files:
+                    return file_id
+                pending.extend(item.values())
+            elif isinstance(item, list):
+                pending.extend(item)
+        return None
+
     def _stores(self, api: object, behaviour: Behaviour) -> None:
         if isinstance(api, _Responses) and isinstance(behaviour, Serve | Refusal | FailAfterVisible):
             with self._lock:
@@ -1150,6 +1166,9 @@ class FakeUpstream:
             unknown = self._unknown_previous(body) if route.make is _Responses else None
             if unknown is not None:
                 return fail(400, _previous_not_found(unknown))
+            missing = self._missing_file(body)
+            if missing is not None:
+                return fail(404, _no_such_file(missing))
             behaviour = self._behaviour_for(model)
             api = route.make(_Call(model, body))
             self._stores(api, behaviour)
@@ -1274,6 +1293,10 @@ class FakeUpstream:
         unknown = self._unknown_previous(body)
         if unknown is not None:
             await ws.send_json(_ws_error(400, {"error": _openai_error(_previous_not_found(unknown))}))
+            return True
+        missing = self._missing_file(body)
+        if missing is not None:
+            await ws.send_json(_ws_error(404, {"error": _openai_error(_no_such_file(missing))}))
             return True
         behaviour = self._behaviour_for(model)
         match behaviour:
