@@ -46,7 +46,14 @@ from proxy.adapters.codec import UpstreamCall
 from proxy.ledger import record
 from proxy.relay import AttemptLog, Exchange, Failure, Final, HttpDispatch, Memory, Relay, Stream, settle
 from proxy.upstream import TransportFailure
-from proxy.views import READ_TIMEOUT_S, RequestFailed, bearer, headers_requirements, typed_response
+from proxy.views import (
+    READ_TIMEOUT_S,
+    RequestFailed,
+    bearer,
+    headers_requirements,
+    request_id_headers,
+    typed_response,
+)
 from routing.eligibility import tighten
 from routing.failures import DispatchState, FailureClass, Observation
 from routing.files import files_plan
@@ -340,6 +347,10 @@ def _answer(exchange: Exchange, result: Final | Stream, dispatch: FilesDispatch)
         response: HttpResponse = StreamingHttpResponse(result.chunks, content_type=dispatch.content_type)
     else:
         response = HttpResponse(result.body, status=result.status, content_type=result.content_type)
+        if result.should_retry is not None:
+            response["x-should-retry"] = "true" if result.should_retry else "false"
+        if result.retry_after is not None:
+            response["retry-after"] = str(result.retry_after)
     response["x-gateway-attempts"] = str(sum(1 for a in exchange.attempts if a.status != "ineligible"))
     return response
 
@@ -398,7 +409,7 @@ async def upload(scope: Mapping, receive: edge.Receive) -> HttpResponse:
             body.close()
     if body is None or not body.done:
         response["connection"] = "close"  # the rest of the body may still be on its way: never read
-    response["x-gateway-request-id"] = exchange.request_id
+    request_id_headers(response, exchange.request_id)
     return response
 
 
@@ -424,7 +435,7 @@ async def _file_request(
         response = _answer(exchange, await relay.run(), dispatch)
     except RequestFailed as failed:
         response = await _typed(exchange, failed)
-    response["x-gateway-request-id"] = exchange.request_id
+    request_id_headers(response, exchange.request_id)
     return response
 
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from pools.models import Assignment
-from proxy.models import RequestRecord
+from proxy.models import Attempt, RequestRecord
 from routing.models import Affinity
 from tests.factories import GatewayKeyFactory, PoolFactory
 from tests.fakes.upstream import rate_limited, unavailable
@@ -191,15 +191,28 @@ def test_a_bad_upload_is_a_typed_error_and_reaches_no_upstream(
     assert a.hit_count() == 0 and b.hit_count() == 0
 
 
-def test_file_ledger_rows_hold_no_file_name_id_or_content(gateway, two_assignments):
-    created = _upload(gateway, data=b"canary-file-content-31337\n" * 10).parse()
+def test_file_ledger_rows_hold_no_file_name_id_or_content(gateway, two_assignments, caplog):
+    caplog.set_level("INFO", logger="gateway")
     with sdk(gateway) as client:
+        created = client.files.create(
+            file=("canary-name-8812.jsonl", b"canary-file-content-31337\n"), purpose="batch"
+        )
+        client.files.retrieve(created.id)
         client.files.content(created.id).read()
         client.files.delete(created.id)
     ledger_settled()
-    rows = wait_for(lambda: list(RequestRecord.objects.all()) if RequestRecord.objects.count() >= 3 else None)
-    assert sorted(r.route for r in rows) == ["/v1/files", "/v1/files/{id}/content", "DELETE /v1/files/{id}"]
-    assert {r.outcome for r in rows} == {"ok"}
-    dumped = json.dumps([list(RequestRecord.objects.values()), []], default=str)
-    for secret in ("canary-file-content", "train.jsonl", created.id):
+    rows = wait_for(lambda: list(RequestRecord.objects.all()) if RequestRecord.objects.count() >= 4 else None)
+    assert sorted(r.route for r in rows) == [
+        "/v1/files",
+        "/v1/files/{id}",
+        "/v1/files/{id}/content",
+        "DELETE /v1/files/{id}",
+    ]
+    assert {(r.outcome, r.status_code) for r in rows} == {("ok", 200)}
+    assert all(r.attempts.get().status == "succeeded" for r in rows)
+    dumped = json.dumps(
+        [list(RequestRecord.objects.values()), list(Attempt.objects.values()), caplog.text], default=str
+    )
+    assert caplog.text.count('"route": "/v1/files') == 3  # the log was seen, one line per request
+    for secret in ("canary-file-content", "canary-name-8812", created.id):
         assert secret not in dumped
