@@ -168,6 +168,9 @@ GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S, GATEWAY_UPSTREAM_READ_TIMEOUT_S = _upstream_
 )
 # Seconds open streams may run on after a stop signal before they end with a typed terminal event;
 # keep it below the server's own graceful-shutdown timeout.
+# After a stream's first visible event the client's deadline no longer applies; the stream ends when
+# the upstream sends nothing for this long (SPEC §6.0).
+GATEWAY_STREAM_IDLE_S = env.float("GATEWAY_STREAM_IDLE_S", default=300.0)
 GATEWAY_SHUTDOWN_GRACE_S = env.float("GATEWAY_SHUTDOWN_GRACE_S", default=20.0)
 GATEWAY_MAX_BODY_BYTES = env.int("GATEWAY_MAX_BODY_BYTES", default=8 * 1024 * 1024)
 # The largest file upload (POST /v1/files), streamed to the upstream, never held whole (SPEC §4).

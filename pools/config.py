@@ -65,7 +65,7 @@ CIRCUIT_FIELDS = {
     "probe_lease_seconds": 1,
     "demotion_seconds": 0,
 }
-RETRY_FIELDS = {"max_attempts": 1, "backoff_base_ms": 0, "default_deadline_ms": 1}
+RETRY_FIELDS = {"max_attempts": 1, "backoff_base_ms": 0, "min_attempt_ms": 0, "default_deadline_ms": 1}
 TOP_LEVEL_FIELDS = (
     "circuit",
     "retry",
@@ -244,6 +244,7 @@ class SettingsSpec:
     demotion_seconds: int = _settings_default("demotion_seconds")
     max_attempts: int = _settings_default("max_attempts")
     backoff_base_ms: int = _settings_default("backoff_base_ms")
+    min_attempt_ms: int = _settings_default("min_attempt_ms")
     default_deadline_ms: int = _settings_default("default_deadline_ms")
     model_fallback_family: bool = _settings_default("model_fallback_family")
     qualification_days: int = _settings_default("qualification_days")

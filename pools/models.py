@@ -69,7 +69,11 @@ class GatewaySettings(models.Model):
     demotion_seconds = models.PositiveIntegerField(default=60)
     max_attempts = models.PositiveIntegerField(default=4)
     backoff_base_ms = models.PositiveIntegerField(default=50)
-    default_deadline_ms = models.PositiveIntegerField(default=120000)
+    min_attempt_ms = models.PositiveIntegerField(
+        default=100, help_text="No attempt is dispatched with less of the deadline left."
+    )
+    # The official SDKs' own default timeout: long plain answers of reasoning models need it.
+    default_deadline_ms = models.PositiveIntegerField(default=600000)
     model_fallback_family = models.BooleanField(default=True)
     qualification_days = models.PositiveIntegerField(
         default=30, help_text="How long a verdict of manage.py qualify stays valid."

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Protocol
 
 import httpx
@@ -46,7 +47,7 @@ from proxy.sse import (
 from proxy.sse import classify as classify_block
 from proxy.upstream import TransportFailure
 from routing import breaker, services
-from routing.breaker import BreakerSettings
+from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.eligibility import evaluate
 from routing.failures import (
     CanonicalError,
@@ -58,7 +59,7 @@ from routing.failures import (
     canonical_error,
     circuit_reason,
     classify,
-    demotes,
+    demotion_reason,
     dispatch_state,
     disposition,
 )
@@ -68,7 +69,7 @@ from routing.pricing import cost_micros
 from routing.route import RoutingView
 from routing.sanitize import sanitized
 from routing.services import CircuitKey, Seen
-from routing.types import Candidate, Health, IneligibleReason, Requirements, RouteClass
+from routing.types import Candidate, CircuitReason, Health, IneligibleReason, Requirements, RouteClass
 
 logger = logging.getLogger("gateway")
 
@@ -138,6 +139,26 @@ class Final:
     frames: tuple[bytes, ...] = ()  # websocket: the events to send, one per frame (`body` is unused)
     should_retry: bool | None = None  # a typed error's `x-should-retry` (SPEC §4); None on an answer
     retry_after: int | None = None  # a relayed 429's `retry-after`
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The probe lease this request took before dispatch (§5.4): for `candidate`, on `circuit`."""
+
+    candidate: tuple[int, str]
+    circuit: CircuitKey
+
+
+def probe_circuit(
+    view: RoutingView, route_class: RouteClass, c: Candidate
+) -> tuple[CircuitKey, "CircuitSnapshot | None"]:
+    """The circuit that governs `c`'s health (its own, or its assignment-wide credential circuit
+    while that is not closed) as this request read it: where a probe lease is taken and freed."""
+    pool_id = view.targets[c.assignment_id].pool_id
+    snapshot, wide = breaker.governing(view.circuits.get(c.key), view.wide.get(c.assignment_id))
+    if wide:
+        return CircuitKey.wide(pool_id, c.assignment_id), snapshot
+    return CircuitKey(pool_id, c.assignment_id, c.model, route_class), snapshot
 
 
 @dataclass(slots=True)
@@ -333,6 +354,7 @@ class Relay:
         memory: Memory = Memory(),
         dispatch: "Dispatch | None" = None,
         anthropic_beta: str | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.x = exchange
         self.view = view
@@ -354,7 +376,9 @@ class Relay:
         self.untranslatable: str | None = None  # the param a translation refused (a candidate passed over)
         self.response_id: str | None = None
         self.file_id: str | None = None  # an upload's answer: the file the upstream created
-        self.held_probe = False
+        self.lease = lease  # taken before dispatch; freed at the end when its candidate was never tried
+        self.probe: CircuitKey | None = None  # the circuit whose probe the current attempt holds
+        self.terminal_seen = False  # the current stream reached its terminal event
         self.failed_after_output: FailureClass | None = None  # an upstream error event after output
         # The failure-path state writes still running (see `_record_failure`), in submission order.
         self.state_writes: asyncio.Future[None] | None = None
@@ -381,6 +405,10 @@ class Relay:
         )
 
     async def _finish(self, outcome: str, status: int | None) -> None:
+        if self.lease is not None:
+            # The lease of a candidate this request never tried (an earlier one served it).
+            lease, self.lease = self.lease, None
+            await self._write_state(partial(services.circuit_release_probe, key=lease.circuit))
         await self.state_written()
         self.x.outcome = outcome
         self.x.status_code = status
@@ -426,41 +454,49 @@ class Relay:
 
     async def _record_success(self, c: Candidate) -> None:
         await self.state_written()  # the failures before it first: one request's writes stay in order
-        seen = Seen(self.view.circuits.get(c.key))
+        # A probe taken since the plan was read changed the row: then the CAS re-reads.
+        probed = self.probe is not None
+        seen = None if probed else Seen(self.view.circuits.get(c.key))
+        wide = self.view.wide.get(c.assignment_id)
         remember = (
             (self.memory.response_ids and self.response_id)
             or self.memory.session
             or (self.memory.file_upload and self.file_id)
             or self.memory.file_deleted
         )
-        writes = seen.snapshot is not None and not seen.snapshot.clean
-        if remember or writes or c.demoted:
-            await self._write_state(self._success_state, c, seen, remember, writes)
+        writes = probed or (seen is not None and seen.snapshot is not None and not seen.snapshot.clean)
+        wide_writes = wide is not None and not wide.clean
+        if remember or writes or wide_writes or c.demoted:
+            await self._write_state(self._success_state, c, seen, remember, writes, wide_writes)
 
-    def _success_state(self, c: Candidate, seen: Seen, remember: bool, writes: bool) -> None:
+    def _success_state(
+        self, c: Candidate, seen: Seen | None, remember: bool, writes: bool, wide_writes: bool
+    ) -> None:
         if remember:
             self._remember(c)
         if writes:
             services.circuit_record_success(key=self._key(c), seen=seen)
+        if wide_writes:  # the credential works again: the assignment-wide circuit closes
+            services.circuit_record_success(key=CircuitKey.wide(self._key(c).pool_id, c.assignment_id))
         if c.demoted:
             services.demotion_resolve(assignment_id=c.assignment_id, model=c.model)
 
-    def _record_failure(self, c: Candidate, failure: FailureClass, held_probe: bool) -> None:
+    def _record_failure(
+        self, c: Candidate, failure: FailureClass, probe: CircuitKey | None, retry_after: int | None = None
+    ) -> None:
         """Starts the failure's circuit and demotion writes and returns at once: they run while the
         request is handed to the next candidate (they were about 2 ms of every failover, before the
         next dispatch). Each runs after the previous one, and `state_written` (awaited before any
         success write and before the exchange is finished, so before the client's answer ends)
         waits for them all: what a later request or a reader of the response sees is unchanged."""
-        if circuit_reason(failure) is None and not held_probe:
+        if circuit_reason(failure) is None and demotion_reason(failure) is None and probe is None:
             return
         previous = self.state_writes
-        # The snapshot this request read, unless a probe was taken since (the CAS re-reads on a miss).
-        seen = None if held_probe else Seen(self.view.circuits.get(c.key))
 
         async def write() -> None:
             if previous is not None:
                 await asyncio.wait([previous])  # its order, not its outcome: it reports its own
-            await self._write_state(self._failure_state, c, failure, held_probe, seen)
+            await self._write_state(self._failure_state, c, failure, probe, retry_after)
 
         # A task of its own: it completes even when this request is cancelled meanwhile.
         self.state_writes = asyncio.ensure_future(write())
@@ -471,24 +507,39 @@ class Relay:
             await asyncio.shield(self.state_writes)
 
     def _failure_state(
-        self, c: Candidate, failure: FailureClass, held_probe: bool, seen: Seen | None
+        self, c: Candidate, failure: FailureClass, probe: CircuitKey | None, retry_after: int | None
     ) -> None:
         reason = circuit_reason(failure)
+        demotion = demotion_reason(failure)
         now = datetime.now(UTC)
-        if reason is None:
-            services.circuit_release_probe(key=self._key(c))
-            return
+        key = self._key(c)
+        seen: Seen | None = Seen(self.view.circuits.get(c.key))
+        if reason is CircuitReason.CREDENTIAL_REJECTED:
+            # The credential or account, not this model: one circuit for the whole assignment.
+            key = CircuitKey.wide(key.pool_id, c.assignment_id)
+            seen = Seen(self.view.wide.get(c.assignment_id))
+        if probe is not None:
+            seen = None  # the probe changed the row since it was read: the CAS reads it again
+            if reason is None or probe != key:
+                # A verdict-free end for the circuit whose probe was held (a 400, a 429, the client's
+                # deadline; or a non-credential failure while probing the credential): free the slot.
+                services.circuit_release_probe(key=probe)
         # One transaction (one commit) for the circuit and the demotion of one outcome.
         with transaction.atomic():
-            services.circuit_record_failure(
-                key=self._key(c), reason=reason, settings=self.bs, now=now, seen=seen
-            )
-            if demotes(failure):
+            if reason is not None:
+                services.circuit_record_failure(key=key, reason=reason, settings=self.bs, now=now, seen=seen)
+            if demotion is not None:
+                # 429/quota: until the upstream's retry-after (bounded) when it sent one.
+                seconds = (
+                    retry_after
+                    if retry_after is not None and demotion is CircuitReason.RATE_LIMITED
+                    else None
+                )
                 services.demotion_record(
                     assignment_id=c.assignment_id,
                     model=c.model,
-                    reason=reason,
-                    until=now + timedelta(seconds=self.demotion_seconds),
+                    reason=demotion,
+                    until=now + timedelta(seconds=self.demotion_seconds if seconds is None else seconds),
                 )
 
     @staticmethod
@@ -505,26 +556,30 @@ class Relay:
     def _remaining_ms(self) -> int:
         return max(int((self.deadline - time.monotonic()) * 1000), 0)
 
-    async def _admit(self, c: Candidate) -> tuple[bool, bool]:
-        """(dispatch?, holds a probe). Re-gates for the deadline spent so far and takes a probe."""
+    async def _admit(self, c: Candidate) -> tuple[bool, CircuitKey | None]:
+        """(dispatch?, the circuit whose probe it holds). Re-gates for the deadline spent so far (no
+        attempt with less than `retry.min_attempt_ms` left) and takes a probe when one is admissible."""
         verdict = evaluate(c, replace(self.requirements, deadline_remaining_ms=self._remaining_ms()))
         if not verdict.eligible:
             self._log(c, "ineligible", ineligible_reason=str(verdict.reason))
             self.excluded, self.untranslatable = verdict.reason, None
-            return False, False
+            return False, None
+        if c.health is Health.HELD and self.lease is not None and self.lease.candidate == c.key:
+            lease, self.lease = self.lease, None  # taken before dispatch: this attempt uses it
+            return True, lease.circuit
         if c.health is not Health.PROBE:
-            return True, False
+            return True, None
+        key, snapshot = probe_circuit(self.view, self.route_class, c)
         won = await db.run(
-            services.circuit_take_probe, key=self._key(c), settings=self.bs, now=datetime.now(UTC)
+            services.circuit_take_probe, key=key, settings=self.bs, now=datetime.now(UTC), seen=Seen(snapshot)
         )
         if won:
-            return True, True
-        snapshot = self.view.circuits.get(c.key)
+            return True, key
         if breaker.blocked_health(snapshot.reason if snapshot else None) is Health.BLOCKED:
             self._log(c, "ineligible", ineligible_reason=str(IneligibleReason.CIRCUIT_OPEN))
             self.excluded, self.untranslatable = IneligibleReason.CIRCUIT_OPEN, None
-            return False, False
-        return True, False
+            return False, None
+        return True, None
 
     async def run(self) -> Final | Stream:
         for verdict in self.plan.ineligible:
@@ -537,12 +592,13 @@ class Relay:
             c = order[index]
             call = self._upstream_call(c)
             if call is None:
-                index += 1
+                index = next_candidate(order, index, Disposition.NEXT_CANDIDATE)
                 continue
-            dispatch, held_probe = await self._admit(c)
-            self.held_probe = held_probe
+            dispatch, probe = await self._admit(c)
+            self.probe = probe
             if not dispatch:
-                index += 1
+                # Passed over at its turn: the next candidate of the same model (§5.2).
+                index = next_candidate(order, index, Disposition.NEXT_CANDIDATE)
                 continue
             if handing_off is not None:
                 # Only now has the request really been handed on (SPEC §5.6): a next candidate that
@@ -552,13 +608,20 @@ class Relay:
                 handing_off = None
             started = time.monotonic()
             log = self._log(c, "failed")
+            self.terminal_seen = False
             try:
-                result = await self.dispatch.attempt(self, c, log, call)
+                # One wall-clock bound over connect, send and read (§6.0): the whole plain answer, or a
+                # stream's first visible event. A dripping upstream is cut like a hanging one. Its end
+                # is the client's deadline, so the attempt is neutral for the circuit.
+                async with asyncio.timeout(max(self.deadline - time.monotonic(), 0)):
+                    result = await self.dispatch.attempt(self, c, log, call)
+            except TimeoutError:
+                result = self.failure(Observation(transport=TransportEvent.DEADLINE))
             except asyncio.CancelledError:
                 log.status, log.failure_class = "cancelled", FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN
                 log.elapsed_ms = int((time.monotonic() - started) * 1000)
-                await settle(self._end_cancelled(c, held_probe))
+                await settle(self._end_cancelled(c, probe))
                 raise
             log.elapsed_ms = int((time.monotonic() - started) * 1000)
             if not isinstance(result, Failure):
@@ -571,7 +634,7 @@ class Relay:
             log.dispatch_state = str(result.dispatch)
             log.upstream_status = result.status
             log.error_code = result.code or ""
-            self._record_failure(c, result.failure, held_probe)
+            self._record_failure(c, result.failure, probe, result.retry_after)
             action = self.disposition(result)
             nxt = None if self.single_attempt else next_candidate(order, index, action)
             if nxt is None:
@@ -598,9 +661,9 @@ class Relay:
             self.excluded, self.untranslatable = IneligibleReason.CAPABILITY, refused.param
             return None
 
-    async def _end_cancelled(self, c: Candidate, held_probe: bool) -> None:
-        if held_probe:
-            await db.run(services.circuit_release_probe, key=self._key(c))
+    async def _end_cancelled(self, c: Candidate, probe: CircuitKey | None) -> None:
+        if probe is not None:
+            await db.run(services.circuit_release_probe, key=probe)
         await self._finish("cancelled", 499)
 
     async def _backoff(self) -> None:
@@ -610,9 +673,10 @@ class Relay:
         await asyncio.sleep(min(delay, max(self.deadline - time.monotonic(), 0)))
 
     def read_timeout_s(self) -> float:
-        """How long one upstream read may wait: what is left of the request's deadline, at most the
-        configured read timeout."""
-        return min(max(self._remaining_ms() / 1000, 0.001), settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
+        """The gateway's own upstream read timeout (GATEWAY_UPSTREAM_TIMEOUT_S): when it fires, the
+        upstream was too slow by the gateway's measure and the circuit counts it. The client's
+        deadline is a separate wall-clock bound around the whole attempt (`run`), neutral for health."""
+        return settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S
 
     def failure(
         self, observation: Observation, withheld: tuple[bytes, ...] = (), retry_after: int | None = None
@@ -632,7 +696,14 @@ class Relay:
         )
 
     def plain(
-        self, log: AttemptLog, call: UpstreamCall, status: int, raw: bytes, *, retry_after: int | None = None
+        self,
+        c: Candidate,
+        log: AttemptLog,
+        call: UpstreamCall,
+        status: int,
+        raw: bytes,
+        *,
+        retry_after: int | None = None,
     ) -> Failure | Final:
         try:
             parsed = json.loads(raw)
@@ -654,7 +725,7 @@ class Relay:
                 return self.unrelayable(status, "upstream_untranslatable")
         # A failed attempt is charged too when the upstream reported usage with its error.
         log.input_tokens, log.output_tokens = _usage(body)
-        observation = Observation(status=status, body=body, has_provenance=True)
+        observation = Observation(status=status, body=body, has_provenance=c.provenance is not None)
         return self.failure(observation, retry_after=retry_after)
 
     @staticmethod
@@ -694,6 +765,7 @@ class Relay:
                 for n, block in enumerate(blocks):
                     cls = classify_block(reading.dialect, block)
                     self._inspect(log, cls.payload)
+                    self._note_terminal(reading.dialect, cls)
                     decision = reading.withholder.feed(block, cls)
                     if decision.action is Action.RELEASE:
                         first = reading.output(decision.write)
@@ -709,7 +781,7 @@ class Relay:
                                 status=status if status >= 400 else 200,
                                 body=cls.payload if isinstance(cls.payload, dict) else None,
                                 transport=TransportEvent.STREAM_ERROR_EVENT,
-                                has_provenance=True,
+                                has_provenance=c.provenance is not None,
                             ),
                             tuple(reading.output(reading.withholder.withheld())),
                         )
@@ -724,7 +796,7 @@ class Relay:
         return self.failure(Observation(status=200, transport=TransportEvent.STREAM_TRUNCATED))
 
     def _relay_batch(
-        self, log: AttemptLog, batch: list[Block], reading: "Reading", *, ends_at_terminal: bool
+        self, c: Candidate, log: AttemptLog, batch: list[Block], reading: "Reading", *, ends_at_terminal: bool
     ) -> tuple[list[bytes], bool]:
         """The client output for a batch of post-release blocks, and whether the response ended."""
         assert self.dialect is not None
@@ -732,6 +804,7 @@ class Relay:
         for block in batch:
             cls = classify_block(reading.dialect, block)
             self._inspect(log, cls.payload)
+            self._note_terminal(reading.dialect, cls)
             decision = reading.withholder.feed(block, cls)
             if decision.action is Action.POST_VISIBLE_FAILURE:
                 error = decision.error
@@ -743,7 +816,7 @@ class Relay:
                         status=status if status >= 400 else 200,
                         body=cls.payload if isinstance(cls.payload, dict) else None,
                         transport=TransportEvent.STREAM_ERROR_EVENT,
-                        has_provenance=True,
+                        has_provenance=c.provenance is not None,
                     )
                 )
                 fields = sanitized(
@@ -795,7 +868,7 @@ class Relay:
         try:
             out = first
             if pending and not done:
-                more, done = self._relay_batch(log, pending, reading, ends_at_terminal=ends)
+                more, done = self._relay_batch(c, log, pending, reading, ends_at_terminal=ends)
                 out = [*out, *more]
             while True:
                 if done:
@@ -812,13 +885,21 @@ class Relay:
                 if done:
                     return
                 try:
-                    batch = await anext(batches)
+                    # After the first visible event the deadline no longer applies (§6.0): the stream
+                    # ends when the upstream stays silent for GATEWAY_STREAM_IDLE_S.
+                    async with asyncio.timeout(settings.GATEWAY_STREAM_IDLE_S):
+                        batch = await anext(batches)
+                except TimeoutError:
+                    raise TransportFailure(TransportEvent.READ_TIMEOUT) from None
                 except StopAsyncIteration:
+                    if not self.terminal_seen:
+                        # Closed without its terminal event: never a success (§7.1).
+                        raise TransportFailure(TransportEvent.STREAM_TRUNCATED) from None
                     tail = reading.finish()
                     if tail:
                         yield tail
                     break
-                out, done = self._relay_batch(log, batch, reading, ends_at_terminal=ends)
+                out, done = self._relay_batch(c, log, batch, reading, ends_at_terminal=ends)
         except (asyncio.CancelledError, GeneratorExit):
             # GeneratorExit: the client stopped reading before the end (it went away while a write
             # was pending); nobody is left to answer, as with a cancel.
@@ -863,10 +944,18 @@ class Relay:
             log.cost_micros = self._cost(c, log)
             await self._record_success(c)
         elif self.failed_after_output is not None:
-            self._record_failure(c, self.failed_after_output, self.held_probe)  # `_finish` awaits it
-        elif self.held_probe:  # a verdict-free end frees the probe slot (SPEC §7.1)
-            await db.run(services.circuit_release_probe, key=self._key(c))
+            self._record_failure(c, self.failed_after_output, self.probe)  # `_finish` awaits it
+        elif self.probe is not None:  # a verdict-free end (upstream_interrupted) frees the probe (§7.1)
+            await self._write_state(partial(services.circuit_release_probe, key=self.probe))
         await self._finish(outcome, status)
+
+    def _note_terminal(self, dialect: Dialect, cls) -> None:
+        """Whether the stream reached its end: a terminal event, or (Chat, whose `[DONE]` some
+        compatible servers omit) a chunk carrying the finish reason."""
+        if cls.visibility in TERMINAL or (
+            dialect is Dialect.CHAT and _finish_reason(cls.payload) is not None
+        ):
+            self.terminal_seen = True
 
     def _note_response_id(self, payload: object) -> None:
         if self.memory.response_ids and self.response_id is None:
@@ -1101,7 +1190,7 @@ class HttpDispatch:
             except upstream.ResponseTooLarge:
                 return relay.unrelayable(response.status_code, "upstream_response_too_large")
             retry_after = upstream.retry_after_s(response.headers.get("retry-after"))
-            return relay.plain(log, call, response.status_code, raw, retry_after=retry_after)
+            return relay.plain(c, log, call, response.status_code, raw, retry_after=retry_after)
         return await relay.read_events(c, log, SSESource(response), call)
 
     def pack(self, parts: list[bytes]) -> list[bytes]:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -27,19 +28,37 @@ from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.ledger import record
-from proxy.relay import Dispatch, Exchange, Final, HttpDispatch, Memory, Relay, Stream, error_body
+from proxy.relay import (
+    Dispatch,
+    Exchange,
+    Final,
+    HttpDispatch,
+    Lease,
+    Memory,
+    Relay,
+    Stream,
+    error_body,
+    probe_circuit,
+)
 from proxy.sse import Dialect
+from routing import services
 from routing.auto import AutoError
 from routing.eligibility import tighten
-from routing.files import TooManyFiles, file_ids_of, file_pins
-from routing.models import Affinity
-from routing.plan import HardPin, PinKind, PlanError
+from routing.files import TooManyFiles, file_ids_of
+from routing.plan import HardPin, PlanError
 from routing.resolution import ResolutionError, is_allowed
-from routing.route import RequirementsHeaderError, RoutingView, decide, parse_requirements_header
+from routing.route import (
+    RequirementsHeaderError,
+    RoutingView,
+    decide,
+    lease_candidate,
+    parse_requirements_header,
+)
 from routing.routes import carriers
 from routing.sanitize import valid as valid_field
-from routing.selectors import RouteSettings, affinities_load, routing_view_load
-from routing.types import Requirements, RouteClass
+from routing.selectors import RouteSettings, RoutingInputs, routing_inputs_load
+from routing.services import Seen
+from routing.types import Candidate, Requirements, RouteClass
 
 DIALECTS = {
     "/v1/chat/completions": Dialect.CHAT,
@@ -210,11 +229,7 @@ class Loaded:
     """Everything the request path reads from the database, fetched in one thread hop."""
 
     authenticated: Authenticated
-    view: RoutingView | None = None
-    settings: RouteSettings | None = None
-    pin: Affinity | None = None
-    session: Affinity | None = None
-    files: tuple[Affinity, ...] = ()  # the key's own affinities of the files the body references
+    inputs: RoutingInputs | None = None
 
 
 def _load(
@@ -230,18 +245,18 @@ def _load(
     if authenticated is None or body is None:
         return Loaded(authenticated) if authenticated else None
     key = authenticated.key
-    view, settings = routing_view_load(
-        pool_ids=key.pool_ids, route_class=route_class, now=now, config_version=authenticated.config_version
-    )
     previous = body.get("previous_response_id")
-    found = affinities_load(
+    inputs = routing_inputs_load(
         key_id=key.key_id,
+        pool_ids=key.pool_ids,
+        route_class=route_class,
         now=now,
-        response_id=previous[:300] if path in RESPONSES_ROUTES and isinstance(previous, str) else None,
-        session=session_key,
+        config_version=authenticated.config_version,
+        previous_response_id=previous if path in RESPONSES_ROUTES and isinstance(previous, str) else None,
+        session_key=session_key,
         file_ids=file_ids,
     )
-    return Loaded(authenticated, view, settings, found.response, found.session, tuple(found.files.values()))
+    return Loaded(authenticated, inputs)
 
 
 READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone
@@ -305,30 +320,33 @@ async def prepare(
     exchange.config_version = loaded.authenticated.config_version
     if body_error is not None or body is None:
         raise body_error or RequestFailed("invalid_request")
-    view, route_settings, session = loaded.view, loaded.settings, loaded.session
-    assert view is not None and route_settings is not None
+    inputs = loaded.inputs
+    assert inputs is not None
+    view, route_settings, session = inputs.view, inputs.settings, inputs.session
     exchange.requested_model = body["model"]
     exchange.transport = str(route_class)
     extra, deadline_ms = headers_requirements(headers, route_settings.default_deadline_ms)
     anthropic = path in MESSAGES_ROUTES
     turn = (anthropic_adapter if anthropic else openai_adapter).turn_requirements(body, body_size)
     route = path.removeprefix("/v1")
-    requirements = tighten(tighten(key.requirements, extra), replace(turn, adapters=carriers(route)))
-    # A response the gateway relayed pins the request to its assignment; one it never saw (or whose
-    # affinity expired) pins nothing, and the upstream answers for itself.
-    pins = [*pins, HardPin(PinKind.RESPONSE, loaded.pin.assignment_id)] if loaded.pin else list(pins)
-    # A file the key uploaded pins the request to the account that holds it (two such accounts, or
-    # one that left the pools: 409); a file id it does not own pins nothing (SPEC §5.2, §7.2).
-    pins += file_pins([affinity.assignment_id for affinity in loaded.files])
-    decision = decide(
+    requirements = tighten(
+        tighten(key.requirements, extra),
+        replace(turn, adapters=carriers(route), min_attempt_ms=route_settings.min_attempt_ms),
+    )
+    decide_now = partial(
+        decide,
         view,
         key,
         body["model"],
         requirements,
-        pins=pins,
+        pins=[*pins, *inputs.pins],
         session_assignment_id=session.assignment_id if session else None,
         session_model=(session.model or None) if session else None,
     )
+    decision = decide_now()
+    leased = await _take_lease(view, route_class, route_settings, lease_candidate(decision))
+    if leased is not None:
+        decision = decide_now(held={leased.candidate})
     if isinstance(decision.error, ResolutionError | AutoError):
         code = str(decision.error.code)
         param = (
@@ -365,7 +383,30 @@ async def prepare(
         ),
         dispatch=dispatch or HttpDispatch(anthropic=anthropic),
         anthropic_beta=headers.get("anthropic-beta") if anthropic else None,
+        lease=leased,
     )
+
+
+async def _take_lease(
+    view: RoutingView, route_class: RouteClass, route_settings: RouteSettings, c: Candidate | None
+) -> Lease | None:
+    """Take the probe lease of `c` (a candidate whose circuit admits a probe) with one conditional
+    UPDATE against the circuit as this request read it: across all nodes one request wins and tries
+    it first (§5.4 group 1); the losers order it last."""
+    if c is None:
+        return None
+    key, snapshot = probe_circuit(view, route_class, c)
+    try:
+        won = await db.run(
+            services.circuit_take_probe,
+            key=key,
+            settings=route_settings.breaker,
+            now=datetime.now(UTC),
+            seen=Seen(snapshot),
+        )
+    except DatabaseError:
+        return None  # no lease: the candidate stays last, as for any other request
+    return Lease(c.key, key) if won else None
 
 
 async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: float) -> HttpResponse:

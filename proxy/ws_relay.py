@@ -96,7 +96,9 @@ class WebsocketDispatch:
                 return relay.failure(Observation(transport=failure.event))
             except HandshakeRejected as rejected:
                 return relay.failure(
-                    Observation(status=rejected.status, body=rejected.body, has_provenance=True)
+                    Observation(
+                        status=rejected.status, body=rejected.body, has_provenance=c.provenance is not None
+                    )
                 )
         else:
             assert live is not None

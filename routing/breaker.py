@@ -6,7 +6,10 @@ nothing". The services apply the result with one conditional UPDATE guarded by t
 read (compare-and-swap), so two nodes never both make the same transition.
 
 - closed: each qualifying failure counts; at `failure_threshold` consecutive ones -> open for
-  `cooldown_seconds`. The reason is the latest failure's.
+  `cooldown_seconds`. The reason is the latest failure's. `credential_rejected` opens at once: a
+  revoked key or a deactivated account does not heal by itself between two requests.
+- `governing(specific, wide)`: an assignment-wide circuit (credential_rejected) that is not closed
+  governs every (model, route class) of its assignment; otherwise the pair's own circuit does.
 - open: blocked until `open_until`; from then on probe-admissible. A failure while open and still
   cooling only counts (and updates the reason); it does not extend the cooldown.
 - `acquire_probe`: open past `open_until`, or half-open with a free slot or an expired lease ->
@@ -132,7 +135,7 @@ def on_failure(
     current = snapshot if snapshot is not None else CLEAN
     failures = current.consecutive_failures + 1
     if current.state is CircuitState.CLOSED:
-        if failures >= settings.failure_threshold:
+        if failures >= settings.failure_threshold or reason is CircuitReason.CREDENTIAL_REJECTED:
             first = min(settings.cooldown_seconds, settings.max_cooldown_seconds)
             return _open(reason, first, failures, now)
         return replace(current, reason=reason, consecutive_failures=failures)
@@ -141,6 +144,15 @@ def on_failure(
     # A failed probe (or a failure once the cooldown is over): open again, for twice as long.
     base = current.cooldown_seconds or settings.cooldown_seconds
     return _open(reason, min(base * 2, settings.max_cooldown_seconds), failures, now)
+
+
+def governing(
+    specific: CircuitSnapshot | None, wide: CircuitSnapshot | None
+) -> tuple[CircuitSnapshot | None, bool]:
+    """(the circuit that decides a candidate's health, whether it is the assignment-wide one)."""
+    if wide is not None and wide.state is not CircuitState.CLOSED:
+        return wide, True
+    return specific, False
 
 
 def on_success(snapshot: CircuitSnapshot | None) -> CircuitSnapshot | None:

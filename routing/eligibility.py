@@ -15,7 +15,8 @@ declared order; an empty list is eligible. Rules:
 - budget: with a budget, both prices known (else price_unknown) and the reservation
   (`pricing.cost_micros` over estimated prompt + max output tokens) <= remaining budget;
   without a budget an unknown price is fine;
-- deadline: remaining ms >= min_deadline_ms (equal is eligible);
+- deadline: remaining ms >= max(min_deadline_ms, min_attempt_ms) (equal is eligible): no attempt is
+  dispatched with less of the one deadline left than that floor;
 - context: estimated tokens <= context_window (unknown window: eligible);
 - circuit: a BLOCKED candidate (open for upstream_model_unavailable, no probe admissible).
 
@@ -123,7 +124,9 @@ def evaluate(candidate: Candidate, requirements: Requirements) -> Verdict:
             failed.add(IneligibleReason.PRICE_UNKNOWN)
         elif reservation > r.budget_remaining_micros:
             failed.add(IneligibleReason.BUDGET)
-    if r.deadline_remaining_ms is not None and r.deadline_remaining_ms < c.min_deadline_ms:
+    if r.deadline_remaining_ms is not None and r.deadline_remaining_ms < max(
+        c.min_deadline_ms, r.min_attempt_ms
+    ):
         failed.add(IneligibleReason.DEADLINE)
     if not _context_ok(c, r):
         failed.add(IneligibleReason.CONTEXT_WINDOW)
@@ -168,6 +171,7 @@ def tighten(base: Requirements, extra: Requirements) -> Requirements:
         prompt_tokens=max(base.prompt_tokens, extra.prompt_tokens),
         max_output_tokens=max(base.max_output_tokens, extra.max_output_tokens),
         deadline_remaining_ms=_min_optional(base.deadline_remaining_ms, extra.deadline_remaining_ms),
+        min_attempt_ms=max(base.min_attempt_ms, extra.min_attempt_ms),
         budget_remaining_micros=_min_optional(base.budget_remaining_micros, extra.budget_remaining_micros),
         adapters=_both(base.adapters, extra.adapters),
     )

@@ -13,11 +13,16 @@ Contract:
   event (no error status), the error's canonical type/code.
 - `disposition(failure, dispatch)` applies §5.6 in its order: safety refusal is terminal; a
   dispatch not known to be rejected (or not sent) is never replayed; model_unavailable,
-  rate_limited, quota and unavailable go to the next candidate; model_not_found_cross goes to the
-  next candidate of another model only; anything else returns the failure.
+  rate_limited, quota, unavailable and credential_rejected go to the next candidate;
+  model_not_found_cross goes to the next candidate of another model only; anything else returns
+  the failure.
 - `circuit_reason(failure)` is the circuit failure an outcome records (None: it writes no circuit
-  row; an attempt holding a probe then frees it with `breaker.on_neutral`), and `demotes(failure)`
-  whether it demotes (assignment, model).
+  row; an attempt holding a probe then frees it with `breaker.on_neutral`). Only unavailable, the
+  gateway's own upstream timeout (dispatch_unknown), credential_rejected (assignment-wide) and
+  model_unavailable count. 429/quota never do; the client's own deadline (`deadline`) never does.
+- `demotion_reason(failure)`: model_unavailable demotes for `demotion_seconds`; rate_limited and
+  quota demote until the upstream's `retry-after` (read bounded by the proxy), else
+  `demotion_seconds`.
 - `dispatch_state(transport, status)` is the ledger's dispatch state of an attempt.
 """
 
@@ -49,6 +54,9 @@ class TransportEvent(enum.StrEnum):
     RESET_BEFORE_SEND = "reset_before_send"
     READ_TIMEOUT = "read_timeout"
     RESET_AFTER_SEND = "reset_after_send"
+    # The client's deadline (x-gateway-deadline-ms) ran out while the attempt was in flight (§6.0):
+    # the wall-clock bound cut it, not the gateway's own upstream timeout. Neutral for health.
+    DEADLINE = "deadline"
     STREAM_ERROR_EVENT = "stream_error_event"  # an SSE/websocket terminal error event, pre-visible
     STREAM_TRUNCATED = "stream_truncated"  # the stream closed without a terminal event
     CANCELLED = "cancelled"  # the client disconnected
@@ -58,6 +66,16 @@ NOT_SENT_EVENTS = frozenset(
     {TransportEvent.CONNECT_REFUSED, TransportEvent.CONNECT_TIMEOUT, TransportEvent.RESET_BEFORE_SEND}
 )
 SENT_EVENTS = frozenset({TransportEvent.READ_TIMEOUT, TransportEvent.RESET_AFTER_SEND})
+# 403 whose canonical type or code names the assignment's credential or account, not the request.
+CREDENTIAL_403 = frozenset(
+    {
+        "permission_error",
+        "permission_denied",
+        "account_deactivated",
+        "invalid_api_key",
+        "organization_deactivated",
+    }
+)
 
 
 class FailureClass(enum.StrEnum):
@@ -65,10 +83,12 @@ class FailureClass(enum.StrEnum):
     MODEL_NOT_FOUND_CROSS = "model_not_found_cross"
     RATE_LIMITED = "rate_limited"
     QUOTA = "quota"
+    CREDENTIAL_REJECTED = "credential_rejected"
     UNAVAILABLE = "unavailable"
     SAFETY_REFUSAL = "safety_refusal"
     CONTEXT_OVERFLOW = "context_overflow"
     DISPATCH_UNKNOWN = "dispatch_unknown"
+    DEADLINE = "deadline"  # the client's deadline ran out mid-attempt: 504, neutral for the circuit
     CLIENT_ERROR = "client_error"
     UPSTREAM_ERROR = "upstream_error"  # another 5xx, or a stream error of no known canonical shape
     INTERRUPTED = "interrupted"  # a stream closed without a terminal event: neutral for the circuit
@@ -148,6 +168,8 @@ def canonical_error(body: Mapping[str, object] | None) -> CanonicalError:
 def _by_status(status: int, error: CanonicalError, has_provenance: bool) -> FailureClass:
     if status == 429:
         return FailureClass.RATE_LIMITED
+    if status == 401 or (status == 403 and (error.type in CREDENTIAL_403 or error.code in CREDENTIAL_403)):
+        return FailureClass.CREDENTIAL_REJECTED
     if status in UNAVAILABLE_STATUSES:
         return FailureClass.UNAVAILABLE
     if status in DISPATCH_UNKNOWN_STATUSES:
@@ -184,6 +206,8 @@ def classify(observation: Observation) -> FailureClass | None:
         return FailureClass.SAFETY_REFUSAL
     if obs.transport is TransportEvent.CANCELLED:
         return FailureClass.CANCELLED
+    if obs.transport is TransportEvent.DEADLINE:
+        return FailureClass.DEADLINE
     if obs.transport in NOT_SENT_EVENTS:
         return FailureClass.UNAVAILABLE
     if obs.transport in SENT_EVENTS:
@@ -204,8 +228,15 @@ def classify(observation: Observation) -> FailureClass | None:
 
 
 NEXT_CANDIDATE_CLASSES = frozenset(
-    {FailureClass.MODEL_UNAVAILABLE, FailureClass.RATE_LIMITED, FailureClass.QUOTA, FailureClass.UNAVAILABLE}
+    {
+        FailureClass.MODEL_UNAVAILABLE,
+        FailureClass.RATE_LIMITED,
+        FailureClass.QUOTA,
+        FailureClass.UNAVAILABLE,
+        FailureClass.CREDENTIAL_REJECTED,
+    }
 )
+NEVER_REPLAYED = frozenset({FailureClass.DISPATCH_UNKNOWN, FailureClass.INTERRUPTED, FailureClass.DEADLINE})
 KNOWN_REJECTED = frozenset({DispatchState.NOT_SENT, DispatchState.REJECTED})
 
 
@@ -214,7 +245,7 @@ def disposition(failure: FailureClass, dispatch: DispatchState) -> Disposition:
         return Disposition.TERMINAL_REFUSAL
     if failure is FailureClass.CANCELLED:  # nobody is left to answer; never a replay either
         return Disposition.RETURN_FAILURE
-    if dispatch not in KNOWN_REJECTED or failure in (FailureClass.DISPATCH_UNKNOWN, FailureClass.INTERRUPTED):
+    if dispatch not in KNOWN_REJECTED or failure in NEVER_REPLAYED:
         return Disposition.DISPATCH_UNKNOWN
     if failure in NEXT_CANDIDATE_CLASSES:
         return Disposition.NEXT_CANDIDATE
@@ -227,6 +258,10 @@ _CIRCUIT_REASONS: dict[FailureClass, CircuitReason] = {
     FailureClass.MODEL_UNAVAILABLE: CircuitReason.UPSTREAM_MODEL_UNAVAILABLE,
     FailureClass.UNAVAILABLE: CircuitReason.UPSTREAM_UNAVAILABLE,
     FailureClass.DISPATCH_UNKNOWN: CircuitReason.TIMEOUT,
+    FailureClass.CREDENTIAL_REJECTED: CircuitReason.CREDENTIAL_REJECTED,
+}
+_DEMOTION_REASONS: dict[FailureClass, CircuitReason] = {
+    FailureClass.MODEL_UNAVAILABLE: CircuitReason.UPSTREAM_MODEL_UNAVAILABLE,
     FailureClass.RATE_LIMITED: CircuitReason.RATE_LIMITED,
     FailureClass.QUOTA: CircuitReason.RATE_LIMITED,
 }
@@ -236,15 +271,23 @@ def circuit_reason(failure: FailureClass) -> CircuitReason | None:
     return _CIRCUIT_REASONS.get(failure)
 
 
+def demotion_reason(failure: FailureClass) -> CircuitReason | None:
+    return _DEMOTION_REASONS.get(failure)
+
+
 def demotes(failure: FailureClass) -> bool:
-    return failure is FailureClass.MODEL_UNAVAILABLE
+    return failure in _DEMOTION_REASONS
 
 
 def dispatch_state(transport: TransportEvent | None, status: int | None) -> DispatchState:
     """What we know of whether the upstream executed the request."""
     if transport in NOT_SENT_EVENTS:
         return DispatchState.NOT_SENT
-    if transport in SENT_EVENTS or transport in (TransportEvent.STREAM_TRUNCATED, TransportEvent.CANCELLED):
+    if transport in SENT_EVENTS or transport in (
+        TransportEvent.STREAM_TRUNCATED,
+        TransportEvent.CANCELLED,
+        TransportEvent.DEADLINE,
+    ):
         return DispatchState.UNKNOWN
     if transport is TransportEvent.STREAM_ERROR_EVENT:
         return DispatchState.REJECTED

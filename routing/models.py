@@ -13,6 +13,16 @@ class RouteClass(models.TextChoices):
     WEBSOCKET = "websocket"
 
 
+class CircuitRouteClass(models.TextChoices):
+    """A circuit's route class; `*` is an assignment-wide circuit (model `*` too): credential_rejected
+    covers every model and route class of the assignment at once (SPEC §7.1)."""
+
+    HTTP = "http"
+    SSE = "sse"
+    WEBSOCKET = "websocket"
+    ASSIGNMENT = "*", "every route class"
+
+
 class CircuitState(models.TextChoices):
     CLOSED = "closed"
     OPEN = "open"
@@ -23,7 +33,8 @@ class CircuitReason(models.TextChoices):
     UPSTREAM_MODEL_UNAVAILABLE = "upstream_model_unavailable"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     TIMEOUT = "timeout"
-    RATE_LIMITED = "rate_limited"
+    RATE_LIMITED = "rate_limited"  # demotions only: 429/quota never write a circuit
+    CREDENTIAL_REJECTED = "credential_rejected"
 
 
 class Circuit(models.Model):
@@ -33,7 +44,7 @@ class Circuit(models.Model):
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="+")
     assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="circuits")
     model = models.CharField(max_length=200)
-    route_class = models.CharField(max_length=9, choices=RouteClass.choices)
+    route_class = models.CharField(max_length=9, choices=CircuitRouteClass.choices)
     state = models.CharField(max_length=9, choices=CircuitState.choices, default=CircuitState.CLOSED)
     reason = models.CharField(max_length=30, choices=CircuitReason.choices, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
@@ -48,7 +59,7 @@ class Circuit(models.Model):
             models.UniqueConstraint(
                 fields=["pool", "assignment", "model", "route_class"], name="circuit_unique_key"
             ),
-            choices_check("circuit", "route_class", RouteClass),
+            choices_check("circuit", "route_class", CircuitRouteClass),
             choices_check("circuit", "state", CircuitState),
             models.CheckConstraint(
                 condition=Q(reason="") | Q(reason__in=CircuitReason.values), name="circuit_reason_valid"

@@ -10,7 +10,13 @@ Contract: `build_plan` runs these steps, in this order, and reports what each st
    result is a PlanError (`file_assignment_conflict` for a file pin), never a wider plan.
 3. eligibility gate: every ineligible candidate is reported with its reasons, never dispatched.
 4. preference: the primary model's eligible candidates in preference order, then the fallback
-   model's (cross-model, marked `cross_model=True`).
+   model's (cross-model, marked `cross_model=True`). Cross-model candidates are reached only
+   because upstreams said the primary model is not there (§5.2): a `model_not_found_cross` failure
+   in this request (`next_candidate` with NEXT_MODEL), or every primary candidate excluded by a
+   circuit open for `upstream_model_unavailable` (`cross_open`: the plan starts with them). A
+   primary model that is merely ineligible (context window, capability, privacy, region, budget,
+   deadline) or transiently unhealthy is never swapped for another model: the plan is empty and
+   `exclusion_reason` names the primary's condition (`no_eligible_backend`).
 5. soft session preference: the session's last assignment (primary model) moves to the front
    when its circuit is closed and it is not demoted; everybody else keeps their place.
 6. shortlist: the first `max_attempts` candidates are the dispatch order.
@@ -67,13 +73,19 @@ class Plan:
     disallowed: tuple[Candidate, ...]  # candidates whose model the key may not use
     pins: tuple[HardPin, ...] = ()
     session_moved: bool = False
+    cross_open: bool = False  # every primary candidate is blocked by an upstream_model_unavailable circuit
+    # Eligible candidates of the fallback model left out because nothing said the primary model is
+    # missing and no primary candidate is eligible (§5.2): reported, never dispatched.
+    not_crossed: tuple[Candidate, ...] = ()
 
     @property
     def exclusion_reason(self) -> IneligibleReason | None:
-        """The `no_eligible_backend` param: the condition that excluded the last candidate."""
+        """The `no_eligible_backend` param: the condition that excluded the last primary candidate
+        (the fallback model's conditions never name the primary model's failure)."""
         if self.order or not self.ineligible:
             return None
-        return self.ineligible[-1].reason
+        primary = [v for v in self.ineligible if not v.candidate.cross_model]
+        return (primary or list(self.ineligible))[-1].reason
 
 
 def _apply_pins(
@@ -125,10 +137,18 @@ def build_plan(
 
     verdicts = gate(pinned, requirements)
     eligible = [v.candidate for v in verdicts if v.eligible]
-    order = [
-        *preference.order(c for c in eligible if not c.cross_model),
-        *preference.order(c for c in eligible if c.cross_model),
-    ]
+    primary_verdicts = [v for v in verdicts if not v.candidate.cross_model]
+    primary_order = preference.order(c for c in eligible if not c.cross_model)
+    cross_open = (
+        not primary_order
+        and bool(primary_verdicts)
+        and all(v.reasons == (IneligibleReason.CIRCUIT_OPEN,) for v in primary_verdicts)
+    )
+    order = list(primary_order)
+    cross_order = preference.order(c for c in eligible if c.cross_model)
+    crossing = bool(primary_order) or cross_open
+    if crossing:
+        order += cross_order
     moved = False if pins else _move_session(order, session_assignment_id)
 
     cut = max(max_attempts, 0)
@@ -139,13 +159,21 @@ def build_plan(
         disallowed=disallowed,
         pins=tuple(pins),
         session_moved=moved,
+        cross_open=cross_open,
+        not_crossed=() if crossing else cross_order,
     )
 
 
 def next_candidate(order: Sequence[Candidate], current: int, disposition: Disposition) -> int | None:
-    """The index of the candidate to hand the request to after `order[current]` failed, or None."""
+    """The index of the candidate to hand the request to after `order[current]` failed (or was
+    passed over at its turn), or None. NEXT_CANDIDATE never crosses the model boundary: it stays
+    among the primary model's candidates, or among the fallback model's once the plan has crossed."""
     if disposition is Disposition.NEXT_CANDIDATE:
-        return current + 1 if current + 1 < len(order) else None
+        crossed = order[current].cross_model
+        for index in range(current + 1, len(order)):
+            if order[index].cross_model == crossed:
+                return index
+        return None
     if disposition is Disposition.NEXT_MODEL:
         failed_model = order[current].model
         for index in range(current + 1, len(order)):

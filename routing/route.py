@@ -6,12 +6,18 @@ loaded for the key's pools and the request's route class) and the request's mode
 hard pins and session, and returns a Decision: the resolution (or auto choice), the cross-model
 fallback, and the plan; or the typed error that ends the request before any dispatch.
 
+Probe leases (§5.4): a candidate whose circuit admits a probe (`Health.PROBE`) sorts last until
+this request holds its lease. `lease_candidate(decision)` names the one candidate whose lease the
+caller should try to take (the first probe-admissible one of the plan); the caller takes it with one
+conditional UPDATE and, if it won, decides again with `held={candidate.key}`: the holder then
+orders it by tier among the closed candidates (group 1), and every other request orders it last.
+
 `parse_requirements_header` reads `x-gateway-requirements`, which can only tighten the key's
 contract (the caller merges with `eligibility.tighten`).
 """
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from routing.auto import AutoChoice, AutoError, choose_model
 from routing.breaker import CircuitSnapshot
@@ -25,7 +31,7 @@ from routing.resolution import (
     cross_model_fallback,
     resolve,
 )
-from routing.types import AUTO_MODEL, Candidate, Requirements
+from routing.types import AUTO_MODEL, Candidate, Health, Requirements
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,8 @@ class RoutingView:
     routes: Mapping[str, tuple[Candidate, ...]]  # model -> every enabled (assignment, model) of the pools
     auto_models: tuple[str, ...] = ()
     circuits: Mapping[tuple[int, str], CircuitSnapshot] = field(default_factory=dict)
+    # assignment id -> its assignment-wide circuit (credential_rejected), when it has one
+    wide: Mapping[int, CircuitSnapshot] = field(default_factory=dict)
     targets: Mapping[int, Target] = field(default_factory=dict)  # assignment id -> dispatch target
     # One candidate per enabled assignment, with model "": what a route without a model (the Files
     # API) plans over.
@@ -87,7 +95,17 @@ def decide(
     pins: Sequence[HardPin] = (),
     session_assignment_id: int | None = None,
     session_model: str | None = None,
+    held: Collection[tuple[int, str]] = (),
 ) -> Decision:
+    """`held`: the (assignment, model) whose probe lease this request holds (Health.HELD)."""
+    if held:
+        view = replace(
+            view,
+            routes={
+                model: tuple(replace(c, health=Health.HELD) if c.key in held else c for c in candidates)
+                for model, candidates in view.routes.items()
+            },
+        )
     auto: AutoChoice | None = None
     if model == AUTO_MODEL:
         chosen = choose_model(
@@ -123,6 +141,14 @@ def decide(
     if isinstance(plan, PlanError):
         return Decision(resolution=resolution, auto=auto, fallback=fallback, error=plan)
     return Decision(resolution=resolution, auto=auto, fallback=fallback, plan=plan)
+
+
+def lease_candidate(decision: Decision) -> Candidate | None:
+    """The candidate whose probe lease this request should try to take: the first probe-admissible
+    one of the shortlist (at most one lease per request, so one request cannot hold every probe)."""
+    if decision.plan is None:
+        return None
+    return next((c for c in decision.plan.order if c.health is Health.PROBE), None)
 
 
 class RequirementsHeaderError(ValueError):

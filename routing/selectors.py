@@ -22,11 +22,14 @@ from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback,
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.capabilities import Capability, Effective, valid_until
+from routing.files import file_pins
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
+from routing.plan import HardPin, PinKind
 from routing.resolution import ModelPolicy
 from routing.route import RoutingView, Target
 from routing.services import breaker_settings
 from routing.types import (
+    ASSIGNMENT_WIDE,
     Candidate,
     CircuitReason,
     CircuitState,
@@ -51,6 +54,7 @@ class RouteSettings:
     backoff_base_ms: int
     default_deadline_ms: int
     breaker: BreakerSettings
+    min_attempt_ms: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,7 @@ def _candidate(entry: CatalogEntry, capabilities: dict[Capability, Effective]) -
         min_deadline_ms=a.min_deadline_ms,
         context_window=entry.context_window,
         price=Price(entry.input_per_mtok_micros, entry.output_per_mtok_micros),
+        provenance=entry.provenance or None,
     )
 
 
@@ -149,6 +154,7 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
             backoff_base_ms=settings.backoff_base_ms,
             default_deadline_ms=settings.default_deadline_ms,
             breaker=breaker_settings(settings),
+            min_attempt_ms=settings.min_attempt_ms,
         ),
         policy=policy,
         routes={model: tuple(candidates) for model, candidates in routes.items()},
@@ -186,7 +192,8 @@ def _health_sql(pools: int) -> str:
     return (
         "SELECT 0, assignment_id, model, state, reason, consecutive_failures, cooldown_seconds, "  # noqa: S608
         "open_until, probes_in_flight, probe_lease_expires_at "
-        f"FROM {circuit.db_table} WHERE route_class = %s AND pool_id IN ({rawsql.placeholders(pools)}) "
+        f"FROM {circuit.db_table} "
+        f"WHERE route_class IN (%s, %s) AND pool_id IN ({rawsql.placeholders(pools)}) "
         "UNION ALL "
         "SELECT 1, d.assignment_id, d.model, '', d.reason, 0, 0, d.until, 0, NULL "
         f"FROM {demotion.db_table} d JOIN {assignment.db_table} a ON a.id = d.assignment_id "
@@ -194,22 +201,28 @@ def _health_sql(pools: int) -> str:
     )
 
 
-def health_load(
-    *, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime
-) -> tuple[dict[tuple[int, str], CircuitSnapshot], set[tuple[int, str]]]:
-    """Circuits of the route class and active demotions, in ONE query (hand-written SQL, see
-    gatewaysite.rawsql)."""
+@dataclass(frozen=True, slots=True)
+class HealthState:
+    circuits: dict[tuple[int, str], CircuitSnapshot]  # (assignment, model) of the route class
+    wide: dict[int, CircuitSnapshot]  # assignment -> its assignment-wide circuit (credential_rejected)
+    demoted: set[tuple[int, str]]
+
+
+def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime) -> HealthState:
+    """Circuits of the route class, assignment-wide circuits and active demotions, in ONE query
+    (hand-written SQL, see gatewaysite.rawsql)."""
     found: dict[tuple[int, str], CircuitSnapshot] = {}
+    wide: dict[int, CircuitSnapshot] = {}
     demoted: set[tuple[int, str]] = set()
     if not pool_ids:
-        return found, demoted
-    params = [str(route_class), *pool_ids, rawsql.as_param(now), *pool_ids]
+        return HealthState(found, wide, demoted)
+    params = [str(route_class), ASSIGNMENT_WIDE, *pool_ids, rawsql.as_param(now), *pool_ids]
     rows = rawsql.fetch(_health_sql(len(pool_ids)), params)
     for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in rows:
         if kind == 1:
             demoted.add((assignment_id, model))
             continue
-        found[(assignment_id, model)] = CircuitSnapshot(
+        snapshot = CircuitSnapshot(
             state=CircuitState(state),
             reason=CircuitReason(reason) if reason else None,
             consecutive_failures=failures,
@@ -218,22 +231,32 @@ def health_load(
             probes_in_flight=probes,
             probe_lease_expires_at=rawsql.as_datetime(lease),
         )
-    return found, demoted
+        if model == ASSIGNMENT_WIDE:
+            wide[assignment_id] = snapshot
+        else:
+            found[(assignment_id, model)] = snapshot
+    return HealthState(found, wide, demoted)
 
 
 def routing_view_load(
     *, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime, config_version: int | None = None
 ) -> tuple[RoutingView, RouteSettings]:
     config = config_snapshot(pool_ids, config_version, now)
-    circuits, demoted = health_load(pool_ids=pool_ids, route_class=route_class, now=now)
+    health = health_load(pool_ids=pool_ids, route_class=route_class, now=now)
+    circuits, wide, demoted = health.circuits, health.wide, health.demoted
     bs = config.settings.breaker
     routes = config.routes
-    if circuits or demoted:
+
+    def governed(c: Candidate) -> Candidate:
+        snapshot, _ = breaker.governing(circuits.get(c.key), wide.get(c.assignment_id))
+        return replace(c, health=breaker.health(snapshot, bs, now), demoted=c.key in demoted)
+
+    if circuits or demoted or wide:
         routes = {
             model: tuple(
                 c
-                if c.key not in circuits and c.key not in demoted
-                else replace(c, health=breaker.health(circuits.get(c.key), bs, now), demoted=c.key in demoted)
+                if c.key not in circuits and c.key not in demoted and c.assignment_id not in wide
+                else governed(c)
                 for c in candidates
             )
             for model, candidates in routes.items()
@@ -251,6 +274,7 @@ def routing_view_load(
         routes=routes,
         auto_models=config.auto_models,
         circuits=circuits,
+        wide=wide,
         targets=config.targets,
     )
     return view, config.settings
@@ -305,3 +329,48 @@ def affinities_load(
 def affinity_get(*, key_id: int, kind: AffinityKind, key: str, now: datetime) -> Affinity | None:
     """Key `key_id`'s live affinity for (kind, key), or None: unknown, expired or another key's."""
     return Affinity.objects.filter(gateway_key_id=key_id, kind=kind, key=key, expires_at__gt=now).first()
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingInputs:
+    """Everything `routing.route.decide` needs besides the key, the model and the requirements: the
+    one gathering of inputs that the proxy, `manage.py routing_explain` and the panel's health
+    signals share, so they cannot disagree (e.g. on an unknown `previous_response_id`)."""
+
+    view: RoutingView
+    settings: RouteSettings
+    pins: tuple[HardPin, ...]
+    session: Affinity | None
+
+
+def routing_inputs_load(
+    *,
+    key_id: int,
+    pool_ids: tuple[int, ...],
+    route_class: RouteClass,
+    now: datetime,
+    config_version: int | None = None,
+    previous_response_id: str | None = None,
+    session_key: str | None = None,
+    file_ids: tuple[str, ...] = (),
+) -> RoutingInputs:
+    """A response this key had relayed pins the request to its assignment (§5.2, §7.2); one it never
+    saw, another key's, or one whose affinity expired pins nothing, and the upstream answers for
+    itself."""
+    view, settings = routing_view_load(
+        pool_ids=pool_ids, route_class=route_class, now=now, config_version=config_version
+    )
+    found = affinities_load(
+        key_id=key_id,
+        now=now,
+        response_id=previous_response_id[:300] if previous_response_id else None,
+        session=session_key,
+        file_ids=file_ids,
+    )
+    pins: tuple[HardPin, ...] = ()
+    if found.response is not None:
+        pins = (HardPin(PinKind.RESPONSE, found.response.assignment_id),)
+    # A file the key uploaded pins the request to the account that holds it (two such accounts, or
+    # one that left the pools: 409); a file id it does not own pins nothing (SPEC §5.2, §7.2).
+    pins += file_pins([affinity.assignment_id for affinity in found.files.values()])
+    return RoutingInputs(view, settings, pins, found.session)

@@ -18,7 +18,7 @@ from pools.models import GatewaySettings
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
-from routing.types import CircuitReason, CircuitState
+from routing.types import ASSIGNMENT_WIDE, CircuitReason, CircuitState
 
 CAS_TRIES = 5
 
@@ -29,6 +29,15 @@ class CircuitKey:
     assignment_id: int
     model: str
     route_class: str
+
+    @classmethod
+    def wide(cls, pool_id: int, assignment_id: int) -> "CircuitKey":
+        """The assignment-wide circuit (credential_rejected): every model and route class."""
+        return cls(pool_id, assignment_id, ASSIGNMENT_WIDE, ASSIGNMENT_WIDE)
+
+    @property
+    def is_wide(self) -> bool:
+        return self.route_class == ASSIGNMENT_WIDE
 
     def filter(self) -> dict:
         return {
@@ -174,9 +183,9 @@ def circuit_take_probe(
     return written
 
 
-def circuit_release_probe(*, key: CircuitKey) -> None:
+def circuit_release_probe(*, key: CircuitKey, seen: Seen | None = None) -> None:
     """A probe that ended neutrally (never started, client gone, stream closed without a verdict)."""
-    _circuit_apply(key, breaker.on_neutral)
+    _circuit_apply(key, breaker.on_neutral, seen)
 
 
 def demotion_record(*, assignment_id: int, model: str, reason: CircuitReason, until: datetime) -> None:

@@ -29,7 +29,13 @@ class CircuitReason(enum.StrEnum):
     UPSTREAM_MODEL_UNAVAILABLE = "upstream_model_unavailable"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     TIMEOUT = "timeout"
-    RATE_LIMITED = "rate_limited"
+    RATE_LIMITED = "rate_limited"  # a demotion's reason only: 429 and quota never touch a circuit
+    CREDENTIAL_REJECTED = "credential_rejected"  # assignment-wide (every model and route class)
+
+
+# The (model, route class) of an assignment-wide circuit: `credential_rejected` is about the
+# assignment's credential or account, so it covers every model and route class at once (SPEC §7.1).
+ASSIGNMENT_WIDE = "*"
 
 
 class TriState(enum.StrEnum):
@@ -61,8 +67,9 @@ class Health(enum.StrEnum):
 
     HEALTHY = "healthy"  # no circuit row, or closed with no recent failure
     FAILING = "failing"  # closed, with consecutive failures below the threshold
+    HELD = "held"  # half-open, and this request holds the probe lease (set by the router, §5.4)
     PROBE = "probe"  # open past its cooldown, or half-open with a free (or lost) probe slot
-    COOLING = "cooling"  # open for a transient reason (unavailable, timeout, rate limited)
+    COOLING = "cooling"  # open for a transient reason, or half-open with another request's lease
     BLOCKED = "blocked"  # open for upstream_model_unavailable, no probe admissible: ineligible
 
     @property
@@ -126,6 +133,9 @@ class Candidate:
     min_deadline_ms: int = 0
     context_window: int | None = None
     price: Price = Price()
+    # The catalog provenance of (assignment, model) (`configured`, `observed`, `preserved`); None when
+    # the catalog holds none. A code-less 404 is a model failure only with provenance (§5.6).
+    provenance: str | None = None
 
     @property
     def key(self) -> tuple[int, str]:
@@ -148,6 +158,7 @@ class Requirements:
     prompt_tokens: int = 0  # estimated
     max_output_tokens: int = 0
     deadline_remaining_ms: int | None = None  # None: no deadline
+    min_attempt_ms: int = 0  # `retry.min_attempt_ms`: no attempt with less of the deadline left
     budget_remaining_micros: int | None = None  # None: the key has no budget
     # The adapters that can carry this route at all (None: any). A Responses turn has no Anthropic
     # form, and count_tokens exists only on Anthropic upstreams.

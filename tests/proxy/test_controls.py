@@ -326,7 +326,7 @@ def test_a_safety_refusal_is_terminal_and_relayed(gateway, two_assignments, path
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "sse"])
-def test_a_read_timeout_is_dispatch_unknown_and_never_replayed(gateway, two_assignments, stream):
+def test_the_client_deadline_is_a_typed_504_and_leaves_the_circuit_alone(gateway, two_assignments, stream):
     a, b, (acct_a, _) = two_assignments
     a.script("gpt-5", hang(30))
     b.script("gpt-5", serve("served by b"))
@@ -342,27 +342,53 @@ def test_a_read_timeout_is_dispatch_unknown_and_never_replayed(gateway, two_assi
     record = record_of(response)
     assert record.outcome == "upstream_dispatch_unknown"
     (attempt,) = attempts_of(record)
+    assert (attempt.assignment_id, attempt.status, attempt.dispatch_state, attempt.failure_class) == (
+        acct_a.pk,
+        "failed",
+        "unknown",
+        "deadline",
+    )
+    # The client's own short deadline says nothing about the account (SPEC §5.6): no circuit row.
+    assert not Circuit.objects.exists()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "sse"])
+def test_the_gateway_own_read_timeout_is_dispatch_unknown_counts_and_is_never_replayed(
+    gateway, two_assignments, stream, settings
+):
+    a, b, (acct_a, _) = two_assignments
+    settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S = 0.5  # the gateway's own upstream timeout, below the deadline
+    a.script("gpt-5", hang(30))
+    b.script("gpt-5", serve("served by b"))
+    response = post(
+        gateway, "/v1/chat/completions", {**CHAT, "stream": stream}, headers={"x-gateway-deadline-ms": "8000"}
+    )
+    assert response.status_code == 504
+    assert _sanitized(response, "served by b")["code"] == "upstream_dispatch_unknown"
+    assert_hits((a, 1), (b, 0))
+    (attempt,) = attempts_of(record_of(response))
     assert (attempt.status, attempt.dispatch_state, attempt.failure_class) == (
         "failed",
         "unknown",
         "dispatch_unknown",
     )
-    # A timeout cools the assignment's transient health (SPEC §5.6): its circuit counts it.
+    # The gateway's own timeout cools the assignment's transient health (SPEC §5.6).
     circuit = Circuit.objects.get()
     assert (circuit.assignment_id, circuit.reason) == (acct_a.pk, "timeout")
 
 
+# (behaviour, the circuit reason it records or None, whether it demotes (assignment, model))
 HANDOFFS = [
-    pytest.param(rate_limited(), "rate_limited", id="429"),
-    pytest.param(quota(), "rate_limited", id="429-quota"),
-    pytest.param(unavailable(503), "upstream_unavailable", id="503"),
+    pytest.param(rate_limited(), None, True, id="429"),  # 429/quota: demotion, never a circuit (§5.6)
+    pytest.param(quota(), None, True, id="429-quota"),
+    pytest.param(unavailable(503), "upstream_unavailable", False, id="503"),
 ]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "sse"])
-@pytest.mark.parametrize(("behaviour", "reason"), HANDOFFS)
+@pytest.mark.parametrize(("behaviour", "reason", "demoted"), HANDOFFS)
 def test_rate_limits_and_unavailability_are_handed_to_the_next_candidate(
-    gateway, two_assignments, behaviour, reason, stream
+    gateway, two_assignments, behaviour, reason, demoted, stream
 ):
     a, b, (acct_a, _) = two_assignments
     a.script("gpt-5", behaviour)
@@ -377,9 +403,10 @@ def test_rate_limits_and_unavailability_are_handed_to_the_next_candidate(
     assert_hits((a, 1), (b, 1))
     record = record_of(response)
     assert (attempt_statuses(record), record.retry_count) == (["retryable_failed", "succeeded"], 1)
-    circuit = Circuit.objects.get()
-    assert (circuit.assignment_id, circuit.reason) == (acct_a.pk, reason)
-    assert not Demotion.objects.exists()  # only model_unavailable demotes
+    circuits = list(Circuit.objects.values_list("assignment_id", "reason"))
+    assert circuits == ([(acct_a.pk, reason)] if reason else [])
+    demotions = list(Demotion.objects.values_list("assignment_id", "reason"))
+    assert demotions == ([(acct_a.pk, "rate_limited")] if demoted else [])
 
 
 def test_all_candidates_circuit_open_is_no_eligible_backend_but_the_model_stays_listed(

@@ -14,6 +14,7 @@ from routing.failures import (
     circuit_reason,
     classify,
     demotes,
+    demotion_reason,
     dispatch_state,
     disposition,
 )
@@ -242,8 +243,8 @@ def test_context_length_exceeded_is_context_overflow(obs):
         Observation(status=400, body=None),
         Observation(status=400, body=openai(type="invalid_request_error", param="max_tokens")),
         Observation(status=400, body=anthropic("invalid_request_error")),
-        Observation(status=401, body=openai(type="invalid_api_key")),
-        Observation(status=403, body=openai(type="permission_error")),
+        Observation(status=403, body=openai(type="invalid_request_error")),
+        Observation(status=403, body=None),
         Observation(status=408),
         Observation(status=413),
         Observation(status=422, body={"detail": [{"loc": ["body", "model"]}]}),
@@ -405,8 +406,11 @@ CIRCUIT_EFFECTS = {
     FC.MODEL_UNAVAILABLE: (CircuitReason.UPSTREAM_MODEL_UNAVAILABLE, True),
     FC.UNAVAILABLE: (CircuitReason.UPSTREAM_UNAVAILABLE, False),
     FC.DISPATCH_UNKNOWN: (CircuitReason.TIMEOUT, False),
-    FC.RATE_LIMITED: (CircuitReason.RATE_LIMITED, False),
-    FC.QUOTA: (CircuitReason.RATE_LIMITED, False),
+    # 429 and quota demote (until retry-after) and never count toward a circuit (SPEC §5.6).
+    FC.RATE_LIMITED: (None, True),
+    FC.QUOTA: (None, True),
+    FC.CREDENTIAL_REJECTED: (CircuitReason.CREDENTIAL_REJECTED, False),
+    FC.DEADLINE: (None, False),  # the client's own deadline: neutral
     FC.MODEL_NOT_FOUND_CROSS: (None, False),
     FC.CLIENT_ERROR: (None, False),
     FC.CONTEXT_OVERFLOW: (None, False),
@@ -469,3 +473,41 @@ def test_classify_then_dispose_end_to_end(obs, expected):
     failure = classify(obs)
     assert failure is not None
     assert disposition(failure, dispatch_state(obs.transport, obs.status)) is expected
+
+
+@pytest.mark.parametrize(
+    "obs",
+    [
+        # OpenAI's answer to a revoked key, and Anthropic's.
+        Observation(status=401, body=openai(code="invalid_api_key", type="invalid_request_error")),
+        Observation(status=401, body=anthropic("authentication_error")),
+        Observation(status=401, body=None),
+        Observation(status=403, body=anthropic("permission_error")),
+        Observation(status=403, body=openai(code="permission_denied")),
+        Observation(status=403, body=openai(code="account_deactivated")),
+        Observation(status=403, body=openai(type="invalid_api_key")),
+        Observation(status=403, body=openai(code="organization_deactivated")),
+    ],
+)
+def test_credential_rejected(obs):
+    assert classify(obs) is FC.CREDENTIAL_REJECTED
+    assert disposition(FC.CREDENTIAL_REJECTED, DS.REJECTED) is Disposition.NEXT_CANDIDATE
+
+
+def test_the_client_deadline_is_neutral_and_never_replayed():
+    assert classify(Observation(transport=TE.DEADLINE)) is FC.DEADLINE
+    assert dispatch_state(TE.DEADLINE, None) is DS.UNKNOWN
+    assert disposition(FC.DEADLINE, DS.UNKNOWN) is Disposition.DISPATCH_UNKNOWN
+    assert circuit_reason(FC.DEADLINE) is None
+
+
+def test_the_gateway_own_read_timeout_counts_as_timeout():
+    failure = classify(Observation(transport=TE.READ_TIMEOUT))
+    assert circuit_reason(failure) is CircuitReason.TIMEOUT
+
+
+@pytest.mark.parametrize("failure", [FC.RATE_LIMITED, FC.QUOTA])
+def test_rate_limits_demote_with_their_own_reason(failure):
+    assert demotion_reason(failure) is CircuitReason.RATE_LIMITED
+    assert demotion_reason(FC.MODEL_UNAVAILABLE) is CircuitReason.UPSTREAM_MODEL_UNAVAILABLE
+    assert demotion_reason(FC.UNAVAILABLE) is None

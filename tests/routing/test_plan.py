@@ -223,7 +223,10 @@ ORDER = (c(1), c(2), c(3, "gpt-5.1", cross_model=True), c(4, "gpt-5.1", cross_mo
     ("current", "disposition", "expected"),
     [
         (0, Disposition.NEXT_CANDIDATE, 1),
-        (1, Disposition.NEXT_CANDIDATE, 2),  # model_unavailable also hands over across the model boundary
+        # SPEC §5.2: only "not found" crosses the model boundary; unavailable, rate limits and
+        # model_unavailable stay among the primary model's candidates.
+        (1, Disposition.NEXT_CANDIDATE, None),
+        (2, Disposition.NEXT_CANDIDATE, 3),  # once crossed, the fallback model's candidates in order
         (3, Disposition.NEXT_CANDIDATE, None),  # plan exhausted: the final failure is returned as it came
         (0, Disposition.NEXT_MODEL, 2),  # model_not_found_cross skips the rest of the same model
         (1, Disposition.NEXT_MODEL, 2),
@@ -241,3 +244,41 @@ def test_verdicts_in_the_plan_carry_the_reservation():
     result = plan(primary=[c(1, health=Health.BLOCKED)])
     assert isinstance(result.ineligible[0], Verdict)
     assert result.ineligible[0].reservation_micros is None
+
+
+def test_an_ineligible_primary_is_never_swapped_for_its_fallback_model():
+    # Context window too small for the explicit model while its family sibling fits: SPEC §5.2.
+    result = plan(
+        primary=[c(1, context_window=1000)],
+        fallback=[c(2, "gpt-5.1", context_window=100000)],
+        requirements=Requirements(prompt_tokens=5000),
+    )
+    assert result.order == ()
+    assert result.exclusion_reason is IneligibleReason.CONTEXT_WINDOW
+    assert result.cross_open is False
+
+
+def test_a_transiently_unhealthy_primary_keeps_the_plan_on_its_model():
+    result = plan(primary=[c(1, health=Health.COOLING)], fallback=[c(2, "gpt-5.1")])
+    assert keys(result.order) == [(1, "gpt-5"), (2, "gpt-5.1")]
+    assert result.cross_open is False
+    assert next_candidate(result.order, 0, Disposition.NEXT_CANDIDATE) is None
+    assert next_candidate(result.order, 0, Disposition.NEXT_MODEL) == 1
+
+
+def test_every_primary_blocked_by_model_unavailable_opens_the_fallback_model():
+    result = plan(
+        primary=[c(1, health=Health.BLOCKED), c(3, health=Health.BLOCKED)], fallback=[c(2, "gpt-5.1")]
+    )
+    assert result.cross_open is True
+    assert keys(result.order) == [(2, "gpt-5.1")]
+
+
+def test_a_primary_blocked_and_another_too_small_does_not_open_the_fallback():
+    result = plan(
+        primary=[c(1, health=Health.BLOCKED), c(3, context_window=10)],
+        fallback=[c(2, "gpt-5.1")],
+        requirements=Requirements(prompt_tokens=500),
+    )
+    assert result.order == ()
+    assert result.exclusion_reason is IneligibleReason.CONTEXT_WINDOW

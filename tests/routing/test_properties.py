@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from routing.eligibility import evaluate
 from routing.plan import Plan, build_plan
-from routing.preference import order, preference_key
+from routing.preference import group, order, preference_key
 from routing.types import (
     Candidate,
     DataCollection,
@@ -177,17 +177,33 @@ def test_plan_dispatches_every_eligible_candidate_and_nothing_else_before_the_cu
         session_assignment_id=session,
     )
     assert isinstance(result, Plan)
-    dispatchable = {
-        c.key
-        for c in [*primary, *fallback]
-        if ("*" in allowed or c.model in allowed) and not violated(c, reqs)
-    }
+
+    def ok(c):
+        return ("*" in allowed or c.model in allowed) and not violated(c, reqs)
+
+    dispatchable = {c.key for c in primary if ok(c)}
+    # SPEC §5.2: the fallback model only after the primary's, or when every primary is blocked by
+    # an upstream_model_unavailable circuit; never for a merely ineligible primary.
+    cross_open = (
+        not dispatchable
+        and bool(primary)
+        and all(violated(c, reqs) == {IneligibleReason.CIRCUIT_OPEN} for c in primary)
+    )
+    assert result.cross_open is cross_open
+    if dispatchable or cross_open:
+        dispatchable |= {c.key for c in fallback if ok(c)}
     ordered = [c.key for c in result.order]
     assert len(ordered) == len(set(ordered))
     assert set(ordered) == dispatchable
     assert result.beyond_shortlist == ()
-    # Nothing disappears silently: every candidate is ordered, reported ineligible or disallowed.
-    accounted = ordered + [v.candidate.key for v in result.ineligible] + [c.key for c in result.disallowed]
+    # Nothing disappears silently: every candidate is ordered, reported ineligible, disallowed or
+    # held back at the model boundary.
+    accounted = (
+        ordered
+        + [v.candidate.key for v in result.ineligible]
+        + [c.key for c in result.disallowed]
+        + [c.key for c in result.not_crossed]
+    )
     assert sorted(accounted) == sorted(c.key for c in [*primary, *fallback])
     for verdict in result.ineligible:
         assert verdict.reasons and set(verdict.reasons) == violated(verdict.candidate, reqs)
@@ -214,8 +230,8 @@ def test_preference_is_a_sorted_permutation(cands):
     assert sorted(map(repr, result)) == sorted(map(repr, cands))
     keys = [preference_key(c) for c in result]
     assert keys == sorted(keys)
-    demoted = [c.demoted for c in result]
-    assert demoted == sorted(demoted)  # every demoted candidate after every other one
-    for flag in (False, True):
-        tiers = [c.tier for c in result if c.demoted is flag]
+    groups = [group(c) for c in result]
+    assert groups == sorted(groups)  # health groups first (SPEC §5.4)
+    for g in (1, 2, 3):
+        tiers = [c.tier for c in result if group(c) == g]
         assert tiers == sorted(tiers)

@@ -1,13 +1,21 @@
+from dataclasses import replace
+from functools import partial
+
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
 from routing.eligibility import tighten
-from routing.plan import HardPin, PinKind
-from routing.route import Decision, RequirementsHeaderError, decide, parse_requirements_header
+from routing.route import (
+    Decision,
+    RequirementsHeaderError,
+    decide,
+    lease_candidate,
+    parse_requirements_header,
+)
 from routing.routes import CLIENT_ROUTES, carriers
-from routing.selectors import affinities_load, pool_names, routing_view_load
+from routing.selectors import pool_names, routing_inputs_load
 from routing.types import Candidate, Requirements, RouteClass
 
 
@@ -56,26 +64,39 @@ class Command(BaseCommand):
         )
         requirements = tighten(tighten(key.requirements, header), turn)
         now = timezone.now()
-        view, settings = routing_view_load(
-            pool_ids=key.pool_ids, route_class=RouteClass(o["route_class"]), now=now
+        # The same gathering of inputs as the proxy's (pins, session, health, settings): an unknown
+        # previous_response_id pins nothing here either.
+        inputs = routing_inputs_load(
+            key_id=key.key_id,
+            pool_ids=key.pool_ids,
+            route_class=RouteClass(o["route_class"]),
+            now=now,
+            previous_response_id=o["previous_response_id"],
+            session_key=o["session"],
         )
-        pins = []
-        found = affinities_load(
-            key_id=key.key_id, now=now, response_id=o["previous_response_id"], session=o["session"]
-        )
-        # As the proxy does: only the key's own live response pins; any other id pins nothing.
-        if found.response is not None:
-            pins.append(HardPin(PinKind.RESPONSE, found.response.assignment_id))
-        session = found.session
-        decision = decide(
-            view,
+        settings = inputs.settings
+        requirements = replace(requirements, min_attempt_ms=settings.min_attempt_ms)
+        session = inputs.session
+        decide_now = partial(
+            decide,
+            inputs.view,
             key,
             o["model"],
             requirements,
-            pins=pins,
+            pins=inputs.pins,
             session_assignment_id=session.assignment_id if session else None,
             session_model=session.model or None if session else None,
         )
+        decision = decide_now()
+        lease = lease_candidate(decision)
+        if lease is not None:
+            # Read-only: show the plan of the request that wins the probe lease; every other
+            # request keeps the plan above it, with the candidate last.
+            self.stdout.write(
+                f"probe: {lease.assignment} / {lease.model} admits one probe; the request that takes "
+                "its lease tries it in this order (the others order it last):"
+            )
+            decision = decide_now(held={lease.key})
         self.stdout.write(f"key {key.name}: pools {', '.join(pool_names(key.pool_ids)) or '(none)'}")
         self.stdout.write(
             f"route {o['route']}, route class {o['route_class']}, shortlist {settings.max_attempts}"
@@ -110,6 +131,8 @@ class Command(BaseCommand):
             w(f"  ineligible: {self._describe(verdict.candidate)}: {reasons}")
         for c in plan.beyond_shortlist:
             w(f"  beyond shortlist: {self._describe(c)}")
+        for c in plan.not_crossed:
+            w(f"  not crossed (the primary model was not reported missing): {self._describe(c)}")
         for c in plan.disallowed:
             w(f"  not allowed for this key: {self._describe(c)}")
 
