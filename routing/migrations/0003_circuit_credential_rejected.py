@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("pools", "0004_config_version_triggers"),
-        ("routing", "0001_initial"),
+        ("routing", "0002_affinity_owner"),
     ]
 
     operations = [
