@@ -230,7 +230,7 @@ class FilesDispatch(HttpDispatch):
         refused = self._refused()
         if refused is not None:
             return refused
-        result = relay.plain(log, call, response.status_code, raw)
+        result = relay.plain(c, log, call, response.status_code, raw)
         if isinstance(result, Final) and self.upload is not None:
             relay.file_id = _file_id(raw)
         return result

@@ -992,8 +992,8 @@ class Relay:
             return
         log.status, log.dispatch_state = ("cancelled" if outcome == "cancelled" else "failed"), "unknown"
         log.failure_class = FailureClass.CANCELLED if outcome == "cancelled" else FailureClass.INTERRUPTED
-        if self.held_probe:  # a verdict-free end frees the probe slot (SPEC §7.1)
-            await db.run(services.circuit_release_probe, key=self._key(c))
+        if self.probe is not None:  # a verdict-free end frees the probe slot (SPEC §7.1)
+            await self._write_state(partial(services.circuit_release_probe, key=self.probe))
         await self._finish(outcome, 499 if outcome == "cancelled" else 200)
 
     async def _succeed(self, c: Candidate, log: AttemptLog, result: Final | Stream) -> Final | Stream:
