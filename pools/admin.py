@@ -93,8 +93,8 @@ class GatewayKeyForm(forms.ModelForm):
 @admin.register(GatewayKey)
 class GatewayKeyAdmin(admin.ModelAdmin):
     form = GatewayKeyForm
-    list_display = ("name", "prefix", "enabled", "budget_micros", "spent_micros")
-    readonly_fields = ("prefix", "spent_micros")
+    list_display = ("name", "prefix", "enabled", "expires_at", "budget_micros", "spent_micros")
+    readonly_fields = ("prefix", "spent_micros", "previous_prefix", "previous_valid_until")
     search_fields = ("name", "prefix")
     filter_horizontal = ("pools",)
 

@@ -20,6 +20,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -100,7 +101,17 @@ TRI_CAPABILITIES = ("tools", "write_tools", "vision", "role_separation")
 MODEL_FIELDS = ("id", "context_window", "capabilities", "price")
 MODEL_CAPABILITY_FIELDS = ("tools", "vision")
 PRICE_FIELDS = ("input_per_mtok_micros", "output_per_mtok_micros")
-KEY_FIELDS = ("name", "key", "key_env", "pools", "allowed_models", "requirements", "budget_micros", "enabled")
+KEY_FIELDS = (
+    "name",
+    "key",
+    "key_env",
+    "pools",
+    "allowed_models",
+    "requirements",
+    "budget_micros",
+    "enabled",
+    "expires_at",
+)
 REQUIREMENT_FIELDS = ("zero_retention", "regions", "allow_third_party_router", "min_quality")
 
 
@@ -208,6 +219,7 @@ class KeySpec:
     min_quality: float = 0.0
     budget_micros: int | None = None
     enabled: bool = True
+    expires_at: datetime | None = None
 
     def values(self) -> dict[str, Any]:
         """The `GatewayKey` columns this spec declares (not the hash, not the pools)."""
@@ -219,6 +231,7 @@ class KeySpec:
             "min_quality": self.min_quality,
             "budget_micros": self.budget_micros,
             "enabled": self.enabled,
+            "expires_at": self.expires_at,
         }
 
 
@@ -418,6 +431,26 @@ class _Checker:
         if value is None:
             return None
         return self.integer(value, path, minimum=minimum, maximum=maximum)
+
+    def optional_datetime(self, value: object, path: str) -> datetime | None:
+        """ISO 8601 with a time zone (`2027-01-31T00:00:00Z`); YAML may already have parsed it."""
+        if value is None:
+            return None
+        parsed = value if isinstance(value, datetime) else None
+        if isinstance(value, str):
+            try:
+                parsed = datetime.fromisoformat(value)
+            except ValueError:
+                parsed = None
+        if parsed is None or (isinstance(value, date) and not isinstance(value, datetime)):
+            self.error(
+                path, IssueCode.INVALID, "must be an ISO 8601 date and time, e.g. 2027-01-31T00:00:00Z"
+            )
+            return None
+        if parsed.tzinfo is None:
+            self.error(path, IssueCode.INVALID, "must name its time zone, e.g. 2027-01-31T00:00:00Z")
+            return None
+        return parsed
 
     def fraction(self, value: object, path: str) -> float:
         if not _is_number(value) or not 0 <= value <= 1:  # type: ignore[operator]
@@ -810,6 +843,7 @@ def _keys(
                     None,
                 ),
                 enabled=c.take(data, "enabled", path, c.boolean, True),
+                expires_at=c.take(data, "expires_at", path, c.optional_datetime, None),
             )
         )
     return keys
@@ -1012,6 +1046,8 @@ def render_document(config: GatewayConfig) -> dict[str, Any]:
         }
         if not key.enabled:
             item["enabled"] = False
+        if key.expires_at is not None:
+            item["expires_at"] = key.expires_at.isoformat()
         document["keys"].append(item)
     return document
 
@@ -1030,10 +1066,11 @@ def database_facts() -> DatabaseFacts:
     catalog: dict[str, set[str]] = {}
     for assignment, model in CatalogEntry.objects.values_list("assignment__name", "model"):
         catalog.setdefault(assignment, set()).add(model)
-    key_rows = list(GatewayKey.objects.values_list("name", "key_hash"))
+    key_rows = list(GatewayKey.objects.values_list("name", "key_hash", "previous_key_hash"))
     return DatabaseFacts(
-        key_names=frozenset(name for name, _ in key_rows),
-        key_hashes={key_hash: name for name, key_hash in key_rows},
+        key_names=frozenset(name for name, _, _ in key_rows),
+        # A secret replaced in a rotation is still valid during its overlap: no other key may take it.
+        key_hashes={digest: name for name, *digests in key_rows for digest in digests if digest is not None},
         catalog_models={name: frozenset(models) for name, models in catalog.items()},
     )
 
@@ -1069,6 +1106,7 @@ def config_from_database() -> GatewayConfig:
             min_quality=k.min_quality,
             budget_micros=k.budget_micros,
             enabled=k.enabled,
+            expires_at=k.expires_at,
         )
         for k in GatewayKey.objects.order_by("name").prefetch_related("pools")
     ]

@@ -2,6 +2,8 @@
 
 import hashlib
 import os
+import secrets
+from datetime import datetime
 
 from django.db import models
 from django.db.models import Q
@@ -274,6 +276,14 @@ class GatewayKey(models.Model):
     budget_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: no budget.")
     spent_micros = models.BigIntegerField(default=0, editable=False)
     enabled = models.BooleanField(default=True)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="Empty: never. From then on the key is refused (401)."
+    )
+    # A rotation with an overlap (`manage.py rotate_key --overlap`): the replaced secret stays valid
+    # until `previous_valid_until`, so clients can move to the new one without an outage.
+    previous_key_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
+    previous_prefix = models.CharField(max_length=KEY_PREFIX_LENGTH, blank=True, editable=False)
+    previous_valid_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -293,3 +303,18 @@ class GatewayKey(models.Model):
             raise ValueError(f"a gateway key needs at least {MIN_KEY_LENGTH} characters")
         self.key_hash = hash_key(raw)
         self.prefix = raw[:KEY_PREFIX_LENGTH]
+
+    def rotate(self, raw: str, *, valid_until: datetime | None) -> None:
+        """Replace the secret; the replaced one stays valid until `valid_until` (None: not at all).
+        A secret replaced earlier, still in its own overlap, is cut off: one overlap at a time."""
+        if valid_until is None:
+            self.previous_key_hash, self.previous_prefix, self.previous_valid_until = None, "", None
+        else:
+            self.previous_key_hash, self.previous_prefix = self.key_hash, self.prefix
+            self.previous_valid_until = valid_until
+        self.set_key(raw)
+
+
+def new_key_secret() -> str:
+    """A generated gateway key: `sk-gw-` and 256 bits from the OS's CSPRNG."""
+    return "sk-gw-" + secrets.token_urlsafe(32)

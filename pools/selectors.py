@@ -3,7 +3,8 @@
 import hmac
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from gatewaysite import rawsql
 from pools.models import ConfigVersion, GatewayKey, Pool, hash_key
@@ -45,12 +46,18 @@ def _key_sql() -> str:
     return (
         "SELECT k.id, k.name, k.key_hash, k.allowed_models, k.require_zero_retention, k.regions, "  # noqa: S608
         "k.allow_third_party_router, k.min_quality, k.budget_micros, k.spent_micros, kp.pool_id, "
-        f"(SELECT v.value FROM {version.db_table} v WHERE v.id = 1) "
+        f"(SELECT v.value FROM {version.db_table} v WHERE v.id = 1), k.previous_key_hash "
         f"FROM {key.db_table} k "
         f"LEFT JOIN {through.db_table} kp ON kp.gatewaykey_id = k.id "
         f"LEFT JOIN {pool.db_table} p ON p.id = kp.pool_id "
-        "WHERE k.key_hash = %s AND k.enabled = %s ORDER BY p.name"
+        "WHERE (k.key_hash = %s OR (k.previous_key_hash = %s AND k.previous_valid_until > %s)) "
+        "AND k.enabled = %s AND (k.expires_at IS NULL OR k.expires_at > %s) ORDER BY p.name"
     )
+
+
+def _key_params(digest: str) -> list[object]:
+    now = rawsql.as_param(timezone.now())
+    return [digest, digest, now, True, now]
 
 
 def key_authenticate(raw: str) -> Authenticated | None:
@@ -60,9 +67,11 @@ def key_authenticate(raw: str) -> Authenticated | None:
     if not raw:
         return None
     digest = hash_key(raw)
-    rows = rawsql.fetch(_key_sql(), [digest, True])
+    rows = rawsql.fetch(_key_sql(), _key_params(digest))
     # The lookup is by an index on the digest; the final comparison is constant-time regardless.
-    if not rows or not hmac.compare_digest(rows[0][2], digest):
+    if not rows or not (
+        hmac.compare_digest(rows[0][2], digest) | hmac.compare_digest(rows[0][12] or "", digest)
+    ):
         return None
     pk, name, _, allowed, zero_retention, regions, third_party, min_quality, budget, spent = rows[0][:10]
     key = GatewayKey(
@@ -81,8 +90,13 @@ def key_authenticate(raw: str) -> Authenticated | None:
 
 
 def key_known(digest: str) -> str | None:
-    """The digest back when an enabled key has it (the API's check before it reads a body)."""
-    return GatewayKey.objects.filter(key_hash=digest, enabled=True).values_list("key_hash", flat=True).first()
+    """The digest back when an enabled, unexpired key has it, as its current secret or as a replaced
+    one still in its overlap (the API's check before it reads a body)."""
+    now = timezone.now()
+    valid = (Q(key_hash=digest) | Q(previous_key_hash=digest, previous_valid_until__gt=now)) & (
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    )
+    return digest if GatewayKey.objects.filter(valid, enabled=True).exists() else None
 
 
 def key_by_name(name: str) -> KeyPolicy | None:

@@ -5,8 +5,10 @@ a file with any error writes nothing. `gateway_config_apply` upserts by name and
 whose values differ, so applying the same configuration twice issues no INSERT, UPDATE or DELETE.
 """
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import models, transaction
@@ -18,7 +20,16 @@ from pools.config import (
     database_facts,
     parse_config,
 )
-from pools.models import Assignment, GatewayKey, GatewaySettings, ModelAlias, ModelFallback, Pool, hash_key
+from pools.models import (
+    Assignment,
+    GatewayKey,
+    GatewaySettings,
+    ModelAlias,
+    ModelFallback,
+    Pool,
+    hash_key,
+    new_key_secret,
+)
 
 M = TypeVar("M", bound=models.Model)
 
@@ -213,3 +224,50 @@ def gateway_config_apply(*, config: GatewayConfig, prune: bool) -> ApplySummary:
         summary.record_deleted(Assignment.objects.exclude(name__in=named).delete())
         summary.record_deleted(Pool.objects.exclude(name__in=[p.name for p in config.pools]).delete())
     return summary
+
+
+class KeyRefused(ValueError):
+    """A key operation refused, with the operator-facing reason (nothing was written)."""
+
+
+def parse_overlap(text: str) -> timedelta:
+    """`0`, or a whole number with a unit: `90s`, `30m`, `24h`, `7d`."""
+    match = re.fullmatch(r"(\d{1,6})([smhd]?)", text.strip())
+    if match is None or (match[2] == "" and match[1] != "0"):
+        raise KeyRefused(f"overlap {text!r}: expected 0 or a number with s, m, h or d (e.g. 24h)")
+    return timedelta(seconds=int(match[1]) * {"": 0, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]])
+
+
+@transaction.atomic
+def gateway_key_create(
+    *, name: str, pool_names: list[str], allowed_models: list[str], expires_at: datetime | None
+) -> tuple[GatewayKey, str]:
+    """A new key with a generated secret; the secret is returned once and only its hash is stored."""
+    if not name or len(name) > GatewayKey._meta.get_field("name").max_length:
+        raise KeyRefused("a key name is 1 to 100 characters")
+    if GatewayKey.objects.filter(name=name).exists():
+        raise KeyRefused(f"a key named {name!r} exists (rotate_key replaces its secret)")
+    pools = {p.name: p for p in Pool.objects.filter(name__in=pool_names)}
+    missing = [p for p in pool_names if p not in pools]
+    if missing or not pool_names:
+        raise KeyRefused(f"unknown pool(s): {', '.join(missing)}" if missing else "name at least one pool")
+    secret = new_key_secret()
+    key = GatewayKey(name=name, allowed_models=allowed_models or ["*"], expires_at=expires_at)
+    key.set_key(secret)
+    key.save()
+    key.pools.set(pools.values())
+    return key, secret
+
+
+@transaction.atomic
+def gateway_key_rotate(*, name: str, overlap: timedelta, now: datetime) -> tuple[GatewayKey, str]:
+    """A new generated secret for the key; the replaced one stays valid for `overlap` (0: not at all)."""
+    key = GatewayKey.objects.select_for_update().filter(name=name).first()
+    if key is None:
+        raise KeyRefused(f"no key named {name!r}")
+    secret = new_key_secret()
+    key.rotate(secret, valid_until=now + overlap if overlap else None)
+    key.save(
+        update_fields=["key_hash", "prefix", "previous_key_hash", "previous_prefix", "previous_valid_until"]
+    )
+    return key, secret
