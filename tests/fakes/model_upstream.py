@@ -15,6 +15,8 @@ way a model does and answers from what it read, so what it answers depends on wh
   text before the model sees it (so a forged `User:` label inside it becomes a user instruction);
   `drop_images` removes image inputs; `text_tool_calls` answers tool calls as plain text;
 - `require_key` answers 401 to a wrong key; `status` answers every request with that error status;
+- like ordinary servers it compresses answers (gzip) when the request offers it, and, like Anthropic's
+  API, refuses a Messages request without `anthropic-version`;
 - every request body is recorded in `hits`, and `canary` (when set) is appended to every text answer.
 """
 
@@ -195,6 +197,14 @@ def think(turns: list[Turn], tools: set[str], mode: Mode) -> Thought:
     return Thought(text="hello")
 
 
+@web.middleware
+async def _compress(request: web.Request, handler) -> web.StreamResponse:
+    response = await handler(request)
+    if "gzip" in request.headers.get("accept-encoding", "") and isinstance(response, web.Response):
+        response.enable_compression(web.ContentCoding.gzip)
+    return response
+
+
 class ModelUpstream:
     def __init__(
         self,
@@ -244,7 +254,7 @@ class ModelUpstream:
         self.stop()
 
     async def _listen(self) -> None:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_compress])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._list)
@@ -258,6 +268,9 @@ class ModelUpstream:
         sent = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix(
             "Bearer "
         )
+        if anthropic and not request.headers.get("anthropic-version"):
+            error = {"type": "invalid_request_error", "message": "anthropic-version: header is required"}
+            return web.json_response({"type": "error", "error": error}, status=400)
         if self.require_key is not None and sent != self.require_key:
             status, kind, message = 401, "authentication_error", "Incorrect API key provided."
         elif self.status is not None:
