@@ -72,6 +72,7 @@ class GatewayKeyForm(forms.ModelForm):
             "allow_third_party_router",
             "min_quality",
             "budget_micros",
+            "budget_period",
             "enabled",
         )
 
@@ -93,8 +94,24 @@ class GatewayKeyForm(forms.ModelForm):
 @admin.register(GatewayKey)
 class GatewayKeyAdmin(admin.ModelAdmin):
     form = GatewayKeyForm
-    list_display = ("name", "prefix", "enabled", "expires_at", "budget_micros", "spent_micros")
-    readonly_fields = ("prefix", "spent_micros", "previous_prefix", "previous_valid_until")
+    list_display = (
+        "name",
+        "prefix",
+        "enabled",
+        "expires_at",
+        "budget_micros",
+        "budget_period",
+        "spent_micros",
+        "reserved_micros",
+    )
+    readonly_fields = (
+        "prefix",
+        "spent_micros",
+        "reserved_micros",
+        "period_start",
+        "previous_prefix",
+        "previous_valid_until",
+    )
     search_fields = ("name", "prefix")
     filter_horizontal = ("pools",)
 

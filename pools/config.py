@@ -32,6 +32,7 @@ from pools.models import (
     MIN_KEY_LENGTH,
     Adapter,
     Assignment,
+    BudgetPeriod,
     DataCollection,
     GatewayKey,
     GatewaySettings,
@@ -109,6 +110,7 @@ KEY_FIELDS = (
     "allowed_models",
     "requirements",
     "budget_micros",
+    "budget_period",
     "enabled",
     "expires_at",
 )
@@ -218,6 +220,7 @@ class KeySpec:
     allow_third_party_router: bool = True
     min_quality: float = 0.0
     budget_micros: int | None = None
+    budget_period: str = ""  # day | week | month (UTC); empty: lifetime
     enabled: bool = True
     expires_at: datetime | None = None
 
@@ -230,6 +233,7 @@ class KeySpec:
             "allow_third_party_router": self.allow_third_party_router,
             "min_quality": self.min_quality,
             "budget_micros": self.budget_micros,
+            "budget_period": self.budget_period,
             "enabled": self.enabled,
             "expires_at": self.expires_at,
         }
@@ -842,6 +846,13 @@ def _keys(
                     lambda v, q: c.optional_integer(v, q, minimum=0, maximum=INT64_MAX),
                     None,
                 ),
+                budget_period=c.take(
+                    data,
+                    "budget_period",
+                    path,
+                    lambda v, q: "" if v is None else c.choice(v, q, BudgetPeriod.values),
+                    "",
+                ),
                 enabled=c.take(data, "enabled", path, c.boolean, True),
                 expires_at=c.take(data, "expires_at", path, c.optional_datetime, None),
             )
@@ -1043,6 +1054,7 @@ def render_document(config: GatewayConfig) -> dict[str, Any]:
                 "min_quality": key.min_quality,
             },
             "budget_micros": key.budget_micros,
+            "budget_period": key.budget_period or None,
         }
         if not key.enabled:
             item["enabled"] = False
@@ -1105,6 +1117,7 @@ def config_from_database() -> GatewayConfig:
             allow_third_party_router=k.allow_third_party_router,
             min_quality=k.min_quality,
             budget_micros=k.budget_micros,
+            budget_period=k.budget_period,
             enabled=k.enabled,
             expires_at=k.expires_at,
         )

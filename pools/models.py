@@ -261,6 +261,12 @@ KEY_PREFIX_LENGTH = 10
 MIN_KEY_LENGTH = 20
 
 
+class BudgetPeriod(models.TextChoices):
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+
+
 class GatewayKey(models.Model):
     """A client credential. Only its SHA-256 and a short visible prefix are stored."""
 
@@ -274,7 +280,18 @@ class GatewayKey(models.Model):
     allow_third_party_router = models.BooleanField(default=True)
     min_quality = models.FloatField(default=0)
     budget_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: no budget.")
+    budget_period = models.CharField(
+        max_length=5,
+        choices=BudgetPeriod.choices,
+        blank=True,
+        help_text="The budget resets each UTC day, week (Monday) or month; empty: a lifetime budget.",
+    )
     spent_micros = models.BigIntegerField(default=0, editable=False)
+    # Held by requests in flight (SPEC §7.4): admitted by one conditional UPDATE, settled by the ledger.
+    reserved_micros = models.BigIntegerField(default=0, editable=False)
+    period_start = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="Start of the period `spent_micros` counts."
+    )
     enabled = models.BooleanField(default=True)
     expires_at = models.DateTimeField(
         null=True, blank=True, help_text="Empty: never. From then on the key is refused (401)."
@@ -293,6 +310,11 @@ class GatewayKey(models.Model):
                 name="gatewaykey_budget_nonneg",
             ),
             models.CheckConstraint(condition=Q(spent_micros__gte=0), name="gatewaykey_spent_nonneg"),
+            models.CheckConstraint(condition=Q(reserved_micros__gte=0), name="gatewaykey_reserved_nonneg"),
+            models.CheckConstraint(
+                condition=Q(budget_period__in=["", *BudgetPeriod.values]),
+                name="gatewaykey_budget_period_valid",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -2,25 +2,36 @@
 
 import hmac
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from gatewaysite import rawsql
 from pools.models import ConfigVersion, GatewayKey, Pool, hash_key
+from routing.budget import period_start, spent_in_period
 from routing.route import KeyPolicy
 from routing.types import Requirements
 
 
-def key_requirements(key: GatewayKey) -> Requirements:
+def budget_left(key: GatewayKey, now: datetime) -> int | None:
+    """What the key may still reserve now (SPEC §7.4): its budget less this period's spend and what
+    requests in flight hold; None without a budget."""
+    if key.budget_micros is None:
+        return None
+    spent = spent_in_period(key.spent_micros, key.period_start, period_start(key.budget_period, now))
+    return max(key.budget_micros - spent - key.reserved_micros, 0)
+
+
+def key_requirements(key: GatewayKey, now: datetime | None = None) -> Requirements:
     """The key's own contract; request headers can only tighten it."""
-    budget_left = None if key.budget_micros is None else max(key.budget_micros - key.spent_micros, 0)
+    budget = budget_left(key, now or datetime.now(UTC))
     return Requirements(
         zero_retention=key.require_zero_retention,
         regions=frozenset(key.regions) if key.regions else None,
         no_third_party_router=not key.allow_third_party_router,
         min_quality=key.min_quality,
-        budget_remaining_micros=budget_left,
+        budget_remaining_micros=budget,
     )
 
 
@@ -38,6 +49,7 @@ def key_policy(key: GatewayKey, pool_ids: tuple[int, ...]) -> KeyPolicy:
 class Authenticated:
     key: KeyPolicy
     config_version: int  # what the routing config cache must match (see ConfigVersion)
+    budget_period: str = ""  # the key's budget period (day | week | month; empty: lifetime)
 
 
 def _key_sql() -> str:
@@ -46,7 +58,8 @@ def _key_sql() -> str:
     return (
         "SELECT k.id, k.name, k.key_hash, k.allowed_models, k.require_zero_retention, k.regions, "  # noqa: S608
         "k.allow_third_party_router, k.min_quality, k.budget_micros, k.spent_micros, kp.pool_id, "
-        f"(SELECT v.value FROM {version.db_table} v WHERE v.id = 1), k.previous_key_hash "
+        f"(SELECT v.value FROM {version.db_table} v WHERE v.id = 1), k.previous_key_hash, "
+        "k.budget_period, k.reserved_micros, k.period_start "
         f"FROM {key.db_table} k "
         f"LEFT JOIN {through.db_table} kp ON kp.gatewaykey_id = k.id "
         f"LEFT JOIN {pool.db_table} p ON p.id = kp.pool_id "
@@ -84,9 +97,14 @@ def key_authenticate(raw: str) -> Authenticated | None:
         min_quality=min_quality,
         budget_micros=budget,
         spent_micros=spent,
+        budget_period=rows[0][13] or "",
+        reserved_micros=rows[0][14] or 0,
+        period_start=rawsql.as_datetime(rows[0][15]),
     )
     pool_ids = tuple(row[10] for row in rows if row[10] is not None)
-    return Authenticated(key=key_policy(key, pool_ids), config_version=rows[0][11] or 0)
+    return Authenticated(
+        key=key_policy(key, pool_ids), config_version=rows[0][11] or 0, budget_period=key.budget_period
+    )
 
 
 def key_known(digest: str) -> str | None:

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 
 from catalog.models import CatalogEntry, Provenance
+from gatewaysite import rawsql
 from pools.config import (
     ConfigIssue,
     GatewayConfig,
@@ -30,6 +31,7 @@ from pools.models import (
     hash_key,
     new_key_secret,
 )
+from routing.budget import period_start
 
 M = TypeVar("M", bound=models.Model)
 
@@ -271,3 +273,47 @@ def gateway_key_rotate(*, name: str, overlap: timedelta, now: datetime) -> tuple
         update_fields=["key_hash", "prefix", "previous_key_hash", "previous_prefix", "previous_valid_until"]
     )
     return key, secret
+
+
+# -- budgets (SPEC §7.4): hand-written conditional UPDATEs, one statement each ---------------------
+
+
+def _period_sql(start: datetime | None) -> tuple[str, str, list[object]]:
+    """(this period's spend, the period start to store, their params) as SQL over the key's row."""
+    if start is None:
+        return "spent_micros", "period_start", []
+    at = rawsql.as_param(start)
+    current = "(CASE WHEN period_start IS NOT NULL AND period_start >= %s THEN spent_micros ELSE 0 END)"
+    stored = "(CASE WHEN period_start IS NOT NULL AND period_start >= %s THEN period_start ELSE %s END)"
+    return current, stored, [at]
+
+
+def key_budget_reserve(*, key_id: int, amount: int, period: str, now: datetime) -> bool:
+    """Hold `amount` micros of the key's budget for a request in flight, if this period's spend plus
+    what is held plus `amount` stays within the budget: one conditional UPDATE, so requests on any
+    number of nodes can together pass the budget by at most one reservation's estimate error.
+    False: the budget cannot cover it (nothing changed)."""
+    table = GatewayKey._meta.db_table
+    current, stored, at = _period_sql(period_start(period, now))
+    sql = (
+        f"UPDATE {table} SET spent_micros = {current}, period_start = {stored}, "  # noqa: S608
+        "reserved_micros = reserved_micros + %s "
+        f"WHERE id = %s AND budget_micros IS NOT NULL AND {current} + reserved_micros + %s <= budget_micros"
+    )
+    params = [*at, *(at * 2), amount, key_id, *at, amount]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+def key_budget_settle(*, key_id: int, released: int, charged: int, period: str, now: datetime) -> None:
+    """Release what requests held and add what they cost (in the current period): one UPDATE."""
+    table = GatewayKey._meta.db_table
+    current, stored, at = _period_sql(period_start(period, now))
+    sql = (
+        f"UPDATE {table} SET "  # noqa: S608
+        "reserved_micros = CASE WHEN reserved_micros > %s THEN reserved_micros - %s ELSE 0 END, "
+        f"spent_micros = {current} + %s, period_start = {stored} WHERE id = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [released, released, *at, charged, *(at * 2), key_id])

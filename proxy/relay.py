@@ -29,6 +29,7 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
+from pools.services import key_budget_reserve
 from proxy import db, shutdown, upstream
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters.codec import StreamTranslator, UpstreamCall, upstream_call
@@ -110,6 +111,8 @@ class Exchange:
     finished_at: datetime | None = None
     model_fallback: bool = False  # served by a cross-model candidate after a model_not_found
     operation_id: str = ""  # the client's x-gateway-operation-id, else the request id
+    budget_period: str = ""  # the key's budget period, for its reservation and settlement
+    reserved_micros: int = 0  # what this request holds of its key's budget (settled by the ledger)
     config_version: int | None = None  # the routing configuration its route was chosen under
     fallback_reason: str = ""  # the requested model was substituted before routing: explicit | family
 
@@ -560,6 +563,8 @@ class Relay:
         """(dispatch?, the circuit whose probe it holds). Re-gates for the deadline spent so far (no
         attempt with less than `retry.min_attempt_ms` left) and takes a probe when one is admissible."""
         verdict = evaluate(c, replace(self.requirements, deadline_remaining_ms=self._remaining_ms()))
+        if verdict.eligible and not await self._reserve(verdict.reservation_micros):
+            verdict = replace(verdict, reasons=(IneligibleReason.BUDGET,))
         if not verdict.eligible:
             self._log(c, "ineligible", ineligible_reason=str(verdict.reason))
             self.excluded, self.untranslatable = verdict.reason, None
@@ -580,6 +585,28 @@ class Relay:
             self.excluded, self.untranslatable = IneligibleReason.CIRCUIT_OPEN, None
             return False, None
         return True, None
+
+    async def _reserve(self, reservation: int | None) -> bool:
+        """Hold the candidate's reservation on a key with a budget before dispatch (SPEC §7.4): one
+        conditional UPDATE, only for what this request does not hold yet (a dearer later candidate
+        tops it up). False: the budget cannot cover it, and the candidate is passed over."""
+        need = (reservation or 0) - self.x.reserved_micros
+        if self.requirements.budget_remaining_micros is None or self.x.key_id is None or need <= 0:
+            return True
+        try:
+            held = await db.run(
+                key_budget_reserve,
+                key_id=self.x.key_id,
+                amount=need,
+                period=self.x.budget_period,
+                now=datetime.now(UTC),
+            )
+        except DatabaseError:
+            logger.exception("budget reservation failed")  # no reservation, no dispatch
+            return False
+        if held:
+            self.x.reserved_micros += need
+        return held
 
     async def run(self) -> Final | Stream:
         for verdict in self.plan.ineligible:

@@ -1,11 +1,10 @@
 """Ledger writes (SPEC §7.3)."""
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import transaction
-from django.db.models import F
 
-from pools.models import GatewayKey
+from pools.services import key_budget_settle
 from proxy.models import Attempt, RequestRecord
 from proxy.relay import AttemptLog, Exchange
 
@@ -18,14 +17,29 @@ def request_records_write(*, exchanges: list[Exchange]) -> None:
     Attempt.objects.bulk_create(
         _attempt(record, x, a) for record, x in zip(records, exchanges, strict=True) for a in x.attempts
     )
-    spent: dict[int, int] = {}
+    # One UPDATE per key: release what its requests held, add what they cost (SPEC §7.4).
+    settle: dict[tuple[int, str], list[int]] = {}
     for x in exchanges:
-        cost = sum(a.cost_micros for a in x.attempts if a.cost_micros)
-        if x.key_id is not None and cost:
-            spent[x.key_id] = spent.get(x.key_id, 0) + cost
-    for key_id, cost in spent.items():
-        # An UPDATE with F() adds atomically, whatever other nodes are adding at the same moment.
-        GatewayKey.objects.filter(pk=key_id).update(spent_micros=F("spent_micros") + cost)
+        charged = charge_micros(x)
+        if x.key_id is not None and (charged or x.reserved_micros):
+            totals = settle.setdefault((x.key_id, x.budget_period), [0, 0])
+            totals[0] += x.reserved_micros
+            totals[1] += charged
+    now = datetime.now(UTC)
+    for (key_id, period), (released, charged) in settle.items():
+        key_budget_settle(key_id=key_id, released=released, charged=charged, period=period, now=now)
+
+
+def charge_micros(x: Exchange) -> int:
+    """What a request costs its key: the known cost of every attempt (a failed one too, when its
+    upstream reported usage); an attempt that may have run upstream without reporting usage costs
+    what was reserved for it, never nothing. An unknown price is never counted as zero (no budget:
+    nothing was reserved, and only known costs count)."""
+    known = sum(a.cost_micros for a in x.attempts if a.cost_micros)
+    unreported = any(
+        a.cost_micros is None and a.dispatch_state in ("completed", "unknown") for a in x.attempts
+    )
+    return max(known, x.reserved_micros) if unreported else known
 
 
 def _record(x: Exchange) -> RequestRecord:

@@ -318,6 +318,7 @@ async def prepare(
     key = loaded.authenticated.key
     exchange.key_id = key.key_id
     exchange.config_version = loaded.authenticated.config_version
+    exchange.budget_period = loaded.authenticated.budget_period
     if body_error is not None or body is None:
         raise body_error or RequestFailed("invalid_request")
     inputs = loaded.inputs

@@ -23,6 +23,7 @@ EXPECTED_PURE = frozenset(
         "failures",
         "breaker",
         "sanitize",
+        "budget",
     }
 )
 # Standard-library modules that would bring I/O, a clock, randomness or concurrency into the core.

@@ -1,11 +1,17 @@
-"""Budgets: reservations gate dispatch; known costs are spent atomically; unknown prices never count."""
+"""Budgets (SPEC §5.3, §7.4): a reservation held before dispatch by one conditional UPDATE, settled to the
+actual cost (or kept when usage never arrives); periods; unknown prices never count."""
+
+import json
+from datetime import UTC, datetime, timedelta
 
 import httpx
+import pytest
 
 from catalog.models import CatalogEntry
 from pools.models import GatewayKey
 from proxy.ledger import writer
 from proxy.models import Attempt
+from tests.fakes.upstream import cut_stream, serve
 from tests.proxy.conftest import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
@@ -57,3 +63,112 @@ def test_an_exhausted_budget_is_ineligible_and_without_a_budget_unknown_cost_is_
     writer.flush()
     assert Attempt.objects.get(status="succeeded").cost_micros is None
     assert GatewayKey.objects.get().spent_micros == 0
+
+
+# -- reservations and periods (SPEC §7.4) -----------------------------------------------------------
+
+BODY = json.dumps({**CHAT, "stream": True}).encode()
+RESERVATION = len(BODY) // 4 + 10  # 1 micro per token: the prompt estimate plus max_tokens
+
+
+def _send(gateway: str, body: bytes = BODY) -> httpx.Response:
+    headers = {**AUTH, "content-type": "application/json"}
+    return httpx.post(f"{gateway}/v1/chat/completions", content=body, headers=headers, timeout=10)
+
+
+def _key() -> GatewayKey:
+    writer.flush()
+    return GatewayKey.objects.get()
+
+
+def test_a_stream_is_reserved_then_settled_to_its_actual_cost(gateway, two_assignments):
+    a, _, _ = two_assignments
+    _price(1_000_000, 1_000_000)
+    a.script("gpt-5", serve("one two", input_tokens=4, output_tokens=2))
+    GatewayKey.objects.update(budget_micros=RESERVATION)  # exactly one reservation fits
+    response = _send(gateway)
+    assert response.status_code == 200 and "[DONE]" in response.text
+    key = _key()
+    assert (key.spent_micros, key.reserved_micros) == (6, 0)  # settled to the actual cost, released
+    assert Attempt.objects.get(status="succeeded").cost_micros == 6
+
+
+def test_a_reservation_that_does_not_fit_beside_those_in_flight_sends_nothing(gateway, two_assignments):
+    a, b, _ = two_assignments
+    _price(1_000_000, 1_000_000)
+    # Other requests in flight hold all but one micro of what this one needs.
+    GatewayKey.objects.update(budget_micros=RESERVATION, reserved_micros=1)
+    response = _send(gateway)
+    assert (response.status_code, response.json()["error"]["param"]) == (503, "budget")
+    assert response.json()["error"]["message"] == "no eligible backend: budget"
+    assert a.hits == [] and b.hits == []
+    assert (_key().spent_micros, _key().reserved_micros) == (0, 1)  # nothing of its own was held
+
+
+def test_an_answer_whose_usage_never_arrives_costs_its_reservation(gateway, two_assignments):
+    a, _, _ = two_assignments
+    _price(1_000_000, 1_000_000)
+    a.script("gpt-5", cut_stream())  # output, then the connection dies: no usage chunk ever comes
+    GatewayKey.objects.update(budget_micros=1_000)
+    response = _send(gateway)
+    assert response.status_code == 200
+    key = _key()
+    assert (key.spent_micros, key.reserved_micros) == (RESERVATION, 0)
+
+
+def test_a_daily_budget_starts_again_each_utc_day(gateway, two_assignments):
+    a, _, _ = two_assignments
+    _price(1_000_000, 1_000_000)
+    a.script("gpt-5", serve("one two", input_tokens=4, output_tokens=2))
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    GatewayKey.objects.update(
+        budget_micros=RESERVATION, budget_period="day", spent_micros=RESERVATION, period_start=today
+    )
+    spent_today = _send(gateway)
+    assert (spent_today.status_code, spent_today.json()["error"]["param"]) == (503, "budget")
+
+    GatewayKey.objects.update(period_start=today - timedelta(days=1))  # yesterday's spend
+    served = _send(gateway)
+    assert served.status_code == 200
+    key = _key()
+    assert (key.spent_micros, key.reserved_micros, key.period_start) == (6, 0, today)
+
+
+@pytest.fixture
+def request_path_queries(monkeypatch):
+    """Statements the request path runs (any thread but the ledger writer's, which batches off the
+    request's critical path)."""
+    import threading
+
+    from django.db.backends import utils
+
+    seen: list[str] = []
+    execute = utils.CursorWrapper.execute
+
+    def counting(self, sql, params=None):
+        if threading.current_thread().name != "ledger-writer":
+            seen.append(sql)
+        return execute(self, sql, params)
+
+    monkeypatch.setattr(utils.CursorWrapper, "execute", counting)
+    return seen
+
+
+def test_a_healthy_request_makes_no_extra_round_trip_and_a_budget_costs_one_statement(
+    gateway, two_assignments, request_path_queries
+):
+    _price(1_000_000, 1_000_000)
+    assert _send(gateway).status_code == 200  # warm the routing config cache
+    writer.flush()
+    request_path_queries.clear()
+    assert _send(gateway).status_code == 200
+    healthy = list(request_path_queries)
+    assert len(healthy) == 2, healthy  # the key read and the health read, as before budgets
+
+    GatewayKey.objects.update(budget_micros=1_000_000)
+    writer.flush()
+    request_path_queries.clear()
+    assert _send(gateway).status_code == 200
+    budgeted = list(request_path_queries)
+    # One conditional UPDATE holds the reservation; the settlement rides in the ledger's batch.
+    assert len(budgeted) == 3 and budgeted[-1].lstrip().upper().startswith("UPDATE"), budgeted

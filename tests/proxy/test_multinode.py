@@ -93,3 +93,57 @@ def test_a_circuit_opened_through_one_node_is_honoured_by_the_other(nodes, two_a
     assert honoured.headers["x-gateway-attempts"] == "1"  # the open circuit made acct-a ineligible
     assert honoured.json()["choices"][0]["message"]["content"] == "from b"
     assert a.hit_count(model="gpt-5") == 3  # no hit from the second node
+
+
+def test_concurrent_streams_over_two_nodes_never_overspend_a_budget_by_more_than_one_reservation(
+    nodes, two_assignments
+):
+    """SPEC §7.4: 50 streamed requests at once, half through each node, on a budget that covers a
+    handful: the conditional UPDATE admits a reservation only while it fits beside those in flight, so
+    what is spent in the end exceeds the budget by at most one reservation's estimate error."""
+    import asyncio
+    import json
+
+    from catalog.models import CatalogEntry
+    from pools.models import GatewayKey
+    from tests.fakes.upstream import slow_stream
+
+    a, b, _ = two_assignments
+    CatalogEntry.objects.update(input_per_mtok_micros=1_000_000, output_per_mtok_micros=1_000_000)
+    body = json.dumps({**CHAT, "stream": True, "max_tokens": 10}).encode()
+    reservation = len(body) // 4 + 10  # 1 micro per token, prompt estimate + max_tokens
+    budget = 4 * reservation
+    GatewayKey.objects.update(budget_micros=budget)
+    for fake in (a, b):  # each answer costs 10 input + 4 output tokens, well under its reservation
+        fake.script("gpt-5", slow_stream(0.05, "one two three four"))
+
+    async def one(client: httpx.AsyncClient, node: str) -> tuple[int, str]:
+        response = await client.post(
+            f"{node}/v1/chat/completions",
+            content=body,
+            headers={**AUTH, "content-type": "application/json"},
+        )
+        return response.status_code, response.text
+
+    async def burst() -> list[tuple[int, str]]:
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=100)) as client:
+            return await asyncio.gather(*(one(client, nodes[i % 2]) for i in range(50)))
+
+    results = asyncio.run(burst())
+    served = [text for status, text in results if status == 200]
+    refused = [json.loads(text) for status, text in results if status == 503]
+    assert len(served) + len(refused) == 50
+    assert all("[DONE]" in text for text in served)
+    assert {r["error"]["param"] for r in refused} <= {"budget"}
+    assert served and refused  # the budget really was the limit
+
+    def settled() -> GatewayKey | None:
+        key = GatewayKey.objects.get()
+        return key if key.reserved_micros == 0 and key.spent_micros > 0 else None
+
+    deadline = time.monotonic() + 15
+    while (key := settled()) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert key is not None, "the nodes' ledgers did not settle the reservations"
+    assert key.spent_micros == 14 * len(served)  # every served stream charged its actual usage
+    assert key.spent_micros <= budget + reservation
