@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0006_retry_min_attempt_ms"),
+        ("pools", "0007_key_expiry_and_rotation"),
     ]
 
     operations = [
