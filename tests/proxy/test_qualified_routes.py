@@ -90,3 +90,39 @@ def test_a_tool_turn_is_served_by_the_route_qualified_for_it(gateway, agent_pool
         a.assignment.name: (a.status, a.ineligible_reason) for a in Attempt.objects.filter(request=record)
     }
     assert attempts == {"relay-flat": ("ineligible", "capability"), "direct": ("succeeded", "")}
+
+
+def test_a_claude_code_style_turn_over_the_anthropic_sdk_follows_the_evidence(gateway, agent_pool):
+    """The same through the official anthropic SDK (a Messages client, translated to Chat for these
+    openai routes): refused while every route is unknown, served by the qualified route afterwards."""
+    import anthropic
+
+    flattening, faithful = agent_pool
+    client = anthropic.Anthropic(base_url=gateway, api_key=GATEWAY_KEY, max_retries=0, timeout=15)
+    turn = {
+        "model": "gpt-5",
+        "max_tokens": 256,
+        "system": "You are a coding agent.",
+        "messages": [{"role": "user", "content": "Look up record R42."}],
+        "tools": [
+            {
+                "name": "lookup_record",
+                "description": "Read one record by its id.",
+                "input_schema": {"type": "object", "properties": {"record_id": {"type": "string"}}},
+            }
+        ],
+    }
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        client.messages.create(**turn)
+    assert refused.value.status_code == 503
+    assert flattening.hits == [] and faithful.hits == []
+
+    call_command("qualify", stdout=io.StringIO())
+    faithful.hits.clear()
+    flattening.hits.clear()
+    message = client.messages.create(**turn)
+    (block,) = [b for b in message.content if b.type == "tool_use"]
+    assert (block.name, block.input) == ("lookup_record", {"record_id": "R42"})
+    assert message.stop_reason == "tool_use"
+    assert len(faithful.hits) == 1 and faithful.hits[0][0] == "/chat/completions"
+    assert flattening.hits == []
