@@ -72,12 +72,16 @@ def qualification_routes(
     *, pool: str | None = None, assignment: str | None = None, model: str | None = None
 ) -> list[CatalogEntry]:
     """The routes `manage.py qualify` replays its corpus through: every catalog entry of an enabled
-    assignment, optionally of one pool, one assignment and/or one model, in a stable order."""
-    entries = CatalogEntry.objects.filter(assignment__enabled=True).select_related("assignment__pool")
-    if pool is not None:
-        entries = entries.filter(assignment__pool__name=pool)
+    assignment, optionally of one pool, one assignment and/or one model, in a stable order. An
+    assignment named explicitly is qualified even while disabled, so it can be qualified before it
+    takes traffic."""
+    entries = CatalogEntry.objects.select_related("assignment__pool")
     if assignment is not None:
         entries = entries.filter(assignment__name=assignment)
+    else:
+        entries = entries.filter(assignment__enabled=True)
+    if pool is not None:
+        entries = entries.filter(assignment__pool__name=pool)
     if model is not None:
         entries = entries.filter(model=model)
     return list(entries.order_by("assignment__pool__name", "assignment__tier", "assignment__name", "model"))

@@ -289,3 +289,13 @@ def test_routing_explain_says_where_each_capability_comes_from():
     assert "1. acct-a / gpt-5" in text
     assert f"tools=true (qualified until {expires.isoformat(timespec='seconds')})" in text
     assert "vision=false (qualified until" in text  # evidence beats the claim
+
+
+def test_a_disabled_assignment_is_qualified_only_when_named():
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        Assignment.objects.filter(pk=assignment.pk).update(enabled=False)
+        with pytest.raises(CommandError, match="no route to qualify"):
+            qualify()
+        assert "main/acct-a gpt-5:" in qualify(assignment="acct-a")
+    assert verdicts(assignment) == ALL_TRUE

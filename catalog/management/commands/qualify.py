@@ -43,7 +43,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--pool", help="only this pool's routes")
-        parser.add_argument("--assignment", help="only this assignment's routes")
+        parser.add_argument(
+            "--assignment",
+            help="only this assignment's routes (even while it is disabled, to qualify it first)",
+        )
         parser.add_argument("--model", help="only routes of this model id")
 
     def handle(self, *args, pool=None, assignment=None, model=None, **options) -> None:
@@ -53,7 +56,9 @@ class Command(BaseCommand):
             raise CommandError(f"unknown assignment {assignment!r}")
         routes = qualification_routes(pool=pool, assignment=assignment, model=model)
         if not routes:
-            raise CommandError("no route to qualify: no enabled assignment has a catalog entry matching that")
+            raise CommandError(
+                "no route to qualify: no assignment selected has a catalog entry matching that"
+            )
         corpus = corpus_load()
         stored = GatewaySettings.objects.filter(pk=1).first() or GatewaySettings()
         days = stored.qualification_days
