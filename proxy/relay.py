@@ -32,7 +32,8 @@ from django.db import DatabaseError, transaction
 from pools.services import key_budget_reserve
 from proxy import db, shutdown, upstream
 from proxy.adapters import anthropic as anthropic_adapter
-from proxy.adapters.codec import StreamTranslator, UpstreamCall, upstream_call
+from proxy.adapters.codec import COUNT_TOKENS, StreamTranslator, UpstreamCall, upstream_call
+from proxy.adapters.token_estimate import estimate_input_tokens
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.sse import (
@@ -142,6 +143,7 @@ class Final:
     frames: tuple[bytes, ...] = ()  # websocket: the events to send, one per frame (`body` is unused)
     should_retry: bool | None = None  # a typed error's `x-should-retry` (SPEC §4); None on an answer
     retry_after: int | None = None  # a relayed 429's `retry-after`
+    headers: tuple[tuple[str, str], ...] = ()  # more response headers (the count_tokens estimate's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1044,6 +1046,12 @@ class Relay:
                 param=self.untranslatable,
             )
             return replace(final, should_retry=False)
+        if last is None and self.path == COUNT_TOKENS:
+            # No Anthropic-shaped account could count them: the gateway's own estimate, labelled as
+            # such, rather than a 503 that stops a coding agent before every turn (SPEC §4).
+            await self._finish("ok", 200)
+            body = json.dumps({"input_tokens": estimate_input_tokens(self.body)}).encode()
+            return Final(200, body, headers=(("x-gateway-token-count", "estimated"),))
         if last is None:
             reason = self.excluded or self.plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
             await self._finish("no_eligible_backend", 503)

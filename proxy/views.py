@@ -441,6 +441,8 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
             response["x-should-retry"] = "true" if result.should_retry else "false"
         if result.retry_after is not None:
             response["retry-after"] = str(result.retry_after)
+        for name, value in result.headers:
+            response[name] = value
     response["x-gateway-attempts"] = str(sum(1 for a in exchange.attempts if a.status != "ineligible"))
     response["x-gateway-served-model"] = exchange.served_model
     if exchange.model_fallback or exchange.fallback_reason:
