@@ -45,11 +45,12 @@ from proxy.errors import TYPED_ERRORS
 from proxy.relay import Exchange
 from routing.failures import FailureClass
 from routing.models import Circuit, CircuitReason, CircuitState
-from routing.types import RouteClass
+from routing.types import ASSIGNMENT_WIDE, RouteClass
 
 log = logging.getLogger("gateway")
 
 OTHER = "other"
+WIDE_LABEL = "assignment"  # the route_class label of an assignment-wide circuit
 NONE = "none"
 
 ROUTES = frozenset(
@@ -192,6 +193,7 @@ class OpenCircuitsCollector(Collector):
         gauge = GaugeMetricFamily(self.NAME, self.HELP, labels=["route_class", "reason"])
         # Every known pair is exported, at 0 when nothing is open, so the series never vanish.
         values = {(rc, str(reason)): 0 for rc in sorted(ROUTE_CLASSES) for reason in CircuitReason}
+        values[(WIDE_LABEL, str(CircuitReason.CREDENTIAL_REJECTED))] = 0
         try:
             counts = open_circuit_counts()
         except DatabaseError:
@@ -202,7 +204,8 @@ class OpenCircuitsCollector(Collector):
             return
         for route_class, reason, n in counts:
             key = (
-                _bounded(route_class, ROUTE_CLASSES),
+                # An assignment-wide circuit (credential_rejected) covers every route class.
+                WIDE_LABEL if route_class == ASSIGNMENT_WIDE else _bounded(route_class, ROUTE_CLASSES),
                 _bounded(reason, CIRCUIT_REASONS) if reason else NONE,
             )
             values[key] = values.get(key, 0) + n

@@ -25,7 +25,7 @@ from routing import panel
 from routing.breaker import CircuitSnapshot
 from routing.models import Affinity, Circuit, Demotion
 from routing.services import breaker_settings, circuit_snapshot
-from routing.types import CircuitReason, RouteClass, TriState
+from routing.types import ASSIGNMENT_WIDE, CircuitReason, RouteClass, TriState
 
 
 @admin.register(Circuit)
@@ -146,7 +146,11 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
             panel.ModelFacts(model, provenance, TriState(tools), TriState(vision), window, capabilities)
         )
     circuits: dict[int, dict[tuple[str, RouteClass], CircuitSnapshot]] = {}
+    wide: dict[int, CircuitSnapshot] = {}  # assignment-wide circuits (credential_rejected)
     for row in Circuit.objects.filter(assignment__pool_id__in=pool_ids):
+        if row.route_class == ASSIGNMENT_WIDE:
+            wide[row.assignment_id] = circuit_snapshot(row)
+            continue
         key = (row.model, RouteClass(row.route_class))
         circuits.setdefault(row.assignment_id, {})[key] = circuit_snapshot(row)
     demotions: dict[int, dict[str, panel.DemotionFacts]] = {}
@@ -169,8 +173,14 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
                 quality=a.quality,
                 capabilities=tuple(panel.Capability(label, getattr(a, f)) for f, label in PANEL_CAPABILITIES),
                 models=panel.model_rows(
-                    entries.get(a.pk, ()), circuits.get(a.pk, {}), demotions.get(a.pk, {}), bsettings, now
+                    entries.get(a.pk, ()),
+                    circuits.get(a.pk, {}),
+                    demotions.get(a.pk, {}),
+                    bsettings,
+                    now,
+                    wide=wide.get(a.pk),
                 ),
+                credential=panel.signal(None, wide.get(a.pk), bsettings, now) if a.pk in wide else None,
             )
         )
     usage = _usage(pool_ids=None if user.is_superuser else pool_ids, now=now)

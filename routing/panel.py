@@ -45,7 +45,7 @@ def _count(n: int, noun: str) -> str:
 class Signal:
     """One route class's serving signal for an (assignment, model)."""
 
-    route_class: RouteClass
+    route_class: RouteClass | None  # None: the assignment-wide circuit (credential_rejected)
     state: CircuitState
     health: Health
     reason: CircuitReason | None = None
@@ -56,7 +56,7 @@ class Signal:
 
     @property
     def label(self) -> str:
-        return ROUTE_CLASS_LABELS[self.route_class]
+        return ROUTE_CLASS_LABELS[self.route_class] if self.route_class else "Whole assignment"
 
     @property
     def state_text(self) -> str:
@@ -80,7 +80,7 @@ class Signal:
 
 
 def signal(
-    route_class: RouteClass, snapshot: CircuitSnapshot | None, settings: BreakerSettings, now: datetime
+    route_class: RouteClass | None, snapshot: CircuitSnapshot | None, settings: BreakerSettings, now: datetime
 ) -> Signal:
     """No row is a closed, clean circuit (a healthy pair has no row)."""
     health = breaker.health(snapshot, settings, now)
@@ -153,9 +153,12 @@ def model_rows(
     demotions: Mapping[str, DemotionFacts],
     settings: BreakerSettings,
     now: datetime,
+    wide: CircuitSnapshot | None = None,
 ) -> tuple[ModelRow, ...]:
     """Every advertised model of one assignment, plus any model that has circuit or live demotion rows
-    without being advertised (state outlives a catalog entry), sorted by model id."""
+    without being advertised (state outlives a catalog entry), sorted by model id. While the
+    assignment-wide circuit (`wide`, credential_rejected) is not closed it governs every signal, as it
+    does for the router (`breaker.governing`)."""
     facts = {e.model: e for e in entries}
     models = set(facts) | {model for model, _ in circuits} | set(demotions)
     rows: list[ModelRow] = []
@@ -169,7 +172,10 @@ def model_rows(
                 tools=entry.tools if entry else TriState.UNKNOWN,
                 vision=entry.vision if entry else TriState.UNKNOWN,
                 context_window=entry.context_window if entry else None,
-                signals=tuple(signal(rc, circuits.get((model, rc)), settings, now) for rc in ROUTE_CLASSES),
+                signals=tuple(
+                    signal(rc, breaker.governing(circuits.get((model, rc)), wide)[0], settings, now)
+                    for rc in ROUTE_CLASSES
+                ),
                 demotion=demotion if demotion is not None and demotion.until > now else None,
                 capabilities=entry.capabilities if entry else (),
             )
@@ -199,6 +205,7 @@ class AssignmentRow:
     quality: float | None
     capabilities: tuple[Capability, ...]
     models: tuple[ModelRow, ...]
+    credential: Signal | None = None  # the assignment-wide circuit (credential_rejected), when one exists
 
     @property
     def troubled_models(self) -> int:

@@ -86,6 +86,16 @@ class Reject(Behaviour):
 
     status: int
     error: ApiError
+    delay_s: float = 0.0  # a slow failure: the error comes after this pause
+
+
+@dataclass(frozen=True)
+class Drip(Behaviour):
+    """A 200 whose bytes trickle in, `interval_s` apart, one byte at a time: a plain JSON body (with
+    its full content-length) or an SSE stream whose leading bytes never complete a visible event in
+    time. Each byte resets a per-read timeout; only a wall-clock bound cuts it."""
+
+    interval_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,7 @@ class CutStream(Behaviour):
     """Close the TCP connection mid stream, without a terminal event or websocket close frame."""
 
     after_visible: bool = True  # False: cut among the leading lifecycle events
+    clean: bool = False  # True: end the body properly (chunked EOF) yet still without a terminal event
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,26 @@ def serve(text: str | None = None, *, input_tokens: int = 10, output_tokens: int
 def large(size: int) -> Serve:
     """An answer whose text is `size` bytes (one word: cheap to build, however large)."""
     return Serve(text="x" * size)
+
+
+def drip(interval_s: float = 1.0) -> Drip:
+    return Drip(interval_s)
+
+
+def revoked_key() -> Reject:
+    """OpenAI's answer to a revoked or wrong API key (401 invalid_api_key)."""
+    return Reject(401, _BAD_KEY)
+
+
+def slow_unavailable(delay_s: float, status: int = 503) -> Reject:
+    """A server error that takes `delay_s` to come back (an overloaded account)."""
+    return Reject(status, ApiError("server_error", "The server is overloaded.", None, None), delay_s)
+
+
+def end_without_terminal() -> CutStream:
+    """A stream that shows output, then ends cleanly without its terminal event ([DONE],
+    response.completed, message_stop): the answer is incomplete though no error was raised."""
+    return CutStream(after_visible=True, clean=True)
 
 
 def slow_stream(delay_s: float, text: str | None = None) -> Serve:
@@ -690,9 +721,9 @@ def _stream_plan(api: _StreamingApi, behaviour: Behaviour, fake_name: str) -> tu
             events = _through_first_visible(events) + api.after_visible_failure()
         case FailBeforeVisible(terminal=terminal):
             events = _before_first_visible(events) + api.before_visible_failure(terminal)
-        case CutStream(after_visible=after_visible):
+        case CutStream(after_visible=after_visible, clean=clean):
             cut = _through_first_visible if after_visible else _before_first_visible
-            return _numbered(api, cut(events)), True
+            return _numbered(api, cut(events)), not clean
     return _numbered(api, events), False
 
 
@@ -1197,8 +1228,13 @@ class FakeUpstream:
                 if delay and await self._pause(delay):
                     return _drop(request)
                 return web.json_response(api.json_body(_reply(behaviour, self.name)))
-            case Reject(status=status, error=err):
+            case Reject(status=status, error=err, delay_s=delay):
+                if delay and await self._pause(delay):
+                    return _drop(request)
                 return fail(status, err)
+            case Drip(interval_s=interval):
+                raw = json.dumps(api.json_body(_reply(serve(), self.name))).encode()
+                return await self._drip(request, raw, interval, "application/json")
             case RawError(status=status, body=body, headers=headers):
                 return web.json_response(dict(body), status=status, headers=dict(headers))
             case FailBeforeVisible(terminal="overloaded"):
@@ -1223,6 +1259,9 @@ class FakeUpstream:
                 return _drop(request)
             case CloseWebsocket():
                 return _drop(request)
+            case Drip(interval_s=interval):
+                raw = b"".join(_sse_bytes(e) for e in api.events(_reply(serve(), self.name)))
+                return await self._drip(request, raw, interval, "text/event-stream")
         events, cut = _stream_plan(api, behaviour, self.name)
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         coding = self._coding(request)
@@ -1250,6 +1289,21 @@ class FakeUpstream:
             return _drop(request)
         if coding is not None:
             await response.write(compressor.flush())
+        await response.write_eof()
+        return response
+
+    async def _drip(
+        self, request: web.Request, raw: bytes, interval: float, content_type: str
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": content_type, "Content-Length": str(len(raw))})
+        await response.prepare(request)
+        try:
+            for n in range(len(raw)):
+                await response.write(raw[n : n + 1])
+                if await self._pause(interval):
+                    return _drop(request)
+        except ConnectionError:
+            return response
         await response.write_eof()
         return response
 

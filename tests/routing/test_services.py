@@ -112,6 +112,40 @@ def test_a_stale_snapshot_is_reread_not_overwritten(key):
     assert _row(key).state == CircuitState.OPEN  # both failures counted
 
 
+def test_a_stale_snapshot_never_takes_a_second_probe_lease(key):
+    """Two requests (on any nodes) read the same open-past-cooldown circuit; both try the lease with
+    that snapshot, one after the other. The lease is one conditional UPDATE guarded by what was read:
+    the second finds the row changed and, re-read, half-open with its one slot taken. A read-then-
+    write (an UPDATE that does not check the row it read) would hand out a second lease here, on
+    SQLite as on PostgreSQL."""
+    _open(key)
+    later = NOW + timedelta(seconds=10)
+    stale = Seen(services.circuit_snapshot(_row(key)))
+    assert services.circuit_take_probe(key=key, settings=SETTINGS, now=later, seen=stale)
+    assert not services.circuit_take_probe(key=key, settings=SETTINGS, now=later, seen=stale)
+    row = _row(key)
+    assert (row.state, row.probes_in_flight) == ("half_open", 1)
+
+
+def test_the_lease_is_one_statement_when_the_snapshot_is_current(key, django_assert_num_queries):
+    _open(key)
+    seen = Seen(services.circuit_snapshot(_row(key)))
+    with django_assert_num_queries(1):  # the conditional UPDATE itself, no read before it
+        assert services.circuit_take_probe(
+            key=key, settings=SETTINGS, now=NOW + timedelta(seconds=10), seen=seen
+        )
+
+
+def test_credential_rejected_opens_the_assignment_wide_circuit_at_once(key):
+    wide = CircuitKey.wide(key.pool_id, key.assignment_id)
+    services.circuit_record_failure(
+        key=wide, reason=CircuitReason.CREDENTIAL_REJECTED, settings=SETTINGS, now=NOW
+    )
+    row = _row(wide)
+    assert (row.model, row.route_class, row.state, row.reason) == ("*", "*", "open", "credential_rejected")
+    assert row.consecutive_failures == 1  # below the threshold of 2: a revoked key does not heal by itself
+
+
 def test_demotions_are_recorded_once_and_resolved(db):
     assignment = AssignmentFactory()
     until = NOW + timedelta(seconds=60)
