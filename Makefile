@@ -36,6 +36,7 @@ bench: install
 	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)
 
 # A bounded soak on loopback: the gateway as a real process against chaotic upstreams, then the ledger,
-# circuit, leak and memory invariants (soak/README.md). SOAK_ARGS="--requests 2000" for a shorter run.
+# circuit, leak and memory invariants (soak/README.md). SOAK_ARGS="--requests 2000" for a shorter run;
+# SOAK_ARGS="--nodes 3 --database postgres": several nodes on a PostgreSQL of its own, nodes and database failing.
 soak: install
 	$(VENV)/bin/python soak/run.py $(SOAK_ARGS)

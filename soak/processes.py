@@ -7,20 +7,28 @@ database, and what the harness can see of a process from outside (/proc).
   `uvicorn gatewaysite.asgi:application` with DJANGO_DEBUG=false and a generated secret, in its own
   process group; `terminate` sends SIGTERM and waits for the graceful exit (the ledger is flushed at
   interpreter exit).
-- `inventory(pid)`: the process's file descriptors, sockets by kind and TCP state, threads and RSS.
+- `PostgresCluster`: a PostgreSQL server of the run's own (initdb in a temporary directory, its own
+  free port on 127.0.0.1, trust on loopback), which the multi-node soak restarts and stalls.
+- `GatewayNode`: one node of several, `python -m gatewaysite.server --workers N` (uvicorn's
+  supervisor and its workers), which can be killed with SIGKILL and started again on its port.
+- `inventory(pid)`: the process's file descriptors, sockets by kind and TCP state, threads and RSS;
+  `tree_inventory(pid)` sums it over the process and its children (a node's supervisor and workers).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +153,125 @@ def _libpq(url: str) -> str:
     environ's other aliases do not)."""
     parts = urlsplit(url)
     return urlunsplit(parts._replace(scheme="postgresql"))
+
+
+class PostgresCluster:
+    """A PostgreSQL server of the run's own: `initdb` into a temporary directory, the server on a
+    free port of 127.0.0.1 (and a unix socket in its data directory only), trust authentication on
+    loopback, fsync off (a soak needs no durability across a power cut). Run as the `postgres` user
+    when the harness is root (PostgreSQL refuses root). `restart` is `pg_ctl restart -m fast`;
+    `stall` stops the postmaster and every backend with SIGSTOP for a while, then SIGCONT."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.bin = _postgres_bin()
+        self.port = 0
+        self.datadir: Path | None = None
+        self._root: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@{HOST}:{self.port}/postgres"
+
+    def _run(self, *argv: str, timeout: float = 120) -> None:
+        cmd = [str(self.bin / argv[0]), *argv[1:]]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        with open(self.log_path, "ab") as log:
+            rc = subprocess.run(  # noqa: S603 - argv built here
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
+            ).returncode
+        if rc != 0:
+            raise RuntimeError(
+                f"{argv[0]} {argv[1] if len(argv) > 1 else ''} failed ({rc}): {tail(self.log_path)}"
+            )
+
+    def start(self) -> None:
+        self._root = Path(tempfile.mkdtemp(prefix="soak-pg-"))
+        self.datadir = self._root / "data"
+        if os.geteuid() == 0:
+            shutil.chown(self._root, "postgres", "postgres")
+        self.port = free_port()
+        self._run(
+            "initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
+        )
+        options = (
+            f"-c listen_addresses={HOST} -c port={self.port} -c unix_socket_directories={self.datadir} "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
+            "-c shared_buffers=32MB"
+        )
+        server_log = self._root / "server.log"
+        self._run(
+            "pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l", str(server_log), "-o", options
+        )
+
+    def restart(self) -> float:
+        """`pg_ctl restart -m fast`: every connection is cut; seconds until the server accepts again."""
+        assert self.datadir is not None
+        started = time.monotonic()
+        self._run("pg_ctl", "restart", "-w", "-t", "60", "-m", "fast", "-D", str(self.datadir))
+        return time.monotonic() - started
+
+    def pids(self) -> list[int]:
+        """The postmaster first, then its children (backends and auxiliary processes)."""
+        assert self.datadir is not None
+        postmaster = int((self.datadir / "postmaster.pid").read_text().split()[0])
+        return [postmaster, *children(postmaster)]
+
+    def stall(self, seconds: float) -> list[int]:
+        """SIGSTOP the postmaster and its backends for `seconds`, then SIGCONT (a frozen database
+        host: connections stay open, nothing answers). The pids stopped."""
+        stopped = []
+        try:
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            time.sleep(seconds)
+        finally:
+            for pid in reversed(stopped):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        return stopped
+
+    def stop(self) -> None:
+        if self.datadir is None:
+            return
+        with contextlib.suppress(Exception):
+            for pid in self.pids():  # never leave it stopped
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(Exception):
+            self._run("pg_ctl", "stop", "-w", "-t", "30", "-m", "immediate", "-D", str(self.datadir))
+        if self._root is not None:
+            with contextlib.suppress(OSError):
+                (self._root / "server.log").replace(self.log_path.with_name("postgres-server.log"))
+            shutil.rmtree(self._root, ignore_errors=True)
+        self.datadir = None
+
+
+def _postgres_bin() -> Path:
+    """The newest server binaries of /usr/lib/postgresql/*/bin (Debian's layout)."""
+    found = sorted(
+        (Path(p) for p in glob.glob("/usr/lib/postgresql/*/bin") if (Path(p) / "pg_ctl").exists()),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
+    if not found:
+        raise RuntimeError("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+    return found[-1]
+
+
+def postgres_available() -> bool:
+    try:
+        _postgres_bin()
+    except RuntimeError:
+        return False
+    return True
 
 
 class LedgerStall:
@@ -283,6 +410,13 @@ class GatewayProcess:
                 raise RuntimeError(f"manage.py {step[0]} failed ({rc}): {tail(log_path)}")
 
     def start(self, ready_timeout: float = 60.0) -> None:
+        self.launch()
+        self.wait_ready(ready_timeout)
+
+    def launch(self) -> None:
+        """Start the server process (returns at once; `wait_ready` waits for /readyz). Call it from a
+        thread that outlives the server: the child's parent-death signal fires when the thread that
+        started it ends."""
         self.port = self.port or free_port()
         # Django logs an unhandled view exception only to `django.request` (mail_admins when DEBUG is
         # off); a root handler for errors puts those tracebacks into the gateway's log.
@@ -304,6 +438,9 @@ class GatewayProcess:
         if self.database_url:
             env["DATABASE_URL"] = self.database_url
         self.proc = spawn(cmd, env, self.log_path)
+
+    def wait_ready(self, ready_timeout: float = 60.0) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + ready_timeout
         last = "not asked"
         while time.monotonic() < deadline:
@@ -344,6 +481,40 @@ class GatewayProcess:
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             stop(self.proc, 5)
+
+
+@dataclass
+class GatewayNode(GatewayProcess):
+    """One of several gateway nodes on one database: `python -m gatewaysite.server --workers N` (what
+    `make run` runs; the server module prepares prometheus-client's multiprocess directory for its
+    workers). Its port stays the same across restarts, as a node behind a load balancer keeps its
+    address; every start appends to the node's own log."""
+
+    index: int = 0
+    workers: int = 2
+    incarnation: int = 0
+
+    def __post_init__(self) -> None:
+        self.launcher = ["-m", "gatewaysite.server"]
+        self.uvicorn_args = ["--workers", str(self.workers), *self.uvicorn_args]
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"gateway-{self.index}.log"
+
+    def launch(self) -> None:
+        self.incarnation += 1
+        with open(self.log_path, "a") as log:
+            log.write(f"--- soak: start #{self.incarnation} of node {self.index}\n")
+        super().launch()
+
+    def sigkill(self) -> None:
+        """The node dies at once, supervisor and workers (a host or container lost): SIGKILL to its
+        process group, no graceful anything."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
 
 
 LOG_CONFIG = {
@@ -450,6 +621,39 @@ def _status_field(pid: int, name: str) -> int:
     except OSError:
         pass
     return 0
+
+
+def children(pid: int) -> list[int]:
+    """The process's descendants, from /proc (children before grandchildren)."""
+    parents: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            text = Path(stat).read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        parents.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(0), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def tree_inventory(pid: int) -> Inventory:
+    """`inventory` summed over the process and its descendants (a node's supervisor and workers)."""
+    parts = []
+    for one in [pid, *children(pid)]:
+        with contextlib.suppress(OSError):
+            parts.append(inventory(one))
+    return Inventory(
+        sum(i.fds for i in parts),
+        sum(i.sockets for i in parts),
+        tuple(s for i in parts for s in i.tcp),
+        sum(i.threads for i in parts),
+        sum(i.rss_kb for i in parts),
+    )
 
 
 def inventory(pid: int) -> Inventory:

@@ -142,6 +142,14 @@ class Outcome:
     latency_s: float = 0.0
     done_at: float = 0.0
     problems: list[str] = field(default_factory=list)
+    # Multi-node runs: which node (and which start of it) served the request, when it was sent, the
+    # id the upstreams log it by, which key sent it, and whether the node was killed under it.
+    node: int = -1
+    incarnation: int = 0
+    started_at: float = 0.0
+    sid: str = ""
+    key: str = "main"
+    killed: bool = False
 
 
 def _error_problems(body: object, where: str) -> list[str]:
@@ -260,11 +268,13 @@ class Load:
         self.stop_at = 0.0
 
     @staticmethod
-    def body(kind: str, stream: bool) -> dict:
+    def body(kind: str, stream: bool, sid: str = "") -> dict:
+        # `sid=...` in the prompt: the upstreams log each request they receive by it.
+        prompt = f"soak: say hello sid={sid}" if sid else "soak: say hello"
         if kind.startswith("responses") or kind == "websocket":
-            body: dict = {"model": MODEL, "input": "soak: say hello"}
+            body: dict = {"model": MODEL, "input": prompt}
         else:
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "soak: say hello"}]}
+            body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
             if stream:
                 body["stream_options"] = {"include_usage": True}
         if kind == "unknown_model":
@@ -288,16 +298,32 @@ class Load:
         self.next += 1
         return self.next - 1
 
+    def pick(self, session: aiohttp.ClientSession) -> tuple[aiohttp.ClientSession, str, int, int]:
+        """Where the next request goes: (session, base URL, node, incarnation). One gateway here;
+        the multi-node soak spreads requests over its nodes."""
+        return session, self.base_url, -1, 0
+
+    def key_for(self, index: int) -> tuple[str, dict[str, str]]:
+        """The key that sends request `index`: (its name, its headers)."""
+        return "main", self.headers
+
+    def new_outcome(self, index: int, kind: str, node: int, incarnation: int, **fields: Any) -> Outcome:
+        key, _ = self.key_for(index)
+        o = Outcome(index, kind, TRANSPORT[kind], self.phase, node=node, incarnation=incarnation, **fields)
+        o.key, o.sid, o.started_at = key, f"{self.phase}-{index}", time.monotonic()
+        return o
+
     async def worker(self, session: aiohttp.ClientSession) -> None:
         while (index := self.take()) is not None:
             kind = self.plan[index]
+            target, base_url, node, incarnation = self.pick(session)
             if kind == "websocket":
-                await self.websocket_session(session, index)
+                await self.websocket_session(target, index, base_url, node, incarnation)
             else:
-                outcome = Outcome(index, kind, TRANSPORT[kind], self.phase)
+                outcome = self.new_outcome(index, kind, node, incarnation)
                 t0 = time.monotonic()
                 try:
-                    await asyncio.wait_for(self.http(session, outcome), self.limit_s)
+                    await asyncio.wait_for(self.http(target, outcome, base_url), self.limit_s)
                 except TimeoutError:
                     outcome.code = "client_timeout"
                     outcome.problems.append(f"no complete answer within {self.limit_s:.1f} s")
@@ -309,13 +335,12 @@ class Load:
                 outcome.done_at = time.monotonic()
                 self.outcomes.append(outcome)
 
-    async def http(self, session: aiohttp.ClientSession, o: Outcome) -> None:
+    async def http(self, session: aiohttp.ClientSession, o: Outcome, base_url: str) -> None:
         stream = o.transport == "sse"
         data = b'{"model": "gpt-5", "messages": [' if o.kind == "bad_json" else None
-        body = None if data is not None else self.body(o.kind, stream)
-        async with session.post(
-            self.base_url + PATHS[o.kind], json=body, data=data, headers=self.headers
-        ) as resp:
+        body = None if data is not None else self.body(o.kind, stream, o.sid)
+        _, headers = self.key_for(o.index)
+        async with session.post(base_url + PATHS[o.kind], json=body, data=data, headers=headers) as resp:
             o.status = resp.status
             o.request_id = resp.headers.get("x-gateway-request-id")
             o.attempts_header = _int_or_none(resp.headers.get("x-gateway-attempts"))
@@ -361,27 +386,30 @@ class Load:
         if expected is not None and (o.status, o.code) != expected:
             o.problems.append(f"{o.kind}: expected {expected}, got {(o.status, o.code)}")
 
-    async def websocket_session(self, session: aiohttp.ClientSession, index: int) -> None:
+    async def websocket_session(
+        self, session: aiohttp.ClientSession, index: int, base_url: str, node: int = -1, incarnation: int = 0
+    ) -> None:
         """One websocket connection carrying this frame and, while the plan has websocket requests
         next in line, up to two more (each response.create is one request)."""
         frames = [index]
         while len(frames) < 3 and self.next < len(self.plan) and self.plan[self.next] == "websocket":
             frames.append(self.next)
             self.next += 1
-        headers = {k: v for k, v in self.headers.items() if k != "content-type"}
+        headers = {k: v for k, v in self.key_for(index)[1].items() if k != "content-type"}
+        ws_url = base_url.replace("http://", "ws://") + "/v1/responses"
         t0 = time.monotonic()
         try:
-            ws = await asyncio.wait_for(session.ws_connect(self.ws_url, headers=headers), self.limit_s)
+            ws = await asyncio.wait_for(session.ws_connect(ws_url, headers=headers), self.limit_s)
         except (TimeoutError, aiohttp.ClientError) as exc:
             for i in frames:
-                o = Outcome(i, "websocket", "websocket", code="ws_connect_failed")
+                o = self.new_outcome(i, "websocket", node, incarnation, code="ws_connect_failed")
                 o.problems.append(f"websocket handshake failed: {type(exc).__name__}: {exc}"[:200])
                 o.latency_s, o.done_at = time.monotonic() - t0, time.monotonic()
                 self.outcomes.append(o)
             return
         try:
             for n, i in enumerate(frames):
-                o = Outcome(i, "websocket", "websocket")
+                o = self.new_outcome(i, "websocket", node, incarnation)
                 if ws.closed:
                     o.code = "not_sent"  # the gateway closed the connection: this frame was never sent
                 else:
@@ -390,14 +418,16 @@ class Load:
                 self.outcomes.append(o)
                 if o.code == "not_sent":
                     for rest in frames[n + 1 :]:
-                        self.outcomes.append(Outcome(rest, "websocket", "websocket", code="not_sent"))
+                        self.outcomes.append(
+                            self.new_outcome(rest, "websocket", node, incarnation, code="not_sent")
+                        )
                     break
         finally:
             await ws.close()
 
     async def websocket_frame(self, ws: aiohttp.ClientWebSocketResponse, o: Outcome) -> None:
         t0 = time.monotonic()
-        await ws.send_str(json.dumps({"type": "response.create", **self.body("websocket", False)}))
+        await ws.send_str(json.dumps({"type": "response.create", **self.body("websocket", False, o.sid)}))
         events: list[tuple[str | None, Any]] = []
         try:
             async with asyncio.timeout(self.limit_s):
@@ -604,7 +634,7 @@ def ledger_checks(database: Database, outcomes: list[Outcome]) -> tuple[list[Che
     by_rid = {r["request_id"]: r for r in records}
     missing, mismatched = [], []
     for o in outcomes:
-        if o.transport == "websocket" or o.request_id is None:
+        if o.transport == "websocket" or o.request_id is None or o.killed:
             continue
         record = by_rid.get(o.request_id)
         if record is None:
@@ -618,9 +648,10 @@ def ledger_checks(database: Database, outcomes: list[Outcome]) -> tuple[list[Che
                 f"rid={o.request_id}: x-gateway-attempts {o.attempts_header}, ledger {dispatched} dispatched"
             )
     # Requests the gateway answered have a known id; one the client gave up on (or that was refused
-    # around SIGTERM) may or may not have reached it: the record count must lie in between.
-    answered = sum(1 for o in outcomes if o.transport != "websocket" and o.request_id)
-    unknown = sum(1 for o in outcomes if o.transport != "websocket" and not o.request_id)
+    # around SIGTERM, or whose node was killed under it) may or may not have reached the ledger: the
+    # record count must lie in between.
+    answered = sum(1 for o in outcomes if o.transport != "websocket" and o.request_id and not o.killed)
+    unknown = sum(1 for o in outcomes if o.transport != "websocket" and (not o.request_id or o.killed))
     stored_http = sum(1 for r in records if r["transport"] in ("http", "sse"))
     # Websocket frames likewise: one answered by an event surely reached the gateway; one that met
     # only a close (the gateway stopping under SIGTERM) may or may not have been delivered to it.
@@ -628,7 +659,7 @@ def ledger_checks(database: Database, outcomes: list[Outcome]) -> tuple[list[Che
         o for o in outcomes if o.transport == "websocket" and o.code not in ("not_sent", "ws_connect_failed")
     ]
     frames = len(sent)
-    closed_only = sum(1 for o in sent if o.code.startswith("closed_"))
+    closed_only = sum(1 for o in sent if o.code.startswith("closed_") or o.killed)
     stored_ws = sum(1 for r in records if r["transport"] == "websocket")
     count_ok = answered <= stored_http <= answered + unknown and frames - closed_only <= stored_ws <= frames
     inconsistent = []
@@ -916,6 +947,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"do not write {BENCH_SOAK_MD.name} (a run of {FULL_RUN_REQUESTS}+ requests writes it)",
     )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="gateway nodes (more than one: the multi-node soak with node and database faults)",
+    )
+    p.add_argument(
+        "--database",
+        choices=("default", "postgres"),
+        default="default",
+        help="postgres: a PostgreSQL server of the soak's own (multi-node mode); default: SQLite, or "
+        "a fresh database on the server of DATABASE_URL",
+    )
+    p.add_argument("--workers", type=int, default=2, help="multi-node: uvicorn workers per node")
+    p.add_argument("--db-stall-s", type=float, default=5.0, help="multi-node: how long PostgreSQL is stopped")
+    p.add_argument(
+        "--budget-share",
+        type=float,
+        default=0.1,
+        help="multi-node: share of requests sent with a budgeted key",
+    )
     p.add_argument("--workdir", type=Path, help="default: soak/out/<timestamp>")
     p.add_argument("--json", type=Path, help="write the full report here")
     return p.parse_args(argv)
@@ -923,6 +975,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.nodes > 1 or args.database == "postgres":
+        if args.database != "postgres":
+            print(
+                "soak: --nodes N > 1 needs a shared server database: add --database postgres", file=sys.stderr
+            )
+            return 2
+        from soak import multinode
+
+        return multinode.main(args)
     started = time.monotonic()
     workdir = args.workdir or ROOT / "soak" / "out" / time.strftime("%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -1032,7 +1093,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text, flush=True)
     (workdir / "summary.txt").write_text(text + "\n")
     if args.requests >= FULL_RUN_REQUESTS and not args.no_bench_record:
-        BENCH_SOAK_MD.write_text(bench_section(report))
+        # The multi-node section (soak/multinode.py) stays as its last run wrote it.
+        current = BENCH_SOAK_MD.read_text() if BENCH_SOAK_MD.exists() else ""
+        rest = current[current.find(MULTINODE_SECTION) :] if MULTINODE_SECTION in current else ""
+        BENCH_SOAK_MD.write_text(bench_section(report) + ("\n" + rest if rest else ""))
         log(f"figures for bench/results.md: {BENCH_SOAK_MD}")
     report_path = args.json or workdir / "report.json"
     report_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
@@ -1111,6 +1175,7 @@ def drain_checks(
 
 FULL_RUN_REQUESTS = 20000  # what the issue asks of `make soak`; shorter runs leave the figures alone
 BENCH_SOAK_MD = ROOT / "bench" / "soak.md"  # included in bench/results.md by bench/run.py
+MULTINODE_SECTION = "## Soak across nodes"  # the heading soak/multinode.py writes its section under
 
 
 def bench_section(report: dict) -> str:

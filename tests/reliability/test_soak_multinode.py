@@ -1,0 +1,106 @@
+"""The multi-node soak (soak/multinode.py) in short: 1,200 requests over three gateway nodes (uvicorn, two
+workers each) on a PostgreSQL server of the soak's own, while one node is killed with SIGKILL and
+started again, PostgreSQL is restarted and stalled, and another node is drained with SIGTERM; then
+every invariant of `make soak SOAK_ARGS="--nodes 3 --database postgres"` (see soak/README.md).
+
+It runs in the PostgreSQL pass of the suite only (the production shape: several nodes on one
+server database); the soak starts its own server from /usr/lib/postgresql/*/bin, so it needs those
+binaries too. The run happens once per module, in a subprocess; each invariant is its own case.
+
+Three invariants are known not to hold today; each is an expected failure with its reason (not a
+skip: the case still runs, and its figure is in the report):
+- `records_sigkill`: a node's ledger writer holds finished records in memory for a moment (it
+  batches them); a SIGKILL loses those. A database outage does not (the writer retries).
+- `deadline_db`: a request that meets a stalled database waits for the gateway's database read
+  timeout (5 s), longer than the client's deadline (3 s here) plus the margin.
+- `budget` where the gateway has no budget reservation yet (SPEC §7.4: `reserved_micros`): budgets
+  are charged after the answer, so concurrent requests on several nodes overspend.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from soak.multinode import MULTINODE_CHECK_IDS
+from soak.processes import postgres_available
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUESTS = 1200
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        connection.vendor != "postgresql",
+        reason="the multi-node soak is the PostgreSQL pass's (several nodes need a server database)",
+    ),
+    pytest.mark.skipif(
+        not postgres_available(), reason="no PostgreSQL server binaries under /usr/lib/postgresql/*/bin"
+    ),
+]
+
+
+def _reserves_budgets() -> bool:
+    from pools.models import GatewayKey
+
+    return any(f.name == "reserved_micros" for f in GatewayKey._meta.get_fields())
+
+
+KNOWN = {
+    "records_sigkill": "a SIGKILL loses the records a node's ledger writer still holds in memory",
+    "deadline_db": "a stalled database holds a request for the 5 s database read timeout, past its deadline",
+}
+if not _reserves_budgets():
+    KNOWN["budget"] = "no budget reservation before dispatch yet (SPEC §7.4): nodes overspend together"
+
+
+@pytest.fixture(scope="module")
+def soak_report(tmp_path_factory) -> dict:
+    workdir = tmp_path_factory.mktemp("soak-multinode")
+    report_path = workdir / "report.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "soak" / "run.py"),
+        "--nodes",
+        "3",
+        "--database",
+        "postgres",
+        "--requests",
+        str(REQUESTS),
+        "--concurrency",
+        "32",
+        "--json",
+        str(report_path),
+        "--workdir",
+        str(workdir),
+        "--time-limit",
+        "120",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # the soak brings its own server
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
+    if not report_path.exists():
+        output = f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        pytest.fail(f"the multi-node soak wrote no report (exit {run.returncode}):\n{output}")
+    report = json.loads(report_path.read_text())
+    report["summary"] = (workdir / "summary.txt").read_text()
+    return report
+
+
+def test_the_multinode_soak_ran_its_requests_over_every_node(soak_report):
+    run = soak_report["run"]
+    assert run["requests_done"] == REQUESTS, soak_report["summary"]
+    assert set(run["by_node"]) == {"0", "1", "2"}, soak_report["summary"]
+
+
+@pytest.mark.parametrize("check_id", MULTINODE_CHECK_IDS)
+def test_the_multinode_soak_holds_the_invariant(soak_report, check_id, request):
+    if check_id in KNOWN:
+        request.applymarker(pytest.mark.xfail(reason=KNOWN[check_id], strict=False))
+    checks = {c["id"]: c for c in soak_report["checks"]}
+    check = checks[check_id]
+    examples = "\n  ".join(check["examples"])
+    assert check["ok"], f"{check['name']}: {check['detail']}\n  {examples}"
