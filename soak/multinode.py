@@ -128,6 +128,7 @@ MULTINODE_CHECK_IDS = (
     "no_replay",
     "half_open_probes",
     "budget",
+    "budget_reservations",
     "circuits",
     "probes",
     "circuits_agree",
@@ -325,7 +326,7 @@ def main(args: argparse.Namespace) -> int:
         with open(workdir / "circuit_polls.jsonl", "w") as out:
             for t, rows in poller.observations:
                 out.write(json.dumps([t, rows], default=str) + "\n")
-        checks.append(budget_check(database, load.max_reservation))
+        checks += budget_checks(database, load.max_reservation, outcomes, faults)
         checks.append(agreement)
         checks += node_checks(nodes, baselines, after, samples, args, database.port)
         checks.append(log_check(nodes))
@@ -809,10 +810,13 @@ def half_open_check(arrivals: list[dict], poller: CircuitPoller, database: Datab
     )
 
 
-def budget_check(database: Database, max_reservation: int) -> Check:
+def budget_checks(
+    database: Database, max_reservation: int, outcomes: list[Outcome], faults: list[Fault]
+) -> list[Check]:
     """SPEC §7.4: concurrent requests on any number of nodes never pass a budget by more than one
-    request's reservation. Once every node has stopped, nothing should still be reserved either
-    (where the gateway reserves: a `reserved_micros` column)."""
+    request's reservation. Where the gateway reserves (a `reserved_micros` column), nothing should
+    still be reserved once every node has stopped: a reservation no one settles shrinks the budget
+    for good."""
     reserves = bool(
         database.query(
             "SELECT 1 FROM information_schema.columns "
@@ -829,22 +833,30 @@ def budget_check(database: Database, max_reservation: int) -> Check:
         for name, budget, spent, _ in rows
         if spent > budget + max_reservation
     ]
-    return Check(
-        "budget",
-        "no budget overspent by more than one reservation",
-        bool(rows) and not over,
-        "; ".join(
-            f"{name}: spent {spent} of {budget} micros, "
-            + (
-                f"{held} still reserved after every node stopped"
-                if reserves
-                else "no reservations (none kept)"
-            )
-            for name, budget, spent, held in rows
-        )
-        + f"; one reservation is at most {max_reservation} micros",
-        _examples(over),
-    )
+    held = [f"{name}: {left} micros still reserved" for name, _, _, left in rows if left]
+    killed = {(f.node, f.incarnation) for f in faults if f.name == "sigkill"}
+    died = sum(1 for o in outcomes if o.key == "budget" and (o.node, o.incarnation) in killed)
+    return [
+        Check(
+            "budget",
+            "no budget overspent by more than one reservation",
+            bool(rows) and not over,
+            "; ".join(f"{name}: spent {spent} of {budget} micros" for name, budget, spent, _ in rows)
+            + f"; one reservation is at most {max_reservation} micros"
+            + ("" if reserves else "; the gateway keeps no reservations"),
+            _examples(over),
+        ),
+        Check(
+            "budget_reservations",
+            "no budget reservation left once every node has stopped",
+            reserves and not held,
+            ("; ".join(held) or "nothing reserved")
+            + f" ({died} requests with the budgeted key were served by the node that was killed)"
+            if reserves
+            else "the gateway keeps no reservations (no reserved_micros)",
+            _examples(held),
+        ),
+    ]
 
 
 def records_checks(outcomes: list[Outcome], faults: list[Fault], db: Database) -> list[Check]:

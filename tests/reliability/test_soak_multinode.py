@@ -7,14 +7,20 @@ It runs in the PostgreSQL pass of the suite only (the production shape: several 
 server database); the soak starts its own server from /usr/lib/postgresql/*/bin, so it needs those
 binaries too. The run happens once per module, in a subprocess; each invariant is its own case.
 
-Three invariants are known not to hold today; each is an expected failure with its reason (not a
+Some invariants are known not to hold today; each is an expected failure with its reason (not a
 skip: the case still runs, and its figure is in the report):
 - `records_sigkill`: a node's ledger writer holds finished records in memory for a moment (it
   batches them); a SIGKILL loses those. A database outage does not (the writer retries).
 - `deadline_db`: a request that meets a stalled database waits for the gateway's database read
   timeout (5 s), longer than the client's deadline (3 s here) plus the margin.
-- `budget` where the gateway has no budget reservation yet (SPEC §7.4: `reserved_micros`): budgets
-  are charged after the answer, so concurrent requests on several nodes overspend.
+- `half_open_probes`: when several requests find a half-open circuit's slot free at once, one wins
+  the lease and the others, for a transient reason (not model_unavailable), are dispatched to it
+  anyway, in the probe's position of their plan (proxy/relay.py `_admit`), instead of treating it
+  as open and trying it last (SPEC §7.1, §5.4). It shows when traffic is dense (after a stall).
+- `budget_reservations`: a request holds its reservation until its ledger record settles it; the
+  requests a SIGKILL cuts short (and those whose record it loses) keep theirs for good.
+- `budget`, only where the gateway has no budget reservation (SPEC §7.4: `reserved_micros`):
+  budgets are charged after the answer, so concurrent requests on several nodes overspend.
 """
 
 import json
@@ -53,6 +59,9 @@ def _reserves_budgets() -> bool:
 KNOWN = {
     "records_sigkill": "a SIGKILL loses the records a node's ledger writer still holds in memory",
     "deadline_db": "a stalled database holds a request for the 5 s database read timeout, past its deadline",
+    "budget_reservations": "a killed node's reservations are never settled (they have no expiry)",
+    "half_open_probes": "a request that loses the race for the probe lease still dispatches to the half-open "
+    "assignment in its place (proxy/relay.py _admit) instead of treating it as open (SPEC §7.1, §5.4)",
 }
 if not _reserves_budgets():
     KNOWN["budget"] = "no budget reservation before dispatch yet (SPEC §7.4): nodes overspend together"
