@@ -4,15 +4,19 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from routing.models import Circuit
-from tests.fakes.upstream import model_not_found, serve
+from tests.fakes.upstream import Serve, model_not_found, serve, unavailable
 from tests.proxy.conftest import GATEWAY_KEY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,3 +151,63 @@ def test_concurrent_streams_over_two_nodes_never_overspend_a_budget_by_more_than
     assert key is not None, "the nodes' ledgers did not settle the reservations"
     assert key.spent_micros == 14 * len(served)  # every served stream charged its actual usage
     assert key.spent_micros <= budget + reservation
+
+
+def test_an_account_answering_503_is_ordered_last_by_the_other_node(nodes, two_assignments):
+    """Transient health is shared too: after acct-a's circuit opened for upstream_unavailable through
+    one node, the other node sends nothing to it while acct-b can serve (SPEC §5.4 group 3). A node
+    that ignored circuits would try acct-a first and hand off (2 attempts)."""
+    from pools.models import GatewaySettings
+
+    a, b, (acct_a, _) = two_assignments
+    GatewaySettings.objects.filter(pk=1).update(
+        failure_threshold=1, cooldown_seconds=600, max_cooldown_seconds=600
+    )
+    first, second = nodes
+    a.script("gpt-5", unavailable(503))
+    b.script("gpt-5", serve("from b"))
+    opened = httpx.post(f"{first}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10)
+    assert (opened.status_code, opened.headers["x-gateway-attempts"]) == (200, "2")
+    assert Circuit.objects.get(assignment=acct_a).reason == "upstream_unavailable"
+    for _ in range(3):
+        honoured = httpx.post(f"{second}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10)
+        assert (honoured.status_code, honoured.headers["x-gateway-attempts"]) == (200, "1")
+    assert a.hit_count(model="gpt-5") == 1
+
+
+@pytest.mark.parametrize("reason", ["upstream_unavailable", "timeout", "credential_rejected"])
+def test_after_the_cooldown_exactly_one_request_across_both_nodes_probes(nodes, two_assignments, reason):
+    """SPEC §5.4/§7.1: in half-open exactly one request across all nodes (the lease holder) tries the
+    assignment first, whatever the circuit's reason; every other request orders it last. Ten
+    concurrent requests over two uvicorn processes, while the probe is still in flight."""
+    a, b, (acct_a, _) = two_assignments
+    wide = reason == "credential_rejected"  # an assignment-wide circuit: every model and route class
+    Circuit.objects.create(
+        pool=acct_a.pool,
+        assignment=acct_a,
+        model="*" if wide else "gpt-5",
+        route_class="*" if wide else "http",
+        state="open",
+        reason=reason,
+        consecutive_failures=3,
+        cooldown_seconds=60,
+        open_until=timezone.now() - timedelta(seconds=1),  # the cooldown just ended
+    )
+    a.script("gpt-5", Serve(text="probe answered", delay_s=1.5))  # the probe is slow: still in flight
+    b.script("gpt-5", serve("from b"))
+    start = threading.Barrier(10)
+
+    def one(n: int) -> httpx.Response:
+        start.wait()
+        node = nodes[n % 2]
+        return httpx.post(f"{node}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=20)
+
+    with ThreadPoolExecutor(10) as pool:
+        responses = list(pool.map(one, range(10)))
+    assert [r.status_code for r in responses] == [200] * 10
+    texts = sorted(r.json()["choices"][0]["message"]["content"] for r in responses)
+    assert texts == ["from b"] * 9 + ["probe answered"]
+    assert a.hit_count(model="gpt-5") == 1
+    assert b.hit_count(model="gpt-5") == 9
+    circuit = Circuit.objects.get(assignment=acct_a)
+    assert (circuit.state, circuit.probes_in_flight) == ("closed", 0)  # the probe's success closed it
