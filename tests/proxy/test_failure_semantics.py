@@ -5,6 +5,7 @@ on loopback, httpx, the openai SDK and a websocket client."""
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from io import StringIO
 
@@ -23,6 +24,7 @@ from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFa
 from tests.fakes.upstream import (
     ApiError,
     Reject,
+    Serve,
     drip,
     end_without_terminal,
     error,
@@ -433,3 +435,53 @@ def test_the_cross_model_path_after_an_upstream_not_found_still_works(gateway, f
     assert response.status_code == 200
     assert response.headers["x-gateway-model-fallback"] == "gpt-5.1"
     assert_hits((a, 1), (b, 1))
+
+
+# -- the same rules for each websocket response.create --------------------------------------------------
+
+
+def test_a_websocket_response_is_cut_at_its_deadline_and_leaves_the_circuit_alone(gateway, two_assignments):
+    a, b, _ = two_assignments
+    a.script("gpt-5", hang(30))
+    url = gateway.replace("http://", "ws://") + "/v1/responses"
+    headers = {**AUTH, "x-gateway-deadline-ms": "1000"}
+    with connect(url, additional_headers=headers, open_timeout=5) as ws:
+        started = time.monotonic()
+        ws.send(json.dumps({"type": "response.create", "model": "gpt-5", "input": "hi"}))
+        event = json.loads(ws.recv(timeout=10))
+        assert time.monotonic() - started < 2.0
+    assert event["type"] == "error"
+    assert (event["status"], event["error"]["code"]) == (504, "upstream_dispatch_unknown")
+    assert_hits((a, 1), (b, 0))
+    assert not Circuit.objects.exists()
+
+
+def test_over_websockets_only_the_lease_holder_tries_the_half_open_account(gateway, two_assignments):
+    a, b, (acct_a, _) = two_assignments
+    _cooled_circuit(acct_a, reason="upstream_unavailable", route_class="websocket")
+    a.script("gpt-5", Serve(text="probe answered", delay_s=0.5))
+    b.script("gpt-5", serve("from b"))
+    with ThreadPoolExecutor(4) as pool:
+        texts = sorted(pool.map(lambda _: _ws_text(_ws_create(gateway)), range(4)))
+    assert a.hit_count() == 1
+    assert texts.count("from b") == 3
+
+
+# -- one gathering of inputs: routing_explain shows what the router does ---------------------------------
+
+
+def test_routing_explain_and_the_router_agree_on_an_unknown_previous_response_id(gateway, two_assignments):
+    a, b, _ = two_assignments
+    out = StringIO()
+    call_command(
+        "routing_explain", "--key", "e2e", "--model", "gpt-5", "--route", "/responses",
+        "--previous-response-id", "resp_never_seen_by_the_gateway", stdout=out,
+    )  # fmt: skip
+    assert "1. acct-a / gpt-5" in out.getvalue()  # an unknown id pins nothing: the full plan
+    # The router: the request goes to the plan's first candidate, which answers for itself.
+    response = post(
+        gateway, "/v1/responses", {**RESPONSES, "previous_response_id": "resp_never_seen_by_the_gateway"}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "previous_response_not_found"
+    assert_hits((a, 1), (b, 0))

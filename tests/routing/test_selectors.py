@@ -98,6 +98,8 @@ def test_the_view_carries_catalog_values_health_and_demotions():
     )
     assert candidate.health is Health.BLOCKED
     assert view.routes["gpt-x"][0].health is Health.HEALTHY
+    # The catalog's provenance travels with each candidate, for the code-less 404 (SPEC §5.6).
+    assert view.routes["gpt-x"][0].provenance == "preserved"
     sse, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.SSE, now=now)
     assert sse.routes["gpt-5"][0].health is Health.HEALTHY  # circuits are per route class
     assert view.auto_models == ("gpt-5",)
@@ -270,3 +272,26 @@ def test_routing_explain_knows_which_adapters_carry_a_route(explained_setup):
     assert "1. claude-a / claude-opus-4-8" in out
     assert "ineligible: us-a / claude-opus-4-8 [tier 0, healthy]: capability" in out
     assert "claude-a / claude-opus-4-8 [tier 2, healthy]" in _explain(key="ci", model="claude-opus-4-8")
+
+
+def test_an_assignment_wide_credential_circuit_governs_every_model_and_route_class():
+    pool = PoolFactory()
+    a = AssignmentFactory(pool=pool, name="a")
+    CatalogEntryFactory(assignment=a, model="gpt-5")
+    CatalogEntryFactory(assignment=a, model="gpt-x")
+    now = timezone.now()
+    Circuit.objects.create(
+        pool=pool,
+        assignment=a,
+        model="*",
+        route_class="*",
+        state="open",
+        reason="credential_rejected",
+        consecutive_failures=1,
+        cooldown_seconds=60,
+        open_until=now + timedelta(minutes=1),
+    )
+    for route_class in RouteClass:
+        view, _ = routing_view_load(pool_ids=(pool.pk,), route_class=route_class, now=now)
+        assert {c.health for model in ("gpt-5", "gpt-x") for c in view.routes[model]} == {Health.COOLING}
+        assert view.wide[a.pk].reason is CircuitReason.CREDENTIAL_REJECTED
