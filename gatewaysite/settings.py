@@ -175,6 +175,8 @@ GATEWAY_SHUTDOWN_GRACE_S = env.float("GATEWAY_SHUTDOWN_GRACE_S", default=20.0)
 GATEWAY_MAX_BODY_BYTES = env.int("GATEWAY_MAX_BODY_BYTES", default=8 * 1024 * 1024)
 # The largest file upload (POST /v1/files), streamed to the upstream, never held whole (SPEC §4).
 GATEWAY_MAX_UPLOAD_BYTES = env.int("GATEWAY_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
+# Where ledger records wait while the database is unreachable (one append-only file per process).
+GATEWAY_LEDGER_SPOOL_DIR = env.str("GATEWAY_LEDGER_SPOOL_DIR", default=str(BASE_DIR / "var" / "spool"))
 # The largest plain upstream answer relayed (decoded); larger is a typed 502 (SPEC §4).
 GATEWAY_MAX_RESPONSE_BYTES = env.int("GATEWAY_MAX_RESPONSE_BYTES", default=64 * 1024 * 1024)
 # A client's headers, and each part of its body, must arrive within this; the whole body within

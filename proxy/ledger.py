@@ -3,8 +3,9 @@
 `record` is every ingress's `on_finish`: the metrics, the ledger and one log line per request.
 A request hands its Exchange to `submit` and returns at once; one writer thread per process saves
 them in batches, each batch in one transaction. `flush` waits until everything submitted so far is
-saved; it runs at interpreter exit (daphne and uvicorn both exit normally on SIGTERM after their
-graceful shutdown), so a graceful stop loses no record.
+saved (or spooled to local disk, `proxy.spool`, while the database is unreachable); it runs at
+interpreter exit (daphne and uvicorn both exit normally on SIGTERM after their graceful shutdown),
+so a graceful stop loses no record.
 
 The writer lingers up to LINGER_S after the first record of a batch for more to arrive. A batch of
 one cost about 0.5 ms of ORM Python (holding the GIL) against about 0.1 ms per record in a batch of
@@ -24,12 +25,14 @@ from django.db import DatabaseError, InterfaceError, OperationalError, close_old
 
 from proxy.metrics import observe_exchange
 from proxy.relay import Exchange
+from proxy.spool import Spool
 
 log = logging.getLogger("gateway")
 
 BATCH = 200
 LINGER_S = 0.02  # how long a batch may wait for company: the ledger is this much later, never lost
-RETRIES = 8  # about 6 s of backoff in all
+RETRIES = 3  # about 0.15 s of backoff, then the batch goes to the spool
+REPLAY_EVERY_S = 1.0  # how often a writer with spooled records tries the database again
 PRUNE_EVERY_S = 60.0
 
 
@@ -42,6 +45,8 @@ class LedgerWriter:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._next_prune = 0.0  # monotonic time of the next affinity prune (see `_prune`)
+        self.spool = Spool()
+        self.spool_pending = False  # records wait in the spool (checked when the thread starts)
 
     def submit(self, exchange: Exchange) -> None:
         self._ensure_thread()
@@ -67,8 +72,14 @@ class LedgerWriter:
     def _run(self) -> None:
         from proxy.services import request_records_write
 
+        self.spool_pending = self.spool.pending()  # left by this process or by one that is gone
         while True:
-            taken = [self._queue.get()]
+            try:
+                # While records wait in the spool, wake up now and then to replay them.
+                taken = [self._queue.get(timeout=REPLAY_EVERY_S if self.spool_pending else None)]
+            except queue.Empty:
+                self._replay()
+                continue
             deadline = time.monotonic() + LINGER_S
             while len(taken) < BATCH and taken[-1] is not _FLUSH:
                 try:
@@ -77,8 +88,9 @@ class LedgerWriter:
                     break
             batch = [x for x in taken if x is not _FLUSH]
             try:
-                if batch:
-                    self._save(batch, request_records_write)
+                reached = self._save(batch, request_records_write) if batch else False
+                if reached and self.spool_pending:  # the database is back: empty the spool
+                    self._replay()
                 self._prune()
             except Exception:
                 log.exception("ledger: %d request records could not be saved", len(batch))
@@ -103,29 +115,69 @@ class LedgerWriter:
         except DatabaseError:
             log.exception("ledger: expired affinities could not be pruned")
 
-    @classmethod
-    def _save(cls, batch: list[Exchange], write) -> None:
-        """A transient failure (a lock, a restart) is retried with backoff. A batch that the
-        database refuses for its data is saved record by record, so one bad record cannot take
-        the others with it; what cannot be saved is logged as a count, never as content."""
+    def _save(self, batch: list[Exchange], write) -> bool:
+        """A transient failure (a lock, a restart) is retried briefly with backoff; a database that
+        stays unreachable gets the batch spooled to local disk (`proxy.spool`), replayed once it is
+        back. A batch that the database refuses for its data is saved record by record, so one bad
+        record cannot take the others with it; what cannot be saved is logged as a count, never as
+        content."""
         for attempt in range(RETRIES):
             try:
                 close_old_connections()
                 write(exchanges=batch)
-                return
+                return True
             except (OperationalError, InterfaceError):
-                if attempt == RETRIES - 1:
-                    log.exception("ledger: %d request records could not be saved", len(batch))
-                    return
                 connection.close()
+                if attempt == RETRIES - 1:
+                    self._spool(batch)
+                    return False
                 time.sleep(min(0.05 * 2**attempt, 2.0))
             except (DatabaseError, ValueError):
                 if len(batch) == 1:
                     log.exception("ledger: a request record was refused by the database")
+                    return True
+                for one in batch:
+                    self._save([one], write)
+                return True
+        return False
+
+    def _spool(self, batch: list[Exchange]) -> None:
+        try:
+            self.spool.append(batch)
+        except OSError:
+            log.exception("ledger: %d request records could not be saved or spooled", len(batch))
+            return
+        self.spool_pending = True
+        log.warning("ledger: database unreachable, %d request records spooled to disk", len(batch))
+
+    def _replay(self) -> None:
+        """Replay the spool (idempotent by request id); on a database still away, try again later."""
+        from proxy.services import request_records_write
+
+        def write(batch: list[Exchange]) -> None:
+            try:
+                request_records_write(exchanges=batch, idempotent=True)
+            except (OperationalError, InterfaceError):
+                raise
+            except (DatabaseError, ValueError):
+                if len(batch) == 1:
+                    log.exception("ledger: a spooled request record was refused by the database")
                     return
                 for one in batch:
-                    cls._save([one], write)
-                return
+                    write([one])
+
+        try:
+            close_old_connections()
+            replayed = self.spool.replay(write)
+        except (OperationalError, InterfaceError):
+            connection.close()
+            return
+        except OSError:
+            log.exception("ledger: the spool could not be read")
+            return
+        self.spool_pending = self.spool.pending()
+        if replayed:
+            log.warning("ledger: %d spooled request records replayed", replayed)
 
 
 writer = LedgerWriter()

@@ -10,9 +10,17 @@ from proxy.relay import AttemptLog, Exchange
 
 
 @transaction.atomic
-def request_records_write(*, exchanges: list[Exchange]) -> None:
+def request_records_write(*, exchanges: list[Exchange], idempotent: bool = False) -> None:
     """One transaction for a batch: the records, all their attempts in one INSERT, and what each key
-    spent (known costs only: an unknown price is never counted as zero, nor as anything)."""
+    spent (known costs only: an unknown price is never counted as zero, nor as anything).
+    `idempotent` (a spool replay): records whose request id is already stored are skipped, with their
+    attempts and their spend, so a record is never written or charged twice."""
+    if idempotent:
+        ids = [x.request_id for x in exchanges]
+        stored = set(RequestRecord.objects.filter(request_id__in=ids).values_list("request_id", flat=True))
+        exchanges = [x for x in exchanges if x.request_id not in stored]
+        if not exchanges:
+            return
     records = RequestRecord.objects.bulk_create([_record(x) for x in exchanges])
     Attempt.objects.bulk_create(
         _attempt(record, x, a) for record, x in zip(records, exchanges, strict=True) for a in x.attempts

@@ -19,3 +19,12 @@ def _fresh_known_keys():
     from proxy.edge import known_keys_clear
 
     known_keys_clear()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_ledger_spool(tmp_path_factory):
+    """The ledger spool of this test run, never the repository's var/spool (whose files a test
+    database must not receive, nor a developer's database this run's)."""
+    from django.conf import settings
+
+    settings.GATEWAY_LEDGER_SPOOL_DIR = str(tmp_path_factory.mktemp("ledger-spool"))

@@ -8,7 +8,7 @@ import pytest
 
 from proxy import ledger
 from proxy.models import RequestRecord
-from proxy.relay import Exchange
+from proxy.relay import AttemptLog, Exchange
 from routing import services
 from routing.models import Affinity, AffinityKind
 from tests.factories import GatewayKeyFactory
@@ -75,3 +75,107 @@ def test_the_writer_prunes_expired_affinities_at_most_once_a_period(monkeypatch)
     writer.submit(_exchange())
     assert writer.flush(timeout=4.0)
     assert list(Affinity.objects.values_list("key", flat=True)) == ["live"]
+
+
+# -- the spool (SPEC §7.3: no served request loses its record to a database outage) -----------------
+
+
+@pytest.fixture
+def outage(monkeypatch):
+    """`outage.down = True` makes every ledger write fail the way an unreachable database does."""
+    from django.db import OperationalError
+
+    from proxy import services as ledger_services
+
+    real = ledger_services.request_records_write
+
+    class Outage:
+        down = False
+        calls = 0
+
+    def write(**kwargs):
+        Outage.calls += 1
+        if Outage.down:
+            raise OperationalError("connection refused")
+        return real(**kwargs)
+
+    monkeypatch.setattr(ledger_services, "request_records_write", write)
+    monkeypatch.setattr(ledger, "REPLAY_EVERY_S", 0.05)
+    return Outage
+
+
+def _spooled_lines() -> list[str]:
+    from pathlib import Path
+
+    from django.conf import settings
+
+    return [
+        line
+        for path in Path(settings.GATEWAY_LEDGER_SPOOL_DIR).glob("ledger-*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+
+
+def test_records_written_while_the_database_is_away_are_spooled_then_replayed_once(outage):
+    from pools.models import GatewayKey
+    from tests.factories import AssignmentFactory
+
+    key = GatewayKeyFactory(budget_micros=1_000)
+    assignment = AssignmentFactory()
+    GatewayKey.objects.filter(pk=key.pk).update(reserved_micros=30)
+    writer = ledger.LedgerWriter()
+    outage.down = True
+    lost = [_exchange() for _ in range(3)]
+    for exchange in lost:
+        exchange.key_id, exchange.reserved_micros = key.pk, 10  # each held 10, none reported usage
+        exchange.attempts = [AttemptLog(1, assignment.pk, "gpt-5", "http", "succeeded", "completed")]
+        writer.submit(exchange)
+    assert writer.flush(timeout=5)
+    assert RequestRecord.objects.count() == 0
+    assert sorted(line.split('"request_id":"')[1][:32] for line in _spooled_lines()) == sorted(
+        x.request_id for x in lost
+    )
+    assert writer.spool_pending
+
+    outage.down = False  # the database is back: the writer replays on its own
+    deadline = time.monotonic() + 5
+    while writer.spool_pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not writer.spool_pending and _spooled_lines() == []
+    assert set(RequestRecord.objects.values_list("request_id", flat=True)) == {x.request_id for x in lost}
+    key.refresh_from_db()
+    # Settled exactly once: the reservations released, each kept as the cost (no usage arrived).
+    assert (key.reserved_micros, key.spent_micros) == (0, 30)
+
+
+def test_a_replay_skips_records_the_database_already_has():
+    """A commit can reach the database while its acknowledgement does not: the batch is spooled
+    although stored. The replay is idempotent by request id: one row, one charge."""
+    from proxy.services import request_records_write
+
+    stored, fresh = _exchange(), _exchange()
+    request_records_write(exchanges=[stored])
+    ledger.writer.spool.append([stored, fresh])
+    assert ledger.writer.spool.replay(lambda b: request_records_write(exchanges=b, idempotent=True)) == 2
+    assert RequestRecord.objects.filter(request_id=stored.request_id).count() == 1
+    assert RequestRecord.objects.filter(request_id=fresh.request_id).count() == 1
+    assert _spooled_lines() == []
+
+
+def test_a_gone_process_spool_is_replayed_by_the_next_writer(outage):
+    from pathlib import Path
+
+    from django.conf import settings
+
+    from proxy.spool import encode
+
+    orphan = _exchange()
+    dead_pid = 2**22 + 12345  # above the default pid_max: no such process
+    path = Path(settings.GATEWAY_LEDGER_SPOOL_DIR) / f"ledger-{dead_pid}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(encode(orphan) + "\n")
+    writer = ledger.LedgerWriter()
+    writer.submit(_exchange())
+    assert writer.flush(timeout=5)
+    assert RequestRecord.objects.filter(request_id=orphan.request_id).exists()
+    assert not path.exists()
