@@ -1,7 +1,8 @@
 """The ledger's local spool (SPEC §7.3, issue #13): while the database is unreachable, finished
 exchanges are appended to a local file instead of being lost, and replayed when it returns.
 
-- One append-only JSON-lines file per process (`ledger-<pid>.jsonl` in GATEWAY_LEDGER_SPOOL_DIR);
+- One append-only JSON-lines file per process and database (`ledger-<database tag>-<pid>.jsonl` in
+  GATEWAY_LEDGER_SPOOL_DIR);
   every append is flushed and fsync'ed before the writer lets go of the batch, so a crash after it
   loses nothing. A record holds what the ledger holds (ids, outcomes, counts), never content.
 - Replay is idempotent by request id (`request_records_write(idempotent=True)` skips ids already
@@ -13,6 +14,7 @@ exchanges are appended to a local file instead of being lost, and replayed when 
 
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -21,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection
 
 from proxy.relay import AttemptLog, Exchange
 
@@ -65,9 +68,17 @@ class Spool:
     def directory(self) -> Path:
         return Path(settings.GATEWAY_LEDGER_SPOOL_DIR)
 
+    @staticmethod
+    def database_tag() -> str:
+        """Which database the records are for: a spool directory shared by gateways of different
+        databases (tests, staging next to production) never replays one's records into another."""
+        db = connection.settings_dict
+        where = f"{db.get('ENGINE')}|{db.get('HOST')}|{db.get('PORT')}|{db.get('NAME')}"
+        return hashlib.sha256(where.encode()).hexdigest()[:12]
+
     @property
     def path(self) -> Path:
-        return self.directory / f"ledger-{os.getpid()}.jsonl"
+        return self.directory / f"ledger-{self.database_tag()}-{os.getpid()}.jsonl"
 
     def append(self, exchanges: list[Exchange]) -> None:
         """Append and make durable (fsync) before returning; raises OSError if the disk refuses."""
@@ -87,9 +98,9 @@ class Spool:
             return []
         mine = self.path
         files = []
-        for path in sorted(self.directory.glob("ledger-*.jsonl")):
+        for path in sorted(self.directory.glob(f"ledger-{self.database_tag()}-*.jsonl")):
             try:
-                pid = int(path.stem.removeprefix("ledger-"))
+                pid = int(path.stem.rpartition("-")[2])
             except ValueError:
                 continue
             if path == mine or not _alive(pid):

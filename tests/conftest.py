@@ -21,10 +21,12 @@ def _fresh_known_keys():
     known_keys_clear()
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _private_ledger_spool(tmp_path_factory):
-    """The ledger spool of this test run, never the repository's var/spool (whose files a test
-    database must not receive, nor a developer's database this run's)."""
+@pytest.fixture(autouse=True)
+def _private_ledger_spool(tmp_path_factory, monkeypatch):
+    """Each test's own ledger spool (and its gateway subprocesses'), never the repository's
+    var/spool: a record spooled by one test's gateway must not be replayed into another's database."""
     from django.conf import settings
 
-    settings.GATEWAY_LEDGER_SPOOL_DIR = str(tmp_path_factory.mktemp("ledger-spool"))
+    spool = str(tmp_path_factory.mktemp("ledger-spool"))
+    monkeypatch.setenv("GATEWAY_LEDGER_SPOOL_DIR", spool)
+    monkeypatch.setattr(settings, "GATEWAY_LEDGER_SPOOL_DIR", spool)

@@ -167,11 +167,11 @@ def test_a_gone_process_spool_is_replayed_by_the_next_writer(outage):
 
     from django.conf import settings
 
-    from proxy.spool import encode
+    from proxy.spool import Spool, encode
 
     orphan = _exchange()
     dead_pid = 2**22 + 12345  # above the default pid_max: no such process
-    path = Path(settings.GATEWAY_LEDGER_SPOOL_DIR) / f"ledger-{dead_pid}.jsonl"
+    path = Path(settings.GATEWAY_LEDGER_SPOOL_DIR) / f"ledger-{Spool.database_tag()}-{dead_pid}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(encode(orphan) + "\n")
     writer = ledger.LedgerWriter()
