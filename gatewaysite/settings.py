@@ -103,6 +103,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="")
+# Where per-key limits keep their counts in Redis (proxy.limits): keys start with this prefix, so
+# several gateways (or test runs) can share one Redis database.
+GATEWAY_REDIS_PREFIX = env.str("GATEWAY_REDIS_PREFIX", default="gateway")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}

@@ -73,6 +73,9 @@ class GatewayKeyForm(forms.ModelForm):
             "min_quality",
             "budget_micros",
             "budget_period",
+            "limit_rpm",
+            "limit_tpm",
+            "limit_concurrent",
             "enabled",
         )
 

@@ -113,7 +113,10 @@ KEY_FIELDS = (
     "budget_period",
     "enabled",
     "expires_at",
+    "limits",
 )
+LIMIT_FIELDS = ("rpm", "tpm", "concurrent")  # YAML `limits:`; stored as GatewayKey.limit_<name>
+
 REQUIREMENT_FIELDS = ("zero_retention", "regions", "allow_third_party_router", "min_quality")
 
 
@@ -223,6 +226,9 @@ class KeySpec:
     budget_period: str = ""  # day | week | month (UTC); empty: lifetime
     enabled: bool = True
     expires_at: datetime | None = None
+    limit_rpm: int | None = None
+    limit_tpm: int | None = None
+    limit_concurrent: int | None = None
 
     def values(self) -> dict[str, Any]:
         """The `GatewayKey` columns this spec declares (not the hash, not the pools)."""
@@ -236,6 +242,7 @@ class KeySpec:
             "budget_period": self.budget_period,
             "enabled": self.enabled,
             "expires_at": self.expires_at,
+            **{f"limit_{name}": getattr(self, f"limit_{name}") for name in LIMIT_FIELDS},
         }
 
 
@@ -817,6 +824,7 @@ def _keys(
             lambda v, q: c.strings(v, q, max_length=MODEL_MAX, what="model"),
             (),
         )
+        limits = _limits(c, data, path)
         req_path = f"{path}.requirements"
         req = (
             (c.mapping(data["requirements"], req_path, REQUIREMENT_FIELDS) or {})
@@ -855,9 +863,28 @@ def _keys(
                 ),
                 enabled=c.take(data, "enabled", path, c.boolean, True),
                 expires_at=c.take(data, "expires_at", path, c.optional_datetime, None),
+                **limits,
             )
         )
     return keys
+
+
+def _limits(c: _Checker, data: Mapping[Any, Any], path: str) -> dict[str, int | None]:
+    """`limits: {rpm, tpm, concurrent}`: each a whole number of at least 1, or null (no limit);
+    `limits: null` or no `limits` is no limit at all. Zero is refused: `enabled: false` stops a key."""
+    limits_path = f"{path}.limits"
+    raw = data.get("limits")
+    given = (c.mapping(raw, limits_path, LIMIT_FIELDS) or {}) if raw is not None else {}
+    return {
+        f"limit_{name}": c.take(
+            given,
+            name,
+            limits_path,
+            lambda v, q: c.optional_integer(v, q, minimum=1, maximum=INT32_MAX),
+            None,
+        )
+        for name in LIMIT_FIELDS
+    }
 
 
 def _index_of(raw_list: list[Any], value: str, fallback: int) -> int:
@@ -1060,6 +1087,9 @@ def render_document(config: GatewayConfig) -> dict[str, Any]:
             item["enabled"] = False
         if key.expires_at is not None:
             item["expires_at"] = key.expires_at.isoformat()
+        limits = {name: getattr(key, f"limit_{name}") for name in LIMIT_FIELDS}
+        if any(value is not None for value in limits.values()):
+            item["limits"] = limits
         document["keys"].append(item)
     return document
 
@@ -1120,6 +1150,7 @@ def config_from_database() -> GatewayConfig:
             budget_period=k.budget_period,
             enabled=k.enabled,
             expires_at=k.expires_at,
+            **{f"limit_{name}": getattr(k, f"limit_{name}") for name in LIMIT_FIELDS},
         )
         for k in GatewayKey.objects.order_by("name").prefetch_related("pools")
     ]

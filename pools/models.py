@@ -5,6 +5,7 @@ import os
 import secrets
 from datetime import datetime
 
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -296,6 +297,29 @@ class GatewayKey(models.Model):
     expires_at = models.DateTimeField(
         null=True, blank=True, help_text="Empty: never. From then on the key is refused (401)."
     )
+    # YAML `limits: {rpm, tpm, concurrent}`, enforced across nodes (proxy.limits); empty: no limit.
+    limit_rpm = models.PositiveIntegerField(
+        "requests per minute",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests per UTC clock minute; empty: no limit. Over it: 429 rate_limit_exceeded.",
+    )
+    limit_tpm = models.PositiveIntegerField(
+        "tokens per minute",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Tokens (input + output) per UTC clock minute; a request is refused once the "
+        "minute's tokens reach it. Empty: no limit.",
+    )
+    limit_concurrent = models.PositiveIntegerField(
+        "concurrent requests",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests in flight at once, across all nodes; empty: no limit.",
+    )
     # A rotation with an overlap (`manage.py rotate_key --overlap`): the replaced secret stays valid
     # until `previous_valid_until`, so clients can move to the new one without an outage.
     previous_key_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
@@ -314,6 +338,13 @@ class GatewayKey(models.Model):
             models.CheckConstraint(
                 condition=Q(budget_period__in=["", *BudgetPeriod.values]),
                 name="gatewaykey_budget_period_valid",
+            ),
+            *(
+                models.CheckConstraint(
+                    condition=Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__gte": 1}),
+                    name=f"gatewaykey_{name}_positive",
+                )
+                for name in ("limit_rpm", "limit_tpm", "limit_concurrent")
             ),
         ]
 
@@ -340,3 +371,36 @@ class GatewayKey(models.Model):
 def new_key_secret() -> str:
     """A generated gateway key: `sk-gw-` and 256 bits from the OS's CSPRNG."""
     return "sk-gw-" + secrets.token_urlsafe(32)
+
+
+class KeyLimitWindow(models.Model):
+    """One UTC clock minute of a key's `limits.rpm`/`limits.tpm` (proxy.limits, without REDIS_URL):
+    requests admitted in it and tokens reported by the requests that ended in it. Written only with
+    single conditional upserts, so every node counts against the same row."""
+
+    key = models.ForeignKey(GatewayKey, on_delete=models.CASCADE, related_name="+")
+    minute = models.BigIntegerField(help_text="Minutes since the Unix epoch (UTC).")
+    requests = models.PositiveIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "minute"], name="keylimitwindow_unique")]
+
+    def __str__(self) -> str:
+        return f"key {self.key_id} minute {self.minute}"
+
+
+class KeyLimitSlot(models.Model):
+    """One of a key's `limits.concurrent` slots, held by one request in flight until `expires_at`
+    (a lease its node renews while the request runs; a crashed node's lease simply runs out)."""
+
+    key = models.ForeignKey(GatewayKey, on_delete=models.CASCADE, related_name="+")
+    slot = models.PositiveIntegerField()
+    lease = models.CharField(max_length=32)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "slot"], name="keylimitslot_unique")]
+
+    def __str__(self) -> str:
+        return f"key {self.key_id} slot {self.slot}"

@@ -46,10 +46,23 @@ def key_policy(key: GatewayKey, pool_ids: tuple[int, ...]) -> KeyPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """A key's `limits` (SPEC §3); None: no such limit. Enforced by proxy.limits."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    concurrent: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.rpm is not None or self.tpm is not None or self.concurrent is not None
+
+
+@dataclass(frozen=True, slots=True)
 class Authenticated:
     key: KeyPolicy
     config_version: int  # what the routing config cache must match (see ConfigVersion)
     budget_period: str = ""  # the key's budget period (day | week | month; empty: lifetime)
+    limits: KeyLimits = KeyLimits()  # read by the same statement as the key: no round trip of their own
 
 
 def _key_sql() -> str:
@@ -59,7 +72,8 @@ def _key_sql() -> str:
         "SELECT k.id, k.name, k.key_hash, k.allowed_models, k.require_zero_retention, k.regions, "  # noqa: S608
         "k.allow_third_party_router, k.min_quality, k.budget_micros, k.spent_micros, kp.pool_id, "
         f"(SELECT v.value FROM {version.db_table} v WHERE v.id = 1), k.previous_key_hash, "
-        "k.budget_period, k.reserved_micros, k.period_start "
+        "k.budget_period, k.reserved_micros, k.period_start, "
+        "k.limit_rpm, k.limit_tpm, k.limit_concurrent "
         f"FROM {key.db_table} k "
         f"LEFT JOIN {through.db_table} kp ON kp.gatewaykey_id = k.id "
         f"LEFT JOIN {pool.db_table} p ON p.id = kp.pool_id "
@@ -103,7 +117,10 @@ def key_authenticate(raw: str) -> Authenticated | None:
     )
     pool_ids = tuple(row[10] for row in rows if row[10] is not None)
     return Authenticated(
-        key=key_policy(key, pool_ids), config_version=rows[0][11] or 0, budget_period=key.budget_period
+        key=key_policy(key, pool_ids),
+        config_version=rows[0][11] or 0,
+        budget_period=key.budget_period,
+        limits=KeyLimits(*rows[0][16:19]),
     )
 
 

@@ -14,6 +14,7 @@ TYPED_ERRORS: dict[str, tuple[int, str]] = {
     "file_assignment_conflict": (409, "The assignment holding the referenced file is no longer in the pool."),
     "request_too_large": (413, "The request body is too large."),
     "request_timeout": (408, "The request body did not arrive in time."),
+    "rate_limit_exceeded": (429, "This key's rate limit is reached."),
     "no_eligible_backend": (503, "No eligible backend can serve this request."),
     "pin_unavailable": (503, "The pinned upstream cannot serve this request."),
     "gateway_unavailable": (503, "The gateway cannot reach its database; try again shortly."),

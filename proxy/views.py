@@ -5,6 +5,7 @@
 Relay. The ingress only parses its own framing and delivers the result.
 """
 
+import contextlib
 import json
 import math
 import re
@@ -23,11 +24,12 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from pools.selectors import Authenticated, key_authenticate
-from proxy import db
+from proxy import db, limits
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.ledger import record
+from proxy.limits import Finishing, Ticket
 from proxy.relay import (
     Dispatch,
     Exchange,
@@ -72,9 +74,9 @@ MESSAGES_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 class RequestFailed(Exception):
-    def __init__(self, code: str, param: str | None = None) -> None:
+    def __init__(self, code: str, param: str | None = None, *, retry_after: int | None = None) -> None:
         super().__init__(code)
-        self.code, self.param = code, param
+        self.code, self.param, self.retry_after = code, param, retry_after
 
 
 def typed_response(route: str, code: str, param: str | None = None) -> HttpResponse:
@@ -82,6 +84,8 @@ def typed_response(route: str, code: str, param: str | None = None) -> HttpRespo
     status, message = TYPED_ERRORS[code]
     if code == "no_eligible_backend" and param:
         message = f"no eligible backend: {param}"  # what excluded the last candidate, in words too
+    if code == "rate_limit_exceeded" and param:
+        message = f"This key's {param} limit is reached."
     if route in MESSAGES_ROUTES:
         # Anthropic's envelope has no code or param: its error type carries the meaning.
         kind = anthropic_adapter.error_type(code, status=status, param=param)
@@ -218,6 +222,8 @@ async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
         response = await _handle(request, path, exchange, started_mono)
     except RequestFailed as failed:
         response = _typed(exchange, failed.code, failed.param)
+        if failed.retry_after is not None:
+            response["retry-after"] = str(failed.retry_after)
         await record(exchange)
     request_id_headers(response, exchange.request_id)
     response["x-gateway-operation-id"] = exchange.operation_id or exchange.request_id
@@ -359,6 +365,7 @@ async def prepare(
     if isinstance(decision.error, PlanError):
         raise RequestFailed(str(decision.error.code))
     assert decision.plan is not None and decision.resolution is not None
+    ticket = await _admit(loaded.authenticated, leased)  # the key's limits: the last check before dispatch
     exchange.served_model = decision.resolution.served
     if decision.resolution.is_fallback:
         exchange.fallback_reason = str(decision.resolution.fallback)
@@ -375,7 +382,7 @@ async def prepare(
         body=body,
         route_class=route_class,
         dialect=dialect,
-        on_finish=record,
+        on_finish=record if ticket is None else Finishing(record, ticket),
         single_attempt=path == COMPACT,
         memory=Memory(
             response_ids=path in RESPONSES_ROUTES,
@@ -386,6 +393,24 @@ async def prepare(
         anthropic_beta=headers.get("anthropic-beta") if anthropic else None,
         lease=leased,
     )
+
+
+async def _admit(authenticated: Authenticated, leased: Lease | None) -> Ticket | None:
+    """Admit the request under its key's `limits` (proxy.limits); a key without limits costs nothing
+    here. Refused: 429 rate_limit_exceeded naming the limit, and the probe lease it took is freed."""
+    if not authenticated.limits:
+        return None
+    try:
+        return await limits.admit(authenticated.key.key_id, authenticated.limits)
+    except (limits.LimitExceeded, limits.LimitsUnavailable) as refusal:
+        if leased is not None:  # its candidate will not be tried by this request
+            with contextlib.suppress(DatabaseError):  # else the probe lease runs out on its own
+                await db.run(services.circuit_release_probe, key=leased.circuit)
+        if isinstance(refusal, limits.LimitExceeded):
+            raise RequestFailed(
+                "rate_limit_exceeded", refusal.limit, retry_after=refusal.retry_after
+            ) from None
+        raise RequestFailed("gateway_unavailable") from None
 
 
 async def _take_lease(

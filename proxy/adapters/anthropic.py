@@ -34,6 +34,7 @@ ERROR_TYPES: Mapping[str, str] = {
     "model_not_found": "not_found_error",
     "file_assignment_conflict": "invalid_request_error",
     "request_too_large": "request_too_large",
+    "rate_limit_exceeded": "rate_limit_error",  # the key's own limits (proxy.limits)
     "pin_unavailable": "api_error",
     "gateway_unavailable": "api_error",
     "upstream_dispatch_unknown": "timeout_error",
