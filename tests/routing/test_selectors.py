@@ -295,3 +295,30 @@ def test_an_assignment_wide_credential_circuit_governs_every_model_and_route_cla
         view, _ = routing_view_load(pool_ids=(pool.pk,), route_class=route_class, now=now)
         assert {c.health for model in ("gpt-5", "gpt-x") for c in view.routes[model]} == {Health.COOLING}
         assert view.wide[a.pk].reason is CircuitReason.CREDENTIAL_REJECTED
+
+
+def test_routing_explain_orders_an_open_account_last_and_shows_the_lease_holders_plan(explained_setup):
+    """SPEC §5.4: health before tier. us-a (tier 0) open and cooling goes after eu-a (tier 1); once its
+    cooldown is over, the request that takes the probe lease tries it first; routing_explain (read
+    only, it takes no lease) prints both orders."""
+    us = explained_setup.assignments.get(name="us-a")
+    circuit = Circuit.objects.create(
+        pool=explained_setup,
+        assignment=us,
+        model="claude-opus-4-8",
+        route_class="http",
+        state="open",
+        reason="upstream_unavailable",
+        consecutive_failures=3,
+        cooldown_seconds=60,
+        open_until=timezone.now() + timedelta(minutes=1),
+    )
+    out = _explain(key="ci", model="claude-opus-4-8")
+    assert "1. eu-a / claude-opus-4-8 [tier 1, healthy]" in out
+    assert "2. us-a / claude-opus-4-8 [tier 0, cooling]" in out
+    Circuit.objects.filter(pk=circuit.pk).update(open_until=timezone.now() - timedelta(seconds=1))
+    out = _explain(key="ci", model="claude-opus-4-8")
+    assert "probe: us-a / claude-opus-4-8 admits one probe" in out
+    assert "1. us-a / claude-opus-4-8 [tier 0, held]" in out
+    circuit.refresh_from_db()
+    assert (circuit.state, circuit.probes_in_flight) == ("open", 0)  # explaining took no lease
