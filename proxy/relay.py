@@ -621,13 +621,12 @@ class Relay:
             c = order[index]
             call = self._upstream_call(c)
             if call is None:
-                index = next_candidate(order, index, Disposition.NEXT_CANDIDATE)
+                index = self._after_passed_over(order, index)
                 continue
             dispatch, probe = await self._admit(c)
             self.probe = probe
             if not dispatch:
-                # Passed over at its turn: the next candidate of the same model (§5.2).
-                index = next_candidate(order, index, Disposition.NEXT_CANDIDATE)
+                index = self._after_passed_over(order, index)
                 continue
             if handing_off is not None:
                 # Only now has the request really been handed on (SPEC §5.6): a next candidate that
@@ -672,6 +671,26 @@ class Relay:
             await self._backoff()
             index = nxt
         return await self._final_failure(last)
+
+    def _after_passed_over(self, order: tuple[Candidate, ...], index: int) -> int | None:
+        """The next candidate after `order[index]` was passed over at its turn: the next one of the same
+        model (§5.2); the fallback model's only when every primary candidate turned out excluded by a
+        circuit open for upstream_model_unavailable (some only now, another request holding the probe)."""
+        nxt = next_candidate(order, index, Disposition.NEXT_CANDIDATE)
+        if nxt is None and not order[index].cross_model and self._primary_blocked():
+            return next_candidate(order, index, Disposition.NEXT_MODEL)
+        return nxt
+
+    def _primary_blocked(self) -> bool:
+        circuit_open = str(IneligibleReason.CIRCUIT_OPEN)
+        blocked = {
+            (a.assignment_id, a.model)
+            for a in self.x.attempts
+            if a.status == "ineligible" and a.ineligible_reason == circuit_open
+        }
+        primary = [c.key for c in self.plan.order if not c.cross_model]
+        primary += [v.candidate.key for v in self.plan.ineligible if not v.candidate.cross_model]
+        return bool(primary) and all(key in blocked for key in primary)
 
     def _upstream_call(self, c: Candidate) -> UpstreamCall | None:
         """The request `c` would be sent, or None when the client's request cannot be expressed in

@@ -3,22 +3,26 @@ test_failure_semantics.py):
 - SPEC §5.6: a code-less 404 (`invalid_request_error`, `param: "model"`, no code) is a model failure
   only when the catalog holds provenance for (assignment, model); the relay reads it from the
   candidate it dispatched to (the selector fills it from the catalog entry), never assumes it.
+- SPEC §5.2: the fallback model's candidates only when every primary one is blocked by an
+  upstream_model_unavailable circuit, even when that shows only at their turn.
 - SPEC §5.3/§6.0: the backoff between hops is full jitter (uniform from 0) and never sleeps past the
   one deadline of the whole sequence."""
 
 import json
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
-from proxy.relay import AttemptLog, Exchange, Relay
-from routing.breaker import BreakerSettings
+from proxy.relay import AttemptLog, Exchange, Final, HttpDispatch, Relay
+from routing import services
+from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.failures import FailureClass
 from routing.plan import Plan
 from routing.resolution import ModelPolicy
-from routing.route import RoutingView
-from routing.types import Candidate, Requirements, RouteClass
+from routing.route import RoutingView, Target
+from routing.types import Candidate, CircuitReason, CircuitState, Health, Requirements, RouteClass
 
 CODELESS_404 = json.dumps(
     {"error": {"message": "The model does not exist.", "type": "invalid_request_error", "param": "model"}}
@@ -82,3 +86,60 @@ async def test_the_backoff_is_full_jitter_and_never_sleeps_past_the_deadline(mon
     await relay._backoff()
     assert drawn == [(0, 2.0)]  # full jitter: anywhere from 0 to base x 2^(hops-1)
     assert 0 < slept[0] <= 0.5  # but never past what is left of the deadline
+
+
+class _Serves(HttpDispatch):
+    """A transport that answers every attempt at once, recording which candidates it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[int, str]] = []
+
+    async def attempt(self, relay, c, log, call):
+        self.sent.append(c.key)
+        return Final(200, b'{"choices": []}')
+
+
+async def test_the_fallback_model_is_tried_when_every_primary_turns_out_blocked_at_its_turn(monkeypatch):
+    """SPEC §5.2: cross-model candidates are reached when every primary candidate is excluded by a
+    circuit open for upstream_model_unavailable. Here the primary's circuit admitted a probe when the
+    plan was read, but another request took the lease first: it is excluded at its turn, and the
+    fallback model's candidate serves."""
+    monkeypatch.setattr(services, "circuit_take_probe", lambda **kw: False)  # another request won it
+    primary = Candidate(assignment_id=1, model="gpt-5.2", health=Health.PROBE, provenance="configured")
+    sibling = Candidate(assignment_id=2, model="gpt-5.1", cross_model=True, provenance="configured")
+    snapshot = CircuitSnapshot(
+        state=CircuitState.OPEN,
+        reason=CircuitReason.UPSTREAM_MODEL_UNAVAILABLE,
+        consecutive_failures=3,
+        cooldown_seconds=60,
+        open_until=datetime.now(UTC),
+    )
+    relay, transport = _relay(deadline=time.monotonic() + 10), _Serves()
+    relay.dispatch = transport
+    relay.plan = Plan(order=(primary, sibling), ineligible=(), beyond_shortlist=(), disallowed=())
+    relay.body = {"model": "gpt-5.2", "messages": [{"role": "user", "content": "hi"}]}
+    targets = {n: Target(n, f"acct-{n}", 1, "openai", "http://127.0.0.1:9/v1", "UNSET") for n in (1, 2)}
+    relay.view = replace(relay.view, circuits={primary.key: snapshot}, targets=targets)
+    result = await relay.run()
+    assert result.status == 200
+    assert transport.sent == [(2, "gpt-5.1")]
+    assert [(a.assignment_id, a.status, a.ineligible_reason) for a in relay.x.attempts] == [
+        (1, "ineligible", "circuit_open"),
+        (2, "succeeded", ""),
+    ]
+    assert relay.x.model_fallback is True
+
+
+async def test_a_primary_passed_over_for_another_reason_never_crosses_the_model_boundary(monkeypatch):
+    primary = Candidate(assignment_id=1, model="gpt-5.2", min_deadline_ms=60_000, provenance="configured")
+    sibling = Candidate(assignment_id=2, model="gpt-5.1", cross_model=True, provenance="configured")
+    relay, transport = _relay(deadline=time.monotonic() + 10), _Serves()
+    relay.dispatch = transport
+    relay.plan = Plan(order=(primary, sibling), ineligible=(), beyond_shortlist=(), disallowed=())
+    relay.body = {"model": "gpt-5.2", "messages": [{"role": "user", "content": "hi"}]}
+    targets = {n: Target(n, f"acct-{n}", 1, "openai", "http://127.0.0.1:9/v1", "UNSET") for n in (1, 2)}
+    relay.view = replace(relay.view, targets=targets)
+    result = await relay.run()
+    assert transport.sent == []  # the deadline excluded the primary: no_eligible_backend, not the sibling
+    assert (result.status, json.loads(result.body)["error"]["param"]) == (503, "deadline")
