@@ -106,6 +106,11 @@ async def test_the_fallback_model_is_tried_when_every_primary_turns_out_blocked_
     plan was read, but another request took the lease first: it is excluded at its turn, and the
     fallback model's candidate serves."""
     monkeypatch.setattr(services, "circuit_take_probe", lambda **kw: False)  # another request won it
+
+    async def inline(fn, *args, **kwargs):  # no database here: the service is replaced above
+        return fn(*args, **kwargs)
+
+    monkeypatch.setattr("proxy.relay.db.run", inline)
     primary = Candidate(assignment_id=1, model="gpt-5.2", health=Health.PROBE, provenance="configured")
     sibling = Candidate(assignment_id=2, model="gpt-5.1", cross_model=True, provenance="configured")
     snapshot = CircuitSnapshot(
