@@ -24,6 +24,7 @@ or content.
 """
 
 import json
+import logging
 import re
 import tempfile
 import time
@@ -62,6 +63,8 @@ from routing.plan import HardPin, PinKind, PlanError
 from routing.route import RoutingView
 from routing.selectors import RouteSettings, affinity_get, routing_view_load
 from routing.types import Candidate, RouteClass
+
+logger = logging.getLogger("gateway")
 
 UPLOAD_ROUTE = edge.UPLOAD_PATH
 FILE_ROUTE = "/v1/files/{id}"
@@ -404,6 +407,11 @@ async def upload(scope: Mapping, receive: edge.Receive) -> HttpResponse:
             response = _answer(exchange, result, dispatch)
     except RequestFailed as failed:
         response = await _typed(exchange, failed)
+    except Exception:
+        # Served outside Django's handler (no convert_exception_to_response): a bug still gets the
+        # API's typed 500, and its traceback (never content) in the log.
+        logger.exception("files: the upload failed")
+        response = typed_response(UPLOAD_ROUTE, "internal_error")
     finally:
         if body is not None:
             body.close()

@@ -30,3 +30,16 @@ def _private_ledger_spool(tmp_path_factory, monkeypatch):
     spool = str(tmp_path_factory.mktemp("ledger-spool"))
     monkeypatch.setenv("GATEWAY_LEDGER_SPOOL_DIR", spool)
     monkeypatch.setattr(settings, "GATEWAY_LEDGER_SPOOL_DIR", spool)
+
+
+@pytest.fixture(autouse=True)
+def _no_background_affinity_prune():
+    """The process-wide ledger writer prunes expired affinities once a minute (proxy.ledger). The
+    SQLite test database is a shared cache with table locks and no busy timeout, so that background
+    DELETE could make a request's own affinity write fail at random; the prune is tested on a writer
+    of its own (tests/proxy/test_ledger_writer.py)."""
+    import math
+
+    from proxy import ledger
+
+    ledger.writer._next_prune = math.inf

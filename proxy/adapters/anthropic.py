@@ -32,6 +32,7 @@ ERROR_TYPES: Mapping[str, str] = {
     "authentication_error": "authentication_error",
     "permission_denied": "permission_error",
     "model_not_found": "not_found_error",
+    "file_not_found": "not_found_error",
     "file_assignment_conflict": "invalid_request_error",
     "request_too_large": "request_too_large",
     "rate_limit_exceeded": "rate_limit_error",  # the key's own limits (proxy.limits)

@@ -14,7 +14,7 @@ from routing.models import Affinity
 from tests.factories import GatewayKeyFactory, PoolFactory
 from tests.fakes.upstream import serve, unavailable
 from tests.proxy.conftest import GATEWAY_KEY
-from tests.proxy.fixtures_e2e import AUTH, TIMEOUT, post, record_of, sse_events, wait_for
+from tests.proxy.fixtures_e2e import AUTH, TIMEOUT, ledger_settled, post, record_of, sse_events, wait_for
 from tests.proxy.test_websocket import read_response, ws_url
 
 OTHER_KEY = "sk-gw-e2e-file-pin-other-4242"
@@ -28,6 +28,7 @@ def upload_to_b(gateway, two_assignments) -> str:
         created = client.files.create(file=("notes.txt", b"remember this"), purpose="user_data")
     assert list(b.files) == [created.id]
     wait_for(lambda: Affinity.objects.filter(key=created.id, assignment=acct_b).first(), what="file affinity")
+    ledger_settled()  # SQLite's shared-cache test database: a test's own write must not meet the writer's
     return created.id
 
 

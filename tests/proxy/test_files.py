@@ -49,6 +49,7 @@ def test_the_openai_sdk_uploads_retrieves_reads_and_deletes_a_file(gateway, two_
     with sdk(gateway) as client:
         assert client.files.retrieve(created.id).model_dump() == created.model_dump()
         assert client.files.content(created.id).read() == DATA
+        ledger_settled()  # SQLite's shared-cache test database: no two writers at once
         deleted = client.files.delete(created.id)
         assert (deleted.id, deleted.deleted) == (created.id, True)
         assert a.files == {}
@@ -125,6 +126,7 @@ def test_another_keys_file_is_answered_exactly_like_an_unknown_one(gateway, two_
 def test_a_file_whose_assignment_left_the_pool_is_a_conflict(gateway, two_assignments):
     a, b, (acct_a, _) = two_assignments
     created = _upload(gateway).parse()
+    ledger_settled()  # SQLite's shared-cache test database: no two writers at once
     Assignment.objects.filter(pk=acct_a.pk).update(pool=PoolFactory(name="elsewhere"))
     response = httpx.get(f"{gateway}/v1/files/{created.id}", headers=AUTH, timeout=TIMEOUT)
     assert response.status_code == 409
@@ -216,3 +218,20 @@ def test_file_ledger_rows_hold_no_file_name_id_or_content(gateway, two_assignmen
     assert caplog.text.count('"route": "/v1/files') == 3  # the log was seen, one line per request
     for secret in ("canary-file-content", "canary-name-8812", created.id):
         assert secret not in dumped
+
+
+def test_a_gateway_bug_during_an_upload_is_the_apis_typed_500(gateway, two_assignments, monkeypatch, caplog):
+    from proxy import files
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(files, "_relay", broken)
+    body, content_type = _multipart(10)
+    response = httpx.post(
+        f"{gateway}/v1/files", content=body, headers={**AUTH, "content-type": content_type}, timeout=TIMEOUT
+    )
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert "files: the upload failed" in caplog.text
