@@ -5,6 +5,11 @@ it a fresh database connection: a thread start, a connect and a teardown per req
 more than all of the gateway's own work. The proxy instead runs its database calls on a small
 long-lived pool whose threads keep their connections (CONN_MAX_AGE, with health checks), and ages
 them out the way Django's request signals would.
+
+Reads and writes have a pool each. A write can wait on a lock (SQLite has one writer at a time; a
+PostgreSQL row may be locked); in a shared pool, a few writes stuck behind a long lock would hold
+every thread, and the reads of every other request (authentication, the routing view) would queue
+behind them and time out. With a pool of their own, a held write lock delays only the writes.
 """
 
 import asyncio
@@ -19,6 +24,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-db")
+_write_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-db-write")
 
 
 def _call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -30,7 +36,13 @@ def _call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 
 async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """A read (or anything that takes no write lock) on the read pool."""
     return await sync_to_async(_call, thread_sensitive=False, executor=_executor)(fn, *args, **kwargs)
+
+
+async def write(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """A write on the write pool: however long it waits for a lock, no read waits behind it."""
+    return await sync_to_async(_call, thread_sensitive=False, executor=_write_executor)(fn, *args, **kwargs)
 
 
 class DatabaseTimeout(DatabaseError):

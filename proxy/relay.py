@@ -552,7 +552,7 @@ class Relay:
         """Health and affinity writes, in one trip to the database. They inform later requests;
         when the database refuses one, this request goes on and the loss is logged (no content)."""
         try:
-            await db.run(write, *args)
+            await db.write(write, *args)
         except DatabaseError:
             logger.exception("routing state could not be saved")
 
@@ -577,7 +577,7 @@ class Relay:
         if c.health is not Health.PROBE:
             return True, None
         key, snapshot = probe_circuit(self.view, self.route_class, c)
-        won = await db.run(
+        won = await db.write(
             services.circuit_take_probe, key=key, settings=self.bs, now=datetime.now(UTC), seen=Seen(snapshot)
         )
         if won:
@@ -596,7 +596,7 @@ class Relay:
         if self.requirements.budget_remaining_micros is None or self.x.key_id is None or need <= 0:
             return True
         try:
-            held = await db.run(
+            held = await db.write(
                 key_budget_reserve,
                 key_id=self.x.key_id,
                 amount=need,
@@ -711,7 +711,7 @@ class Relay:
 
     async def _end_cancelled(self, c: Candidate, probe: CircuitKey | None) -> None:
         if probe is not None:
-            await db.run(services.circuit_release_probe, key=probe)
+            await db.write(services.circuit_release_probe, key=probe)
         await self._finish("cancelled", 499)
 
     async def _backoff(self) -> None:

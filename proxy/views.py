@@ -423,7 +423,7 @@ async def _take_lease(
         return None
     key, snapshot = probe_circuit(view, route_class, c)
     try:
-        won = await db.run(
+        won = await db.write(
             services.circuit_take_probe,
             key=key,
             settings=route_settings.breaker,
