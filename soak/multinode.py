@@ -1191,8 +1191,25 @@ def bench_section(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+BENCH_RESULTS_MD = ROOT / "bench" / "results.md"
+
+
 def write_bench_section(text: str) -> None:
-    """bench/soak.md keeps the single-node section and this one; each run replaces its own."""
+    """bench/soak.md keeps the single-node section and this one; each run replaces its own. The
+    soak part of bench/results.md (what `make bench` copied from soak.md) is replaced as well, so
+    the report shows the figures without a rerun of the benchmark."""
     current = BENCH_SOAK_MD.read_text() if BENCH_SOAK_MD.exists() else ""
     head, _, _ = current.partition(SECTION)
-    BENCH_SOAK_MD.write_text(head.rstrip() + "\n\n" + text if head.strip() else text)
+    soak_md = head.rstrip() + "\n\n" + text if head.strip() else text
+    BENCH_SOAK_MD.write_text(soak_md)
+    if not BENCH_RESULTS_MD.exists():
+        return
+    results = BENCH_RESULTS_MD.read_text()
+    start = results.find("\n## Soak ")
+    if start < 0:
+        return
+    end = start + 1
+    while (end := results.find("\n## ", end + 1)) >= 0 and results.startswith("\n## Soak ", end):
+        pass
+    tail = results[end:] if end >= 0 else "\n"
+    BENCH_RESULTS_MD.write_text(results[: start + 1] + soak_md.strip() + "\n" + tail)

@@ -932,7 +932,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hang-s", type=float, default=8.0, help="how long a hanging upstream hangs")
     p.add_argument("--warmup", type=float, default=0.2, help="share of requests before memory is baselined")
     p.add_argument("--max-rss-growth", type=float, default=0.2)
-    p.add_argument("--time-limit", type=float, default=480, help="seconds of load at most")
+    p.add_argument("--time-limit", type=float, help="seconds of load at most (480; with --nodes > 1: 1200)")
     p.add_argument("--exit-timeout", type=float, default=60, help="seconds the gateway gets to exit")
     p.add_argument("--drain-after", type=float, default=1.0, help="seconds into the drain burst for SIGTERM")
     p.add_argument(
@@ -975,7 +975,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.nodes > 1 or args.database == "postgres":
+    multinode = args.nodes > 1 or args.database == "postgres"
+    if args.time_limit is None:
+        args.time_limit = 1200 if multinode else 480
+    if multinode:
         if args.database != "postgres":
             print(
                 "soak: --nodes N > 1 needs a shared server database: add --database postgres", file=sys.stderr
