@@ -23,6 +23,7 @@ class AttemptInline(admin.TabularInline):
         "input_tokens",
         "output_tokens",
         "cost_micros",
+        "config_version",
     )
     readonly_fields = fields
 
@@ -45,7 +46,7 @@ class RequestRecordAdmin(ReadOnlyAdmin):
         "started_at",
     )
     list_filter = ("transport", "outcome", "route")
-    search_fields = ("request_id", "requested_model", "served_model")
+    search_fields = ("request_id", "operation_id", "requested_model", "served_model")
     date_hierarchy = "started_at"
     inlines = [AttemptInline]
 

@@ -174,7 +174,9 @@ def test_retry_after_is_whole_seconds_bounded_to_an_hour(value, expected):
     assert retry_after_s(value) == expected
 
 
-def test_a_failed_attempt_with_usage_is_charged_and_the_operation_id_links_it(gateway, two_assignments):
+def test_a_failed_attempt_with_usage_is_charged_and_the_operation_id_links_it(
+    gateway, two_assignments, admin_client
+):
     a, b, _ = two_assignments
     CatalogEntry.objects.update(input_per_mtok_micros=1_000_000, output_per_mtok_micros=2_000_000)
     usage = {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150}
@@ -197,6 +199,9 @@ def test_a_failed_attempt_with_usage_is_charged_and_the_operation_id_links_it(ga
     assert (served.input_tokens, served.output_tokens, served.cost_micros) == (10, 5, 20)
     version = ConfigVersion.objects.get().value
     assert failed.config_version == served.config_version == version
+
+    found = admin_client.get("/admin/proxy/requestrecord/", {"q": "op-42.retry:1"}).content.decode()
+    assert record.request_id in found  # operators look an operation up by its id
 
     plain = post(gateway, "/v1/chat/completions", CHAT)
     assert plain.headers["x-gateway-operation-id"] == plain.headers["x-gateway-request-id"]
