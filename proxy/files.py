@@ -45,11 +45,13 @@ from pools.selectors import Authenticated, key_authenticate
 from proxy import db, edge, upstream
 from proxy.adapters.codec import UpstreamCall
 from proxy.ledger import record
+from proxy.limits import Finishing, guarded
 from proxy.relay import AttemptLog, Exchange, Failure, Final, HttpDispatch, Memory, Relay, Stream, settle
 from proxy.upstream import TransportFailure
 from proxy.views import (
     READ_TIMEOUT_S,
     RequestFailed,
+    admit_limits,
     bearer,
     headers_requirements,
     request_id_headers,
@@ -326,7 +328,8 @@ async def _relay(
         raise RequestFailed(str(plan.code))
     if replayable is not None:
         replayable.append(len(plan.order) > 1)
-    return Relay(
+    ticket = await admit_limits(loaded.authenticated, None)  # the key's limits, before any upload
+    relay = Relay(
         exchange=exchange,
         view=loaded.view,
         plan=plan,
@@ -339,10 +342,11 @@ async def _relay(
         body={},
         route_class=RouteClass.HTTP,
         dialect=None,
-        on_finish=record,
+        on_finish=record if ticket is None else Finishing(record, ticket),
         memory=memory,
         dispatch=dispatch,
     )
+    return guarded(relay, ticket)
 
 
 def _answer(exchange: Exchange, result: Final | Stream, dispatch: FilesDispatch) -> HttpResponse:
@@ -360,6 +364,8 @@ def _answer(exchange: Exchange, result: Final | Stream, dispatch: FilesDispatch)
 
 async def _typed(exchange: Exchange, failed: RequestFailed) -> HttpResponse:
     response = typed_response(UPLOAD_ROUTE, failed.code, failed.param)
+    if failed.retry_after is not None:
+        response["retry-after"] = str(failed.retry_after)
     exchange.outcome, exchange.status_code = failed.code, response.status_code
     await record(exchange)
     return response

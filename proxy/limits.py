@@ -388,3 +388,21 @@ class Finishing:
             await self.record(exchange)
         finally:
             await self.ticket.end(tokens_of(exchange))
+
+
+def guarded(relay, ticket: Ticket | None):
+    """`relay`, whose `run` ends `ticket` when it raises (a bug, a cancel before the relay's own end):
+    every other end goes through the relay's `on_finish` (`Finishing`). Ending twice is a no-op."""
+    if ticket is None:
+        return relay
+    run = relay.run
+
+    async def run_then_end_on_error():
+        try:
+            return await run()
+        except BaseException:
+            await ticket.end(tokens_of(relay.x))
+            raise
+
+    relay.run = run_then_end_on_error
+    return relay

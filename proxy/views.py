@@ -29,7 +29,7 @@ from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.ledger import record
-from proxy.limits import Finishing, Ticket
+from proxy.limits import Finishing, Ticket, guarded
 from proxy.relay import (
     Dispatch,
     Exchange,
@@ -365,11 +365,11 @@ async def prepare(
     if isinstance(decision.error, PlanError):
         raise RequestFailed(str(decision.error.code))
     assert decision.plan is not None and decision.resolution is not None
-    ticket = await _admit(loaded.authenticated, leased)  # the key's limits: the last check before dispatch
+    ticket = await admit_limits(loaded.authenticated, leased)  # the last check before dispatch
     exchange.served_model = decision.resolution.served
     if decision.resolution.is_fallback:
         exchange.fallback_reason = str(decision.resolution.fallback)
-    return Relay(
+    relay = Relay(
         exchange=exchange,
         view=view,
         plan=decision.plan,
@@ -393,9 +393,10 @@ async def prepare(
         anthropic_beta=headers.get("anthropic-beta") if anthropic else None,
         lease=leased,
     )
+    return guarded(relay, ticket)
 
 
-async def _admit(authenticated: Authenticated, leased: Lease | None) -> Ticket | None:
+async def admit_limits(authenticated: Authenticated, leased: Lease | None) -> Ticket | None:
     """Admit the request under its key's `limits` (proxy.limits); a key without limits costs nothing
     here. Refused: 429 rate_limit_exceeded naming the limit, and the probe lease it took is freed."""
     if not authenticated.limits:

@@ -300,3 +300,65 @@ def test_the_limits_come_with_the_key_in_its_one_statement(two_assignments):
         authenticated = key_authenticate(GATEWAY_KEY)
     assert len(queries.captured_queries) == 1
     assert authenticated.limits == KeyLimits(rpm=3, tpm=1000, concurrent=2)
+
+
+# --- every route, every end -----------------------------------------------------------------------
+
+
+def test_a_files_upload_counts_and_is_refused_before_any_byte_goes_upstream(
+    gateway, two_assignments, backend, minute_clock
+):
+    a, b, _ = two_assignments
+    _limit(rpm=1)
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=GATEWAY_KEY, max_retries=0, timeout=15)
+    client.files.create(file=("a.jsonl", b'{"x": 1}\n'), purpose="user_data")
+
+    with pytest.raises(openai.RateLimitError) as raised:
+        client.files.create(file=("b.jsonl", b'{"x": 2}\n'), purpose="user_data")
+
+    assert raised.value.response.headers["x-should-retry"] == "true"
+    assert int(raised.value.response.headers["retry-after"]) >= 1
+    assert len(a.files) + len(b.files) == 1
+
+
+def test_the_slot_is_freed_when_the_request_path_raises(gateway, two_assignments, backend, minute_clock):
+    """An exception nobody expected (a bug) ends the request with a 500; the slot it held does not
+    stay taken until its lease runs out."""
+    from proxy.relay import Relay
+
+    _limit(concurrent=1)
+    original = Relay.run
+
+    async def broken(self):
+        raise RuntimeError("a bug")
+
+    Relay.run = broken
+    try:
+        assert _chat(gateway).status_code == 500
+    finally:
+        Relay.run = original
+    deadline = time.monotonic() + 5
+    while (status := _chat(gateway).status_code) == 429 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert status == 200
+
+
+def test_a_running_requests_lease_is_renewed_until_it_ends(backend, transactional_db, monkeypatch):
+    """A request that runs longer than the lease keeps its slot (its node renews the lease), and
+    gives it back when it ends."""
+    from tests.factories import GatewayKeyFactory
+
+    key = GatewayKeyFactory(name="long", raw_key="sk-gw-long-running-0123456789")
+    monkeypatch.setattr(limits, "LEASE_S", 0.6)
+    monkeypatch.setattr(limits, "clock", time.time)
+    caps = KeyLimits(concurrent=1)
+
+    async def scenario() -> None:
+        running = await limits.admit(key.pk, caps)
+        await asyncio.sleep(1.5)  # more than twice the lease
+        with pytest.raises(limits.LimitExceeded):
+            await limits.admit(key.pk, caps)
+        await running.end(0)
+        await (await limits.admit(key.pk, caps)).end(0)
+
+    asyncio.run(scenario())
