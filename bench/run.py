@@ -1240,7 +1240,8 @@ def build_report(
             "(issue)",
             [
                 "2 reads before dispatch, 0 writes on a healthy Chat Completions request (asserted by "
-                "tests); a Responses answer also writes its response-id affinity (SPEC §7.2)"
+                "tests); a Responses answer also writes its response-id affinity (SPEC §7.2); a key "
+                "with a budget adds its reservation's one conditional UPDATE (SPEC §7.4)"
             ]
             * len(gws),
         )
