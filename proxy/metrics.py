@@ -45,6 +45,7 @@ from proxy.errors import TYPED_ERRORS
 from proxy.relay import Exchange
 from routing.failures import FailureClass
 from routing.models import Circuit, CircuitReason, CircuitState
+from routing.sanitize import CANONICAL
 from routing.types import ASSIGNMENT_WIDE, RouteClass
 
 log = logging.getLogger("gateway")
@@ -61,6 +62,10 @@ ROUTES = frozenset(
         "/v1/messages",
         "/v1/messages/count_tokens",
         "/v1/models",
+        "/v1/files",
+        "/v1/files/{id}",
+        "/v1/files/{id}/content",
+        "DELETE /v1/files/{id}",
     }
 )
 TRANSPORTS = frozenset({"http", "sse", "websocket"})
@@ -76,9 +81,20 @@ OUTCOMES = frozenset(
         "terminal_refusal",
         "upstream_error_after_output",
         "upstream_interrupted",
+        "gateway_shutting_down",
         *TYPED_ERRORS,
+        # An upstream final failure is recorded under its sanitized code, or its failure class when it
+        # had none (proxy.relay); the common canonical codes keep that name here, the rest is `other`.
+        *FailureClass,
+        *(code for _, code, _ in CANONICAL.values()),
+        "invalid_api_key",
+        "server_error",
+        "previous_response_not_found",
     }
 )
+# Pool, assignment and model names come from the operators' configuration and catalog, so they are
+# bounded by it; a name longer than this (never configured) is folded into `other` all the same.
+NAME_LIMIT = 200
 
 # LLM calls span a cached 5 ms answer to a two-minute reasoning stream.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
@@ -126,6 +142,33 @@ REQUEST_DURATION = Histogram(
 )
 
 
+UPSTREAM_ATTEMPTS = Counter(
+    "gateway_upstream_attempts",
+    "Dispatched attempts by pool, assignment, served model and status.",
+    ["pool", "assignment", "model", "status"],
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "gateway_tokens",
+    "Tokens the upstreams reported, by pool, assignment, model and direction (input, output).",
+    ["pool", "assignment", "model", "direction"],
+    registry=REGISTRY,
+)
+COST = Counter(
+    "gateway_cost_micros",
+    "Known cost of the attempts in micro-units of the price table's currency (unknown prices add nothing).",
+    ["pool", "assignment", "model"],
+    registry=REGISTRY,
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "gateway_time_to_first_token_seconds",
+    "Streams: time from the request's arrival to the first visible output released to the client.",
+    ["route", "transport"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
+
 def _bounded(value: str, allowed: frozenset[str]) -> str:
     return value if value in allowed else OTHER
 
@@ -135,13 +178,19 @@ def _failure_class(value: str) -> str:
 
 
 def _outcome(exchange: Exchange) -> str:
+    """The ledger's own outcome code whenever it is in the bounded set (so /metrics and the ledger
+    name an upstream's 429 `rate_limit_exceeded` alike); a code outside it (a provider can send any
+    string) is counted under the final attempt's failure class."""
     if exchange.outcome in OUTCOMES:
         return exchange.outcome
-    # An upstream final failure carries the provider's code: count it under its typed failure class.
     for attempt in reversed(exchange.attempts):
         if attempt.failure_class in FAILURE_CLASSES:
             return attempt.failure_class
     return OTHER
+
+
+def _name(value: str) -> str:
+    return value if value and len(value) <= NAME_LIMIT else OTHER
 
 
 # Substitutions before routing (SPEC §5.1): an unrouted model served by its explicit or family fallback.
@@ -166,8 +215,23 @@ def observe_exchange(exchange: Exchange) -> None:
         ATTEMPTS.labels(route_class=route_class, status=status, failure_class=failure_class).inc()
         if status == "retryable_failed":
             HANDOFFS.labels(failure_class=failure_class).inc()
-        if status != "ineligible":
-            UPSTREAM_LATENCY.labels(route_class=route_class).observe(attempt.elapsed_ms / 1000)
+        if status == "ineligible":
+            continue
+        UPSTREAM_LATENCY.labels(route_class=route_class).observe(attempt.elapsed_ms / 1000)
+        where = {
+            "pool": _name(attempt.pool),
+            "assignment": _name(attempt.assignment),
+            "model": _name(attempt.model),
+        }
+        UPSTREAM_ATTEMPTS.labels(**where, status=status).inc()
+        for direction, tokens in (("input", attempt.input_tokens), ("output", attempt.output_tokens)):
+            if tokens:
+                TOKENS.labels(**where, direction=direction).inc(tokens)
+        if attempt.cost_micros:
+            COST.labels(**where).inc(attempt.cost_micros)
+    if exchange.first_output_at is not None:
+        ttft = (exchange.first_output_at - exchange.started_at).total_seconds()
+        TIME_TO_FIRST_TOKEN.labels(route=route, transport=transport).observe(max(ttft, 0.0))
 
 
 def open_circuit_counts() -> list[tuple[str, str, int]]:

@@ -92,6 +92,8 @@ class AttemptLog:
     input_tokens: int | None = None
     output_tokens: int | None = None
     cost_micros: int | None = None
+    assignment: str = ""  # names, for the metrics' labels (the ledger keeps the id)
+    pool: str = ""
 
 
 @dataclass(slots=True)
@@ -116,6 +118,7 @@ class Exchange:
     reserved_micros: int = 0  # what this request holds of its key's budget (settled by the ledger)
     config_version: int | None = None  # the routing configuration its route was chosen under
     fallback_reason: str = ""  # the requested model was substituted before routing: explicit | family
+    first_output_at: datetime | None = None  # streams: when the first visible output was released
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +402,8 @@ class Relay:
             model=candidate.model,
             route_class=str(self.route_class),
             status=status,
+            assignment=candidate.assignment,
+            pool=candidate.pool,
             **fields,
         )
         self.x.attempts.append(log)
@@ -816,6 +821,7 @@ class Relay:
                     self._note_terminal(reading.dialect, cls)
                     decision = reading.withholder.feed(block, cls)
                     if decision.action is Action.RELEASE:
+                        self.x.first_output_at = datetime.now(UTC)
                         first = reading.output(decision.write)
                         done = source.ends_at_terminal and cls.visibility in TERMINAL
                         return Stream(self._relay_rest(c, log, reading, first, blocks[n + 1 :], done))

@@ -29,7 +29,7 @@ from proxy.relay import AttemptLog, Exchange
 
 log = logging.getLogger("gateway")
 
-_DATETIMES = ("started_at", "finished_at")
+_DATETIMES = ("started_at", "finished_at", "first_output_at")
 
 
 def encode(exchange: Exchange) -> str:

@@ -82,6 +82,7 @@ def _candidate(entry: CatalogEntry, capabilities: dict[Capability, Effective]) -
         assignment_id=a.pk,
         model=entry.model,
         assignment=a.name,
+        pool=a.pool.name,
         adapter=a.adapter,
         tier=a.tier,
         weight=a.weight,

@@ -109,6 +109,7 @@ class Candidate:
     assignment_id: int
     model: str
     assignment: str = ""  # the name, for ledgers and explanations
+    pool: str = ""  # the pool's name, for metrics
     adapter: str = ""  # the upstream API family (`openai`, `openrouter`, `anthropic`)
     cross_model: bool = False  # set by the plan for the fallback model's candidates
     # preference

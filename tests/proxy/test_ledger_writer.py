@@ -179,3 +179,21 @@ def test_a_gone_process_spool_is_replayed_by_the_next_writer(outage):
     assert writer.flush(timeout=5)
     assert RequestRecord.objects.filter(request_id=orphan.request_id).exists()
     assert not path.exists()
+
+
+def test_the_spool_keeps_every_field_of_an_exchange():
+    """A field added to Exchange or AttemptLog (a datetime above all) must survive the spool, or a
+    record written during an outage comes back without it, or is never written at all."""
+    from datetime import UTC, datetime, timedelta
+
+    from proxy import spool
+
+    exchange = _exchange()
+    exchange.first_output_at = exchange.started_at + timedelta(milliseconds=250)
+    exchange.finished_at = datetime.now(UTC)
+    exchange.attempts = [
+        AttemptLog(
+            1, 7, "gpt-5", "sse", "succeeded", "completed", assignment="acct-a", pool="main", cost_micros=5
+        )
+    ]
+    assert spool.decode(spool.encode(exchange)) == exchange

@@ -283,3 +283,133 @@ def test_a_resolution_time_substitution_counts_its_reason():
         )
     )
     assert family_count() == before + 1
+
+
+def test_an_upstream_code_the_ledger_records_keeps_its_name(client):
+    # A relayed 429 is recorded as `rate_limit_exceeded`: /metrics says the same, not `rate_limited`.
+    labels = {"route": "/v1/chat/completions", "transport": "http"}
+    before = scrape(client)
+    observe_exchange(
+        exchange(
+            attempt(1, "failed", "rate_limited", 40, error_code="rate_limit_exceeded"),
+            outcome="rate_limit_exceeded",
+            status_code=429,
+        )
+    )
+    after = scrape(client)
+    for outcome, delta in (("rate_limit_exceeded", 1), ("rate_limited", 0)):
+        assert (
+            value(after, "gateway_requests_total", outcome=outcome, **labels)
+            - value(before, "gateway_requests_total", outcome=outcome, **labels)
+            == delta
+        )
+
+
+def test_tokens_cost_and_attempts_are_counted_per_pool_assignment_and_model(client):
+    where = {"pool": "team-a", "assignment": "acct-x", "model": "gpt-5"}
+    before = scrape(client)
+    observe_exchange(
+        exchange(
+            attempt(1, "ineligible", pool="team-a", assignment="acct-y", input_tokens=999),
+            attempt(
+                2,
+                "retryable_failed",
+                "rate_limited",
+                30,
+                pool="team-a",
+                assignment="acct-z",
+                input_tokens=None,
+                cost_micros=None,
+            ),
+            attempt(
+                3,
+                "succeeded",
+                "",
+                900,
+                pool="team-a",
+                assignment="acct-x",
+                input_tokens=120,
+                output_tokens=30,
+                cost_micros=4500,
+            ),
+        )
+    )
+    after = scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("gateway_tokens_total", **where, direction="input") == 120
+    assert delta("gateway_tokens_total", **where, direction="output") == 30
+    assert delta("gateway_cost_micros_total", **where) == 4500
+    assert delta("gateway_upstream_attempts_total", **where, status="succeeded") == 1
+    z = {**where, "assignment": "acct-z"}
+    assert delta("gateway_upstream_attempts_total", **z, status="retryable_failed") == 1
+    assert delta("gateway_cost_micros_total", **z) == 0  # an unknown price adds nothing
+    # An ineligible candidate was never sent anything: no attempt, no tokens.
+    y = {**where, "assignment": "acct-y"}
+    assert delta("gateway_upstream_attempts_total", **y, status="ineligible") == 0
+    assert delta("gateway_tokens_total", **y, direction="input") == 0
+
+
+def test_time_to_first_token_is_observed_for_streams_only(client):
+    labels = {"route": "/v1/chat/completions"}
+    before = scrape(client)
+    observe_exchange(
+        exchange(
+            attempt(1, "succeeded", "", 800),
+            transport="sse",
+            first_output_at=T0 + timedelta(milliseconds=300),
+        )
+    )
+    observe_exchange(exchange(attempt(1, "succeeded", "", 800)))
+    after = scrape(client)
+    name = "gateway_time_to_first_token_seconds"
+    assert (
+        value(after, f"{name}_count", **labels, transport="sse")
+        - value(before, f"{name}_count", **labels, transport="sse")
+        == 1
+    )
+    assert value(after, f"{name}_sum", **labels, transport="sse") - value(
+        before, f"{name}_sum", **labels, transport="sse"
+    ) == pytest.approx(0.3)
+    assert value(after, f"{name}_count", **labels, transport="http") == value(
+        before, f"{name}_count", **labels, transport="http"
+    )
+
+
+def test_a_served_stream_is_labelled_by_its_pool_and_assignment_and_times_its_first_token(
+    gateway, two_assignments
+):
+    import httpx
+
+    from proxy import ledger
+    from tests.proxy.conftest import GATEWAY_KEY
+
+    def live() -> Samples:
+        body = httpx.get(f"{gateway}/metrics").text
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(body)
+            for s in family.samples
+        }
+
+    where = {"pool": "main", "assignment": "acct-a", "model": "gpt-5"}
+    ttft = {"route": "/v1/chat/completions", "transport": "sse"}
+    before = live()
+    response = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        headers={"authorization": f"Bearer {GATEWAY_KEY}"},
+        json={"model": "gpt-5", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert response.status_code == 200
+    ledger.writer.flush()
+    after = live()
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("gateway_upstream_attempts_total", **where, status="succeeded") == 1
+    assert delta("gateway_tokens_total", **where, direction="input") > 0
+    assert delta("gateway_tokens_total", **where, direction="output") > 0
+    assert delta("gateway_time_to_first_token_seconds_count", **ttft) == 1
