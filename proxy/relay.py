@@ -888,6 +888,7 @@ class Relay:
                     )
                 )
                 log.status, log.failure_class = "failed", str(failed.failure)
+                log.error_code = fields.code or ""
                 self.failed_after_output = failed.failure
                 self.x.outcome = self.x.outcome or "upstream_error_after_output"
             else:

@@ -121,7 +121,10 @@ class Hang(Behaviour):
 
 @dataclass(frozen=True)
 class FailAfterVisible(Behaviour):
-    """Stream up to the first visible delta, then a terminal error event."""
+    """Stream up to the first visible delta, then a terminal error event (carrying `error` as its
+    error object when given, e.g. to put anything an upstream might write into its fields)."""
+
+    error: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,8 +229,8 @@ def hang(seconds: float = 30) -> Hang:
     return Hang(seconds)
 
 
-def fail_after_visible() -> FailAfterVisible:
-    return FailAfterVisible()
+def fail_after_visible(error: Mapping[str, Any] | None = None) -> FailAfterVisible:
+    return FailAfterVisible(error)
 
 
 def fail_before_visible(
@@ -717,8 +720,13 @@ def _stream_plan(api: _StreamingApi, behaviour: Behaviour, fake_name: str) -> tu
     """The events a streaming behaviour sends, and whether the connection is dropped after them."""
     events = api.events(_reply(behaviour, fake_name))
     match behaviour:
-        case FailAfterVisible():
-            events = _through_first_visible(events) + api.after_visible_failure()
+        case FailAfterVisible(error=error):
+            failure = api.after_visible_failure()
+            if error is not None:
+                failure = [
+                    replace(e, data={**cast(JsonObject, e.data), "error": dict(error)}) for e in failure
+                ]
+            events = _through_first_visible(events) + failure
         case FailBeforeVisible(terminal=terminal):
             events = _before_first_visible(events) + api.before_visible_failure(terminal)
         case CutStream(after_visible=after_visible, clean=clean):

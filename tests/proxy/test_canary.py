@@ -296,3 +296,37 @@ def test_an_upstream_error_field_carries_nothing_anywhere(
     for where, text in [("metrics", metrics), ("admin", changelist + attempts), ("logs", "\n".join(lines))]:
         assert FIELD_CANARY not in text, where
     assert FIELD_CANARY not in captured.out + captured.err
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+def test_an_error_event_after_output_carries_only_sanitized_fields(gateway, canary_pool, path):
+    """After output nothing is retried and the upstream's failure is relayed as the gateway's own
+    terminal event: its type/code/param sanitized like any other (SPEC §4, §6.2)."""
+    a, b = canary_pool
+    junk = {
+        "type": f"server_error {FIELD_CANARY}",
+        "code": FIELD_CANARY * 300,
+        "param": f"{FIELD_CANARY}/param",
+        "message": PROVIDER_MESSAGE,
+    }
+    a.script("gpt-5", fail_after_visible(error=junk))
+    bodies = {
+        "/v1/chat/completions": {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses": {"model": "gpt-5", "input": "hi"},
+        "/v1/messages": {"model": "gpt-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    }
+    response = httpx.post(
+        f"{gateway}{path}",
+        json={**bodies[path], "stream": True},
+        headers={"authorization": f"Bearer {GATEWAY_KEY}"},
+        timeout=TIMEOUT,
+    )
+    assert response.status_code == 200
+    errors = [e.data for e in sse_events(response.text) if isinstance(e.data, dict) and "error" in e.data]
+    assert errors, response.text  # the failure was relayed as a terminal event
+    assert FIELD_CANARY not in response.text and PROVIDER_MESSAGE not in response.text
+    assert_hits((a, 1), (b, 0))  # after output: never retried
+    ledger_settled()
+    assert [t for t, value in _database_values() if FIELD_CANARY in value] == []
+    [attempt] = RequestRecord.objects.get().attempts.all()
+    assert attempt.status == "failed" and attempt.error_code == "upstream_error"
