@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
 
+from proxy import tracing
 from proxy.metrics import observe_exchange
 from proxy.relay import Exchange
 from proxy.spool import Spool
@@ -189,6 +190,7 @@ async def record(exchange: Exchange) -> None:
     metrics and logs one line: ids, outcome and counts, never content."""
     exchange.finished_at = exchange.finished_at or datetime.now(UTC)
     observe_exchange(exchange)
+    tracing.record(exchange)
     writer.submit(exchange)
     attempts = sum(1 for a in exchange.attempts if a.status != "ineligible")
     log.info(

@@ -92,8 +92,10 @@ class AttemptLog:
     input_tokens: int | None = None
     output_tokens: int | None = None
     cost_micros: int | None = None
-    assignment: str = ""  # names, for the metrics' labels (the ledger keeps the id)
+    assignment: str = ""  # names, for the metrics' labels and traces (the ledger keeps the id)
     pool: str = ""
+    adapter: str = ""  # the upstream API family (a trace's gen_ai.provider.name)
+    offset_ms: int = 0  # when the attempt began, from the request's start (a trace's span start)
 
 
 @dataclass(slots=True)
@@ -404,6 +406,8 @@ class Relay:
             status=status,
             assignment=candidate.assignment,
             pool=candidate.pool,
+            adapter=candidate.adapter,
+            offset_ms=max(int((datetime.now(UTC) - self.x.started_at).total_seconds() * 1000), 0),
             **fields,
         )
         self.x.attempts.append(log)
