@@ -151,6 +151,30 @@ def test_signals_follow_the_circuit_rows(admin_client, state):
     assert models["gpt-4o-legacy"].provenance == "not advertised"
 
 
+def test_a_credential_circuit_shows_for_the_whole_assignment_and_governs_its_signals(admin_client, state):
+    """SPEC §5.6/§9: credential_rejected opens one circuit for the assignment (model and route class
+    `*`); the panel shows it once for the assignment and, as the router does, on every signal."""
+    acct_b = Assignment.objects.get(name="acct-b")
+    Circuit.objects.create(
+        pool=acct_b.pool,
+        assignment=acct_b,
+        model="*",
+        route_class="*",
+        state="open",
+        reason="credential_rejected",
+        consecutive_failures=1,
+        cooldown_seconds=60,
+        open_until=timezone.now() + timedelta(minutes=1),
+    )
+    response = admin_client.get(upstreams_url())
+    row = next(a for p in _panel(response).pools for a in p.assignments if a.name == "acct-b")
+    assert (row.credential.state, row.credential.reason) == ("open", "credential_rejected")
+    assert {(s.state, s.reason) for m in row.models for s in m.signals} == {("open", "credential_rejected")}
+    assert all(m.model != "*" for m in row.models)  # not shown as a model
+    html = _content_main(response)
+    assert "Whole assignment:" in html and "credential rejected" in html
+
+
 def test_provenance_capabilities_and_demotions_are_shown(admin_client, state):
     response = admin_client.get(upstreams_url())
     acct_a = _panel(response).pools[0].assignments[0]
