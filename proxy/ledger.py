@@ -21,7 +21,14 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 
 from proxy import tracing
 from proxy.metrics import observe_exchange
@@ -136,11 +143,24 @@ class LedgerWriter:
             except (DatabaseError, ValueError):
                 if len(batch) == 1:
                     log.exception("ledger: a request record was refused by the database")
+                    self._settle_refused(batch)
                     return True
                 for one in batch:
                     self._save([one], write)
                 return True
         return False
+
+    @staticmethod
+    def _settle_refused(batch: list[Exchange]) -> None:
+        """The record is lost, but what its request held of a budget is still released (and what it
+        cost still charged): a refused record must not shrink its key's budget for good."""
+        from proxy.services import exchanges_settle
+
+        try:
+            with transaction.atomic():
+                exchanges_settle(exchanges=batch)
+        except DatabaseError:
+            log.exception("ledger: a refused record's budget reservation could not be settled")
 
     def _spool(self, batch: list[Exchange]) -> None:
         try:
@@ -163,6 +183,7 @@ class LedgerWriter:
             except (DatabaseError, ValueError):
                 if len(batch) == 1:
                     log.exception("ledger: a spooled request record was refused by the database")
+                    self._settle_refused(batch)
                     return
                 for one in batch:
                     write([one])

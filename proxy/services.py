@@ -25,7 +25,12 @@ def request_records_write(*, exchanges: list[Exchange], idempotent: bool = False
     Attempt.objects.bulk_create(
         _attempt(record, x, a) for record, x in zip(records, exchanges, strict=True) for a in x.attempts
     )
-    # One UPDATE per key: release what its requests held, add what they cost (SPEC §7.4).
+    exchanges_settle(exchanges=exchanges)
+
+
+def exchanges_settle(*, exchanges: list[Exchange]) -> None:
+    """One UPDATE per key: release what its requests held, add what they cost (SPEC §7.4). Also run
+    alone for a record the database refused, so a refused record never leaks its reservation."""
     settle: dict[tuple[int, str], list[int]] = {}
     for x in exchanges:
         charged = charge_micros(x)

@@ -197,3 +197,21 @@ def test_the_spool_keeps_every_field_of_an_exchange():
         )
     ]
     assert spool.decode(spool.encode(exchange)) == exchange
+
+
+def test_a_record_the_database_refuses_still_releases_its_reservation():
+    from pools.models import GatewayKey
+
+    key = GatewayKeyFactory(budget_micros=1_000)
+    GatewayKey.objects.filter(pk=key.pk).update(reserved_micros=10)
+    refused, fine = _exchange(), _exchange()
+    refused.transport = "carrier-pigeon"  # the ledger's check constraint refuses it
+    for exchange in (refused, fine):
+        exchange.key_id, exchange.reserved_micros = key.pk, 5
+    writer = ledger.LedgerWriter()
+    writer.submit(refused)
+    writer.submit(fine)
+    assert writer.flush(timeout=5)
+    assert list(RequestRecord.objects.values_list("request_id", flat=True)) == [fine.request_id]
+    key.refresh_from_db()
+    assert (key.reserved_micros, key.spent_micros) == (0, 0)  # both released, nothing was charged
