@@ -188,6 +188,23 @@ def test_a_revoked_key_on_tier0_is_answered_by_tier1_in_the_same_request(gateway
     assert {s.reason_text for m in row_a.models for s in m.signals} == {"credential rejected"}
 
 
+def test_with_every_key_revoked_the_last_failure_comes_back_sanitized_and_both_circuits_open(
+    gateway, two_assignments
+):
+    a, b, rows = two_assignments
+    a.script("gpt-5", revoked_key())
+    b.script("gpt-5", revoked_key())
+    response = _chat(gateway, stream=False)
+    # SPEC §5.6: with no later candidate the final failure is returned as it came (status, type, code),
+    # in the gateway's own words: the provider's message never reaches the client.
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert "Incorrect API key" not in response.text
+    assert_hits((a, 1), (b, 1))
+    wide = Circuit.objects.filter(model="*", route_class="*", state="open", reason="credential_rejected")
+    assert sorted(wide.values_list("assignment_id", flat=True)) == sorted(r.pk for r in rows)
+
+
 def test_a_403_for_the_account_is_handed_on_and_a_403_for_the_request_is_not(gateway, two_assignments):
     a, b, _ = two_assignments
     account = ApiError(
