@@ -8,10 +8,12 @@ Provenance per (assignment, model):
   a catalog source (provenance-gated failure classification must not degrade on a blip).
 """
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import httpcore
 import httpx
 from django.conf import settings
 from django.db import transaction
@@ -19,7 +21,10 @@ from django.utils import timezone
 
 from catalog.models import CapabilityEvidence, CatalogEntry, Provenance
 from catalog.qualification import Verdict
+from pools import destinations
 from pools.models import Assignment
+
+logger = logging.getLogger("gateway")
 
 MAX_PAGES = 50
 
@@ -64,6 +69,33 @@ def _model_ids(payload: object) -> tuple[list[str], str | None]:
         ids.append(item["id"])
     cursor = payload.get("last_id") if payload.get("has_more") is True else None
     return ids, cursor if isinstance(cursor, str) and cursor else None
+
+
+class GuardedBackend(httpcore.SyncBackend):
+    """httpcore's sockets, connected only to an address checked after resolution (SPEC §11: never a
+    link-local or metadata address; the address checked is the one connected to). TLS still verifies
+    the URL's host name (httpcore takes it from the request, not from this address)."""
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        try:
+            address = destinations.resolve_allowed_sync(host, port)[0]
+        except destinations.ForbiddenDestination as refused:
+            logger.warning("upstream host %r resolves to a forbidden address: nothing sent", host)
+            raise httpcore.ConnectError(str(refused)) from None
+        except OSError as failed:
+            raise httpcore.ConnectError(str(failed)) from None
+        return super().connect_tcp(address, port, timeout, local_address, socket_options)
+
+
+def guarded_client(timeout: httpx.Timeout | float) -> httpx.Client:
+    """A client for discovery whose connections go through GuardedBackend. httpx's transport takes no
+    network backend, so its pool is replaced by an equal one that has it (tests/catalog/test_sync.py
+    holds this to the httpx/httpcore versions in use)."""
+    transport = httpx.HTTPTransport(trust_env=False)
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=GuardedBackend()
+    )
+    return httpx.Client(timeout=timeout, transport=transport, trust_env=False)
 
 
 def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:
@@ -138,7 +170,7 @@ def catalog_sync(
         assignments = assignments.filter(name=assignment)
     timeout = httpx.Timeout(settings.GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S, read=30.0)
     own_client = client is None
-    client = client or httpx.Client(timeout=timeout)
+    client = client or guarded_client(timeout)
     summary = SyncSummary()
     try:
         for item in assignments.order_by("pool__name", "name"):

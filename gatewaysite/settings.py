@@ -1,5 +1,7 @@
 """One settings file, configured from the environment (SPEC §2)."""
 
+import base64
+import binascii
 from pathlib import Path
 
 import environ
@@ -166,6 +168,22 @@ def _upstream_timeouts(raw: str) -> tuple[float, float]:
     raise ImproperlyConfigured(f"GATEWAY_UPSTREAM_TIMEOUT_S: expected 'connect/read', got {raw!r}")
 
 
+def _credentials_keys(keys: list[str]) -> list[str]:
+    """`GATEWAY_CREDENTIALS_KEY`: Fernet keys (32 url-safe base64 bytes), the first encrypts. A bad one
+    stops the start, named by its position, never by its value."""
+    for position, key in enumerate(keys, start=1):
+        try:
+            valid = len(base64.urlsafe_b64decode(key.encode())) == 32
+        except (ValueError, binascii.Error):
+            valid = False
+        if not valid:
+            raise ImproperlyConfigured(
+                f"GATEWAY_CREDENTIALS_KEY: key {position} is not a Fernet key (32 url-safe base64 bytes; "
+                "make one with `python manage.py rotate_credentials --new-key`)"
+            )
+    return keys
+
+
 GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S, GATEWAY_UPSTREAM_READ_TIMEOUT_S = _upstream_timeouts(
     env.str("GATEWAY_UPSTREAM_TIMEOUT_S", default="10/600")
 )
@@ -184,6 +202,7 @@ GATEWAY_LEDGER_SPOOL_DIR = env.str("GATEWAY_LEDGER_SPOOL_DIR", default=str(BASE_
 GATEWAY_MAX_RESPONSE_BYTES = env.int("GATEWAY_MAX_RESPONSE_BYTES", default=64 * 1024 * 1024)
 # A client's headers, and each part of its body, must arrive within this; the whole body within
 # GATEWAY_BODY_TIMEOUT_S (a client that drips is dropped, SPEC §11).
+GATEWAY_CREDENTIALS_KEY = _credentials_keys(env.list("GATEWAY_CREDENTIALS_KEY", default=[]))
 GATEWAY_CLIENT_TIMEOUT_S = env.float("GATEWAY_CLIENT_TIMEOUT_S", default=10.0)
 GATEWAY_BODY_TIMEOUT_S = env.float("GATEWAY_BODY_TIMEOUT_S", default=60.0)
 # Django refuses to read a larger body before our own check could give the typed 413.

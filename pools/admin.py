@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin
 
 from gatewaysite.admin import PoolScopedAdmin
+from pools import credentials
 from pools.models import (
     MIN_KEY_LENGTH,
     Assignment,
@@ -12,12 +13,22 @@ from pools.models import (
     Pool,
 )
 
+# Only a superuser sets where an assignment sends requests and with which credential (SPEC §9): a pool
+# operator who could would send another pool's credential, or any variable, to a host of their choosing.
+SUPERUSER_ONLY_ASSIGNMENT_FIELDS = ("base_url", "api_key_env")
+
 
 class AssignmentInline(admin.TabularInline):
     model = Assignment
     fields = ("name", "adapter", "base_url", "tier", "region", "router", "enabled")
     extra = 0
     show_change_link = True
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if request.user.is_superuser else SUPERUSER_ONLY_ASSIGNMENT_FIELDS[:1]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser and super().has_add_permission(request, obj)
 
 
 @admin.register(Pool)
@@ -34,21 +45,108 @@ class PoolAdmin(PoolScopedAdmin):
         return () if request.user.is_superuser else ("operator_groups",)
 
 
+ASSIGNMENT_FIELDSETS = (
+    (None, {"fields": ("pool", "name", "adapter", "base_url", "enabled", "discovery")}),
+    (
+        "Credential",
+        {"fields": ("credential_status", "new_credential", "remove_credential", "api_key_env")},
+    ),
+    ("Preference", {"fields": ("tier", "weight", "min_deadline_ms", "quality")}),
+    ("Placement and privacy", {"fields": ("region", "router", "zero_retention", "data_collection")}),
+    (
+        "Capabilities",
+        {"fields": ("tools", "write_tools", "vision", "role_separation", "tool_representation")},
+    ),
+)
+NOT_MODEL_FIELDS = {"credential_status", "new_credential", "remove_credential"}
+ASSIGNMENT_MODEL_FIELDS = tuple(
+    f for _, options in ASSIGNMENT_FIELDSETS for f in options["fields"] if f not in NOT_MODEL_FIELDS
+)
+
+
+class AssignmentForm(forms.ModelForm):
+    """A superuser's form: the credential is write-only (typed once, stored encrypted, never rendered
+    back), or named by `api_key_env`, never both."""
+
+    new_credential = forms.CharField(
+        label="Credential",
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Set or replace the stored credential (encrypted; never shown again). Empty keeps it.",
+    )
+    remove_credential = forms.BooleanField(label="Remove the stored credential", required=False)
+
+    class Meta:
+        model = Assignment
+        fields = ASSIGNMENT_MODEL_FIELDS
+
+    def clean(self):
+        data = super().clean()
+        new, remove = data.get("new_credential", ""), data.get("remove_credential", False)
+        if new and remove:
+            self.add_error("remove_credential", "Set a credential or remove it, not both.")
+        if new and not credentials.can_encrypt():
+            self.add_error(
+                "new_credential", "GATEWAY_CREDENTIALS_KEY is not set: a credential cannot be stored."
+            )
+        stored = bool(new) or (bool(self.instance.credential) and not remove)
+        if stored and data.get("api_key_env"):
+            self.add_error("api_key_env", "Use a stored credential or an environment variable, not both.")
+        return data
+
+    def save(self, commit: bool = True) -> Assignment:
+        new = self.cleaned_data.get("new_credential")
+        if new:
+            self.instance.set_credential(new)
+        elif self.cleaned_data.get("remove_credential"):
+            self.instance.clear_credential()
+        return super().save(commit=commit)
+
+
+class AssignmentOperatorForm(forms.ModelForm):
+    """A pool operator's form: no credential field at all."""
+
+    class Meta:
+        model = Assignment
+        fields = ASSIGNMENT_MODEL_FIELDS
+
+
 @admin.register(Assignment)
 class AssignmentAdmin(PoolScopedAdmin):
     list_display = ("name", "pool", "adapter", "tier", "weight", "region", "router", "enabled")
     list_filter = (("pool", admin.RelatedOnlyFieldListFilter), "adapter", "router", "enabled")
     list_select_related = ("pool",)
-    search_fields = ("name", "base_url")
-    fieldsets = (
-        (None, {"fields": ("pool", "name", "adapter", "base_url", "api_key_env", "enabled", "discovery")}),
-        ("Preference", {"fields": ("tier", "weight", "min_deadline_ms", "quality")}),
-        ("Placement and privacy", {"fields": ("region", "router", "zero_retention", "data_collection")}),
-        (
-            "Capabilities",
-            {"fields": ("tools", "write_tools", "vision", "role_separation", "tool_representation")},
-        ),
-    )
+    search_fields = ("name",)
+    fieldsets = ASSIGNMENT_FIELDSETS
+
+    @admin.display(description="Stored credential")
+    def credential_status(self, obj: Assignment | None) -> str:
+        if obj is None or not obj.credential:
+            return "not set"
+        return f"set, ending in …{obj.credential_hint}" if obj.credential_hint else "set"
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        kwargs["form"] = AssignmentForm if request.user.is_superuser else AssignmentOperatorForm
+        return super().get_form(request, obj, change, **kwargs)
+
+    def get_fieldsets(self, request, obj=None):
+        if request.user.is_superuser:
+            return self.fieldsets
+        hidden = {"new_credential", "remove_credential"}
+        return tuple(
+            (name, {**options, "fields": tuple(f for f in options["fields"] if f not in hidden)})
+            for name, options in self.fieldsets
+        )
+
+    def get_readonly_fields(self, request, obj=None):
+        if request.user.is_superuser:
+            return ("credential_status",)
+        return ("credential_status", *SUPERUSER_ONLY_ASSIGNMENT_FIELDS)
+
+    def has_add_permission(self, request) -> bool:
+        # A new assignment needs its base_url, which only a superuser sets.
+        return request.user.is_superuser and super().has_add_permission(request)
 
 
 class GatewayKeyForm(forms.ModelForm):
@@ -95,7 +193,12 @@ class GatewayKeyForm(forms.ModelForm):
 
 
 @admin.register(GatewayKey)
-class GatewayKeyAdmin(admin.ModelAdmin):
+class GatewayKeyAdmin(PoolScopedAdmin):
+    """A key is visible to a pool operator when all its pools are granted to them; only a superuser
+    sets a key's pools (adding a pool to a key is granting that pool)."""
+
+    pool_path = None
+    key_path = "pk"
     form = GatewayKeyForm
     list_display = (
         "name",
@@ -117,6 +220,13 @@ class GatewayKeyAdmin(admin.ModelAdmin):
     )
     search_fields = ("name", "prefix")
     filter_horizontal = ("pools",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.readonly_fields if request.user.is_superuser else (*self.readonly_fields, "pools")
+
+    def has_add_permission(self, request) -> bool:
+        # A key without pools reaches nothing, and only a superuser gives it pools.
+        return request.user.is_superuser and super().has_add_permission(request)
 
 
 @admin.register(GatewaySettings)

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import yaml
 
 from catalog.models import CatalogEntry, Provenance
+from pools.credentials import ENV_PREFIX, env_name_allowed
+from pools.destinations import base_url_problem
 from pools.models import (
     MIN_KEY_LENGTH,
     Adapter,
@@ -84,6 +85,7 @@ ASSIGNMENT_FIELDS = (
     "adapter",
     "base_url",
     "api_key_env",
+    "api_key_from_env",
     "tier",
     "weight",
     "region",
@@ -181,6 +183,7 @@ class AssignmentSpec:
     adapter: str
     base_url: str
     api_key_env: str = ""
+    api_key_from_env: str = ""  # read once at load, stored encrypted (GatewayConfig.credentials)
     tier: int = 0
     weight: int = 1
     region: str = ""
@@ -248,7 +251,7 @@ class KeySpec:
 
 MODEL_VALUE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.name != "model")
 ASSIGNMENT_VALUE_FIELDS = tuple(
-    f.name for f in dataclasses.fields(AssignmentSpec) if f.name not in ("name", "models")
+    f.name for f in dataclasses.fields(AssignmentSpec) if f.name not in ("name", "models", "api_key_from_env")
 )
 
 
@@ -284,6 +287,8 @@ class GatewayConfig:
     fallbacks: tuple[tuple[str, str], ...] = ()  # (requested, served)
     pools: tuple[PoolSpec, ...] = ()
     keys: tuple[KeySpec, ...] = ()
+    # assignment name -> the credential its `api_key_from_env` held at load time; stored encrypted
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def assignments(self) -> Iterable[tuple[PoolSpec, AssignmentSpec]]:
         for pool in self.pools:
@@ -500,22 +505,24 @@ class _Checker:
             )
         return name
 
+    def upstream_env_name(self, value: object, path: str) -> str:
+        """A variable that may hold an upstream credential: only `GATEWAY_UPSTREAM_*` (SPEC §3)."""
+        name = self.env_name(value, path)
+        if name and ENV_NAME_RE.match(name) and not env_name_allowed(name):
+            self.error(
+                path,
+                IssueCode.INVALID,
+                f"must name a variable starting with {ENV_PREFIX} ({name!r} is not an upstream credential)",
+            )
+        return name
+
     def base_url(self, value: object, path: str) -> str:
         url = self.string(value, path, max_length=URL_MAX)
         if not url:
             return url
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - raises on a malformed port
-        except ValueError:
-            parts = None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
-            self.error(path, IssueCode.INVALID, "must be an http(s) URL")
-        elif parts.username is not None or parts.password is not None:
-            # Credentials come from `api_key_env`; one in the URL would be stored in plaintext.
-            self.error(path, IssueCode.INVALID, "must not contain credentials (use api_key_env)")
-        elif parts.query or parts.fragment:
-            self.error(path, IssueCode.INVALID, "must not have a query or fragment")
+        problem = base_url_problem(url)
+        if problem is not None:
+            self.error(path, IssueCode.INVALID, problem)
         return url
 
     def strings(self, value: object, path: str, *, max_length: int, what: str = "entry") -> tuple[str, ...]:
@@ -571,8 +578,25 @@ def validate_config(
     pools = _pools(c, root)
     keys = _keys(c, root, {p.name for p in pools}, env=env, facts=facts, prune=prune)
     _check_model_maps(c, aliases, fallbacks, pools, facts=facts, prune=prune)
+    credentials: dict[str, str] = {}
     for pool_index, pool in enumerate(pools):
         for i, assignment in enumerate(pool.assignments):
+            path = f"pools[{pool_index}].assignments[{i}]"
+            if assignment.api_key_from_env:
+                if assignment.api_key_env:
+                    c.error(
+                        f"{path}.api_key_from_env",
+                        IssueCode.CONFLICT,
+                        "give api_key_env or api_key_from_env, not both",
+                    )
+                elif not env.get(assignment.api_key_from_env):
+                    c.error(
+                        f"{path}.api_key_from_env",
+                        IssueCode.ENV_UNSET,
+                        f"environment variable {assignment.api_key_from_env!r} is not set (nothing to store)",
+                    )
+                else:
+                    credentials[assignment.name] = env[assignment.api_key_from_env]
             if assignment.api_key_env and not env.get(assignment.api_key_env):
                 c.warn(
                     f"pools[{pool_index}].assignments[{i}].api_key_env",
@@ -588,6 +612,7 @@ def validate_config(
             fallbacks=tuple((k, v[0]) for k, v in fallbacks.items()),
             pools=tuple(pools),
             keys=tuple(keys),
+            credentials=credentials,
         )
     return Validation(config=config, errors=tuple(c.errors), warnings=tuple(c.warnings))
 
@@ -680,7 +705,8 @@ def _assignment(c: _Checker, raw: object, path: str) -> AssignmentSpec | None:
         "name": c.take(data, "name", path, c.string) or "",
         "adapter": adapter,
         "base_url": c.take(data, "base_url", path, c.base_url),
-        "api_key_env": c.take(data, "api_key_env", path, c.env_name, ""),
+        "api_key_env": c.take(data, "api_key_env", path, c.upstream_env_name, ""),
+        "api_key_from_env": c.take(data, "api_key_from_env", path, c.upstream_env_name, ""),
         "tier": c.take(data, "tier", path, lambda v, q: c.integer(v, q, minimum=None), 0),
         "weight": c.take(data, "weight", path, lambda v, q: c.integer(v, q, minimum=1), 1),
         "region": c.take(data, "region", path, lambda v, q: c.string(v, q, max_length=REGION_MAX), ""),

@@ -1,13 +1,15 @@
 """Pools of upstream assignments, gateway keys, and the gateway-wide routing settings (SPEC §3)."""
 
 import hashlib
-import os
 import secrets
 from datetime import datetime
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+
+from pools import credentials, destinations
 
 
 class TriState(models.TextChoices):
@@ -187,15 +189,37 @@ class Pool(models.Model):
         return self.name
 
 
+def validate_env_name(name: str) -> None:
+    if name and not credentials.env_name_allowed(name):
+        raise ValidationError(
+            f"Only a variable whose name starts with {credentials.ENV_PREFIX} may be named here.",
+            code="env_name_forbidden",
+        )
+
+
+def validate_base_url(url: str) -> None:
+    problem = destinations.base_url_problem(url)
+    if problem is not None:
+        raise ValidationError(f"The base URL {problem}.", code="base_url_forbidden")
+
+
 class Assignment(models.Model):
-    """One upstream credential on one provider endpoint. The credential itself is never stored:
-    `api_key_env` names the environment variable that holds it."""
+    """One upstream credential on one provider endpoint. The credential is either stored encrypted
+    (`credential`, a Fernet token, with `credential_hint` its last 4 characters) or read at each use
+    from the `GATEWAY_UPSTREAM_*` variable `api_key_env` names (`pools.credentials`)."""
 
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="assignments")
     name = models.CharField(max_length=100, unique=True)
     adapter = models.CharField(max_length=20, choices=Adapter.choices)
-    base_url = models.URLField(max_length=500)
-    api_key_env = models.CharField(max_length=200, blank=True)
+    base_url = models.URLField(max_length=500, validators=[validate_base_url])
+    api_key_env = models.CharField(
+        max_length=200,
+        blank=True,
+        validators=[validate_env_name],
+        help_text=f"Read at each use; only names starting with {credentials.ENV_PREFIX}.",
+    )
+    credential = models.TextField(blank=True, editable=False, help_text="Encrypted; never shown.")
+    credential_hint = models.CharField(max_length=credentials.HINT_LENGTH, blank=True, editable=False)
     tier = models.IntegerField(default=0, help_text="Lower is preferred.")
     weight = models.PositiveIntegerField(default=1)
     region = models.CharField(max_length=50, blank=True)
@@ -236,13 +260,23 @@ class Assignment(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def set_credential(self, plain: str) -> None:
+        """Store `plain` encrypted (raises CredentialKeyMissing without GATEWAY_CREDENTIALS_KEY)."""
+        self.credential = credentials.credential_encrypt(plain)
+        self.credential_hint = credentials.credential_hint(plain)
+
+    def clear_credential(self) -> None:
+        self.credential = self.credential_hint = ""
+
     def auth_headers(self) -> dict[str, str]:
-        return upstream_auth_headers(self.adapter, self.api_key_env)
+        return upstream_auth_headers(self.adapter, self.api_key_env, self.credential, self.name)
 
 
-def upstream_auth_headers(adapter: str, api_key_env: str) -> dict[str, str]:
-    """The upstream credential, read from the environment at call time and never persisted."""
-    credential = os.environ.get(api_key_env, "") if api_key_env else ""
+def upstream_auth_headers(
+    adapter: str, api_key_env: str, stored: str = "", assignment: str = ""
+) -> dict[str, str]:
+    """The upstream credential, decrypted or read from the environment at call time."""
+    credential = credentials.credential_for(stored=stored, api_key_env=api_key_env, assignment=assignment)
     if adapter == Adapter.ANTHROPIC:
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         if credential:

@@ -149,3 +149,16 @@ def pools_visible_to(user) -> QuerySet[Pool]:
     if user.is_superuser:
         return Pool.objects.all()
     return Pool.objects.filter(operator_groups__user=user).distinct()
+
+
+def keys_visible_to(user) -> QuerySet[GatewayKey]:
+    """The gateway keys an admin user may see (SPEC §9): every key for a superuser, otherwise the keys
+    that have pools, all of them granted to the user's groups (a key that also reaches another
+    pool belongs to that pool's operators too, so only a superuser sees it). Lazy, like
+    `pools_visible_to`."""
+    if not user.is_active:
+        return GatewayKey.objects.none()
+    if user.is_superuser:
+        return GatewayKey.objects.all()
+    hidden = Pool.objects.exclude(pk__in=pools_visible_to(user))
+    return GatewayKey.objects.filter(pools__isnull=False).exclude(pools__in=hidden).distinct()

@@ -15,9 +15,11 @@ from django.db import connection, models, transaction
 
 from catalog.models import CatalogEntry, Provenance
 from gatewaysite import rawsql
+from pools import credentials
 from pools.config import (
     ConfigIssue,
     GatewayConfig,
+    IssueCode,
     database_facts,
     parse_config,
 )
@@ -118,8 +120,41 @@ def gateway_config_load(*, text: str, prune: bool, env: Mapping[str, str]) -> Lo
     validation = parse_config(text, env=env, facts=database_facts(), prune=prune)
     if validation.config is None:
         return LoadResult(errors=validation.errors, warnings=validation.warnings, summary=None)
+    if validation.config.credentials and not credentials.can_encrypt():
+        missing = tuple(
+            ConfigIssue(
+                f"pools[{p}].assignments[{a}].api_key_from_env",
+                IssueCode.ENV_UNSET,
+                "GATEWAY_CREDENTIALS_KEY is not set: a credential cannot be stored encrypted",
+            )
+            for p, pool in enumerate(validation.config.pools)
+            for a, spec in enumerate(pool.assignments)
+            if spec.name in validation.config.credentials
+        )
+        return LoadResult(errors=missing, warnings=validation.warnings, summary=None)
     summary = gateway_config_apply(config=validation.config, prune=prune)
     return LoadResult(errors=(), warnings=validation.warnings, summary=summary)
+
+
+def _credential_values(existing: Assignment | None, api_key_env: str, plain: str | None) -> dict[str, str]:
+    """The credential columns a file's assignment asks for: `api_key_from_env` stores its value
+    (re-encrypted only when it differs from the stored one, so a reload writes nothing), `api_key_env`
+    clears a stored credential, neither keeps what is stored (a dump, which has no secret, reloads
+    without losing it)."""
+    if plain is not None:
+        if existing is not None and existing.credential:
+            try:
+                if credentials.credential_decrypt(existing.credential) == plain:
+                    return {}
+            except credentials.CredentialUnreadable:
+                pass
+        return {
+            "credential": credentials.credential_encrypt(plain),
+            "credential_hint": credentials.credential_hint(plain),
+        }
+    if api_key_env:
+        return {"credential": "", "credential_hint": ""}
+    return {}
 
 
 @transaction.atomic
@@ -164,12 +199,17 @@ def gateway_config_apply(*, config: GatewayConfig, prune: bool) -> ApplySummary:
 
     assignments = {a.name: a for a in Assignment.objects.all()}
     for pool_spec, spec in config.assignments():
+        existing = assignments.get(spec.name)
         assignments[spec.name] = _upsert(
             counts["assignments"],
-            assignments.get(spec.name),
+            existing,
             Assignment,
             {"name": spec.name},
-            {"pool_id": pools[pool_spec.name].pk, **spec.values()},
+            {
+                "pool_id": pools[pool_spec.name].pk,
+                **spec.values(),
+                **_credential_values(existing, spec.api_key_env, config.credentials.get(spec.name)),
+            },
         )
 
     named_assignments = [assignments[spec.name] for _, spec in config.assignments()]
@@ -317,3 +357,26 @@ def key_budget_settle(*, key_id: int, released: int, charged: int, period: str, 
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [released, released, *at, charged, *(at * 2), key_id])
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialRotation:
+    rotated: int = 0
+    unreadable: tuple[str, ...] = ()  # assignment names
+    key_missing: bool = False
+
+
+def credentials_rotate() -> CredentialRotation:
+    """Every stored credential re-encrypted under the first key. Each row is a compare-and-swap on the
+    token read, so a credential set in admin meanwhile is never overwritten with the old one."""
+    if not credentials.can_encrypt():
+        return CredentialRotation(key_missing=True)
+    rotated, unreadable = 0, []
+    for pk, name, token in Assignment.objects.exclude(credential="").values_list("pk", "name", "credential"):
+        try:
+            fresh = credentials.credential_rotate(token)
+        except credentials.CredentialUnreadable:
+            unreadable.append(name)
+            continue
+        rotated += Assignment.objects.filter(pk=pk, credential=token).update(credential=fresh)
+    return CredentialRotation(rotated=rotated, unreadable=tuple(unreadable))

@@ -1,10 +1,10 @@
 from django.contrib import admin
 
-from gatewaysite.admin import ReadOnlyAdmin
+from gatewaysite.admin import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin
 from proxy.models import Attempt, RequestRecord
 
 
-class AttemptInline(admin.TabularInline):
+class AttemptInline(PoolScopedInline):
     model = Attempt
     extra = 0
     can_delete = False
@@ -35,7 +35,13 @@ class AttemptInline(admin.TabularInline):
 
 
 @admin.register(RequestRecord)
-class RequestRecordAdmin(ReadOnlyAdmin):
+class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
+    """A request belongs to its key: a pool operator sees it when the key's pools are all theirs (so
+    every attempt of it was on one of their assignments). A request without a key (a 401) is a
+    superuser's."""
+
+    pool_path = None
+    key_path = "key"
     list_display = (
         "request_id",
         "route",
@@ -52,7 +58,8 @@ class RequestRecordAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Attempt)
-class AttemptAdmin(ReadOnlyAdmin):
+class AttemptAdmin(PoolScopedAdmin, ReadOnlyAdmin):
+    pool_path = "assignment__pool"
     list_display = ("request", "ordinal", "assignment", "model", "route_class", "status", "failure_class")
     list_filter = ("status", "route_class", "failure_class")
     list_select_related = ("request", "assignment")

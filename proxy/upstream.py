@@ -10,7 +10,9 @@ the original aiohttp exception (`__cause__`), conservatively: only a failure to 
 """
 
 import asyncio
+import logging
 import math
+import socket
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,10 +20,14 @@ from email.utils import parsedate_to_datetime
 
 import aiohttp
 import httpx
+from aiohttp.abc import AbstractResolver, ResolveResult
 from django.conf import settings
 from httpx_aiohttp import AiohttpTransport
 
+from pools import destinations
 from routing.failures import TransportEvent
+
+logger = logging.getLogger("gateway")
 
 _clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
 
@@ -35,10 +41,53 @@ def client() -> httpx.AsyncClient:
             del _clients[stale]
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30)
         shared = httpx.AsyncClient(
-            transport=AiohttpTransport(limits=limits, trust_env=False),
+            transport=AiohttpTransport(limits=limits, trust_env=False, client=_session),
         )
         _clients[loop] = shared
     return shared
+
+
+class GuardedResolver(AbstractResolver):
+    """aiohttp's resolver, refusing a name that resolves to a link-local or metadata address (SPEC §11):
+    the addresses checked are the ones connected to, so a record that changes after the check
+    (DNS rebinding) cannot slip through. Address literals skip resolvers: `open_stream` checks them."""
+
+    def __init__(self) -> None:
+        self._resolver = aiohttp.DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if destinations.host_forbidden(host):
+            raise destinations.ForbiddenDestination(f"{host} is a forbidden destination")
+        hosts = await self._resolver.resolve(host, port, family)
+        if not hosts:
+            raise OSError(f"{host} resolves to no address")
+        if any(destinations.address_forbidden(h["host"]) for h in hosts):
+            raise destinations.ForbiddenDestination(f"{host} resolves to a forbidden address")
+        return hosts
+
+    async def close(self) -> None:
+        await self._resolver.close()
+
+
+def _session() -> aiohttp.ClientSession:
+    """What AiohttpTransport would build (its pool limits, httpx's TLS context), with GuardedResolver."""
+    connector = aiohttp.TCPConnector(
+        limit=1000,
+        keepalive_timeout=30,
+        ssl=httpx.create_ssl_context(trust_env=False),
+        resolver=GuardedResolver(),
+    )
+    return aiohttp.ClientSession(connector=connector)
+
+
+def _forbidden(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if isinstance(exc, destinations.ForbiddenDestination):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 async def close_client() -> None:
@@ -82,9 +131,14 @@ async def open_stream(
         request = client().build_request(method, url, headers=headers, content=content, timeout=timeout)
     else:
         request = client().build_request(method, url, headers=headers, json=json, timeout=timeout)
+    if destinations.host_forbidden(request.url.host):
+        logger.warning("upstream host %r is a forbidden destination: nothing sent", request.url.host)
+        raise TransportFailure(TransportEvent.CONNECT_REFUSED)
     try:
         return await client().send(request, stream=True)
     except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
+        if _forbidden(exc):
+            logger.warning("upstream host %r resolves to a forbidden address: nothing sent", request.url.host)
         raise TransportFailure(transport_event(exc)) from None
 
 

@@ -13,16 +13,21 @@ queues.
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.protocol import State
 
+from pools import destinations
 from proxy.sse import MAX_BLOCK_BYTES
 from proxy.upstream import TransportFailure
 from routing.failures import TransportEvent
+
+logger = logging.getLogger("gateway")
 
 # One upstream event per frame: the same bound as one SSE block of the same event.
 MAX_FRAME_BYTES = MAX_BLOCK_BYTES
@@ -105,10 +110,27 @@ def _json_object(raw: bytes) -> dict | None:
 
 async def open_socket(url: str, *, headers: dict[str, str], assignment_id: int) -> UpstreamSocket:
     """Open an upstream websocket. Raises TransportFailure (CONNECT_REFUSED / CONNECT_TIMEOUT) or
-    HandshakeRejected; either way nothing was sent."""
+    HandshakeRejected; either way nothing was sent. The host is resolved here and connected to by the
+    address checked (SPEC §11: never a link-local or metadata address); TLS still verifies the name."""
+    parts = urlsplit(url)
+    try:
+        addresses = await asyncio.wait_for(
+            destinations.resolve_allowed(
+                parts.hostname or "", parts.port or (443 if parts.scheme == "wss" else 80)
+            ),
+            settings.GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S,
+        )
+    except destinations.ForbiddenDestination:
+        logger.warning("upstream host %r resolves to a forbidden address: nothing sent", parts.hostname)
+        raise TransportFailure(TransportEvent.CONNECT_REFUSED) from None
+    except TimeoutError:
+        raise TransportFailure(TransportEvent.CONNECT_TIMEOUT) from None
+    except (OSError, ValueError):
+        raise TransportFailure(TransportEvent.CONNECT_REFUSED) from None
     try:
         connection = await connect(
             url,
+            host=addresses[0],
             additional_headers=headers,
             compression=None,
             proxy=None,  # like the HTTP client (trust_env=False): no proxy from the environment

@@ -54,7 +54,9 @@ class DemotionAdmin(PoolScopedAdmin, ReadOnlyAdmin):
 
 
 @admin.register(Affinity)
-class AffinityAdmin(ReadOnlyAdmin):
+class AffinityAdmin(PoolScopedAdmin, ReadOnlyAdmin):
+    pool_path = None
+    key_path = "gateway_key"
     list_display = ("kind", "key", "gateway_key", "assignment", "model", "expires_at")
     list_filter = ("kind",)
     list_select_related = ("assignment", "gateway_key")

@@ -47,8 +47,8 @@ class KeyPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where and how to dispatch to an assignment. The credential is not here: only the name of the
-    environment variable that holds it, read at dispatch time."""
+    """Where and how to dispatch to an assignment. The credential is here only encrypted (`credential`,
+    decrypted at dispatch) or as the name of the variable that holds it (read at dispatch)."""
 
     assignment_id: int
     name: str
@@ -56,6 +56,7 @@ class Target:
     adapter: str
     base_url: str
     api_key_env: str
+    credential: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

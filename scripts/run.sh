@@ -24,7 +24,7 @@ else
   children+=($!)
   "$PY" -m tests.fakes.demo --port 9102 --name demo-b &
   children+=($!)
-  export DEMO_UPSTREAM_KEY=${DEMO_UPSTREAM_KEY:-sk-demo-upstream}
+  export GATEWAY_UPSTREAM_DEMO_KEY=${GATEWAY_UPSTREAM_DEMO_KEY:-sk-demo-upstream}
   "$PY" manage.py load_gateway_config gatewaysite/demo_config.yaml
 fi
 echo "gateway: http://127.0.0.1:$PORT  (admin: http://127.0.0.1:$PORT/admin/)"

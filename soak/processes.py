@@ -374,6 +374,7 @@ class GatewayProcess:
             k: v
             for k, v in os.environ.items()
             if not k.startswith(("DJANGO_", "GATEWAY_", "DATABASE_", "PYTEST_"))
+            or k.startswith("GATEWAY_UPSTREAM_")
         }
         env.update(
             {
@@ -434,6 +435,8 @@ class GatewayProcess:
             str(log_config),
             *self.uvicorn_args,
         ]
+        if self.launcher[:2] == ["-m", "daphne"]:  # daphne's own flags
+            cmd = [PYTHON, *self.launcher, "-b", HOST, "-p", str(self.port), "gatewaysite.asgi:application"]
         env = self.env()
         if self.database_url:
             env["DATABASE_URL"] = self.database_url

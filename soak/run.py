@@ -75,7 +75,7 @@ from soak.processes import (  # noqa: E402
 from tests.fakes.sse_reader import read_sse  # noqa: E402
 
 UPSTREAM_NAMES = ("a", "b", "c", "d")
-UPSTREAM_KEY_ENV = "SOAK_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_SOAK_KEY"
 MODEL = "gpt-5"
 UNKNOWN_MODEL = "gpt-unknown-soak-9"
 CIRCUIT = {

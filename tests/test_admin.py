@@ -14,7 +14,11 @@ RAW_KEY = "sk-gw-admin-canary-7f3c9e1d2b"
 def state(db):
     pool = Pool.objects.create(name="main")
     assignment = Assignment.objects.create(
-        pool=pool, name="acct-a", adapter="openai", base_url="http://127.0.0.1:9/v1", api_key_env="ACCT_A"
+        pool=pool,
+        name="acct-a",
+        adapter="openai",
+        base_url="http://127.0.0.1:9/v1",
+        api_key_env="GATEWAY_UPSTREAM_ACCT_A",
     )
     key = GatewayKey(name="ci", allowed_models=["*"])
     key.set_key(RAW_KEY)

@@ -94,7 +94,7 @@ def build_request(
     if path not in MESSAGES_PATHS:
         raise ValueError(f"not an Anthropic Messages operation: {path!r}")
     payload = {**body, "model": model}
-    headers = upstream_auth_headers(target.adapter, target.api_key_env)
+    headers = upstream_auth_headers(target.adapter, target.api_key_env, target.credential, target.name)
     headers["content-type"] = "application/json"
     if anthropic_beta:
         headers["anthropic-beta"] = anthropic_beta

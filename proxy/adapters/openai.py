@@ -19,7 +19,7 @@ def build_request(
     if target.adapter == Adapter.OPENROUTER and requirements.zero_retention:
         provider = payload.get("provider")
         payload["provider"] = {**(provider if isinstance(provider, dict) else {}), **OPENROUTER_PRIVACY}
-    headers = upstream_auth_headers(target.adapter, target.api_key_env)
+    headers = upstream_auth_headers(target.adapter, target.api_key_env, target.credential, target.name)
     headers["content-type"] = "application/json"
     return f"{target.base_url.rstrip('/')}{path}", headers, payload
 
@@ -27,7 +27,9 @@ def build_request(
 def files_request(target: Target, path: str) -> tuple[str, dict[str, str]]:
     """A Files API request (`/files`, `/files/{id}`, `/files/{id}/content`): the URL and the
     credential; the body (an upload's multipart) and its content type are the client's, as sent."""
-    return f"{target.base_url.rstrip('/')}{path}", upstream_auth_headers(target.adapter, target.api_key_env)
+    return f"{target.base_url.rstrip('/')}{path}", upstream_auth_headers(
+        target.adapter, target.api_key_env, target.credential, target.name
+    )
 
 
 def _has_image(value: object) -> bool:

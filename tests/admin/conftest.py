@@ -64,7 +64,7 @@ def build_routing_state(now: datetime) -> RoutingState:
         name="acct-a",
         adapter="openai",
         base_url=f"http://operator:{URL_PASSWORD}@127.0.0.1:9101/v1",
-        api_key_env="PANEL_ACCT_A_KEY",
+        api_key_env="GATEWAY_UPSTREAM_PANEL_ACCT_A",
         tier=0,
         region="us",
         tools="true",
@@ -235,5 +235,5 @@ def build_routing_state(now: datetime) -> RoutingState:
 
 @pytest.fixture
 def credential(monkeypatch):
-    monkeypatch.setenv("PANEL_ACCT_A_KEY", CREDENTIAL)
+    monkeypatch.setenv("GATEWAY_UPSTREAM_PANEL_ACCT_A", CREDENTIAL)
     return CREDENTIAL

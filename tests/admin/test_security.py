@@ -40,7 +40,11 @@ STACK_TRACE_MARKS = ("Traceback", 'File "', "RuntimeError", INTERNAL)
 def rows(db):
     pool = Pool.objects.create(name="main")
     assignment = Assignment.objects.create(
-        pool=pool, name="acct-a", adapter="openai", base_url="http://127.0.0.1:9/v1", api_key_env="ACCT_A"
+        pool=pool,
+        name="acct-a",
+        adapter="openai",
+        base_url="http://127.0.0.1:9/v1",
+        api_key_env="GATEWAY_UPSTREAM_ACCT_A",
     )
     key = GatewayKey(name="ci", allowed_models=["*"])
     key.set_key("sk-gw-security-canary-0123456789")

@@ -237,7 +237,7 @@ def test_no_credential_key_hash_or_provider_message_reaches_the_page(admin_clien
     html = admin_client.get(upstreams_url()).content.decode()
     for secret in (
         CREDENTIAL,
-        "PANEL_ACCT_A_KEY",
+        "GATEWAY_UPSTREAM_PANEL_ACCT_A",
         URL_PASSWORD,
         RAW_KEY,
         RAW_KEY[:10],

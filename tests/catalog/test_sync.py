@@ -107,9 +107,11 @@ def test_a_successful_sync_drops_models_no_longer_advertised(fake_upstream_facto
 
 
 def test_sync_sends_the_assignment_credential_from_the_environment(fake_upstream_factory, monkeypatch):
-    monkeypatch.setenv("SYNC_TEST_KEY", "sk-upstream-sync-credential")
+    monkeypatch.setenv("GATEWAY_UPSTREAM_SYNC_TEST", "sk-upstream-sync-credential")
     fake = fake_upstream_factory("a", require_key="sk-upstream-sync-credential")
-    assignment = AssignmentFactory(base_url=fake.base_url, discovery=True, api_key_env="SYNC_TEST_KEY")
+    assignment = AssignmentFactory(
+        base_url=fake.base_url, discovery=True, api_key_env="GATEWAY_UPSTREAM_SYNC_TEST"
+    )
     _sync()
     assert _entries(assignment) == {"gpt-5": Provenance.OBSERVED}
     assert fake.hits[0].headers["authorization"] == "Bearer sk-upstream-sync-credential"

@@ -57,7 +57,7 @@ pools:
       - name: acct-a
         adapter: openai
         base_url: http://127.0.0.1:9101/v1
-        api_key_env: ACCT_A_KEY
+        api_key_env: GATEWAY_UPSTREAM_ACCT_A
         tier: 0
         weight: 2
         region: us
@@ -78,7 +78,7 @@ pools:
       - name: acct-b
         adapter: anthropic
         base_url: https://api.anthropic.com/v1
-        api_key_env: ACCT_B_KEY
+        api_key_env: GATEWAY_UPSTREAM_ACCT_B
         tier: 1
         models:
           - id: claude-opus-4-8
@@ -107,8 +107,8 @@ keys:
 
 @pytest.fixture(autouse=True)
 def environment(monkeypatch):
-    monkeypatch.setenv("ACCT_A_KEY", "upstream-a")
-    monkeypatch.setenv("ACCT_B_KEY", "upstream-b")
+    monkeypatch.setenv("GATEWAY_UPSTREAM_ACCT_A", "upstream-a")
+    monkeypatch.setenv("GATEWAY_UPSTREAM_ACCT_B", "upstream-b")
     monkeypatch.setenv("GW_OPS_KEY", OPS_KEY)
 
 
@@ -207,7 +207,7 @@ def test_load_creates_the_declared_state(tmp_path):
         "main",
         "openai",
         "http://127.0.0.1:9101/v1",
-        "ACCT_A_KEY",
+        "GATEWAY_UPSTREAM_ACCT_A",
     )
     assert (a.tier, a.weight, a.region, a.router, a.quality, a.min_deadline_ms, a.discovery) == (
         0,
@@ -249,7 +249,7 @@ def test_load_creates_the_declared_state(tmp_path):
 
 @pytest.mark.django_db
 def test_demo_config_loads_with_two_failover_assignments(monkeypatch):
-    monkeypatch.setenv("DEMO_UPSTREAM_KEY", "sk-demo-upstream")
+    monkeypatch.setenv("GATEWAY_UPSTREAM_DEMO_KEY", "sk-demo-upstream")
     out, err = StringIO(), StringIO()
     call_command(
         "load_gateway_config", str(REPO / "gatewaysite" / "demo_config.yaml"), stdout=out, stderr=err
@@ -259,8 +259,8 @@ def test_demo_config_loads_with_two_failover_assignments(monkeypatch):
     demo = Pool.objects.get(name="demo")
     assignments = list(demo.assignments.order_by("tier"))
     assert [(a.name, a.tier, a.base_url, a.api_key_env, a.discovery) for a in assignments] == [
-        ("demo-a", 0, "http://127.0.0.1:9101/v1", "DEMO_UPSTREAM_KEY", True),
-        ("demo-b", 1, "http://127.0.0.1:9102/v1", "DEMO_UPSTREAM_KEY", True),
+        ("demo-a", 0, "http://127.0.0.1:9101/v1", "GATEWAY_UPSTREAM_DEMO_KEY", True),
+        ("demo-b", 1, "http://127.0.0.1:9102/v1", "GATEWAY_UPSTREAM_DEMO_KEY", True),
     ]
     for assignment in assignments:
         assert set(assignment.catalog_entries.values_list("model", "provenance")) == {
@@ -356,7 +356,7 @@ def test_dump_has_no_secrets_and_omits_unknowns(tmp_path):
         assert secret not in text
     assert all("key" not in k and "key_env" not in k for k in doc["keys"])
     acct_a, acct_b = doc["pools"][0]["assignments"]
-    assert acct_a["api_key_env"] == "ACCT_A_KEY"
+    assert acct_a["api_key_env"] == "GATEWAY_UPSTREAM_ACCT_A"
     assert "vision" not in acct_a["capabilities"]  # declared unknown
     assert acct_a["capabilities"]["write_tools"] is False
     assert "privacy" not in acct_b and "capabilities" not in acct_b and "quality" not in acct_b
@@ -855,7 +855,7 @@ def test_a_fallback_to_a_model_in_the_catalog_is_not_a_warning(tmp_path):
     doc = base()
     doc["model_fallbacks"]["gpt-6"] = "gpt-5.5"
 
-    env = {"GW_OPS_KEY": OPS_KEY, "ACCT_A_KEY": "a", "ACCT_B_KEY": "b"}
+    env = {"GW_OPS_KEY": OPS_KEY, "GATEWAY_UPSTREAM_ACCT_A": "a", "GATEWAY_UPSTREAM_ACCT_B": "b"}
     result = parse_config(yaml.safe_dump(doc), env=env, facts=database_facts())
     unknown_target = parse_config(
         yaml.safe_dump(doc), env=env, facts=DatabaseFacts(key_names=frozenset({"ci"}))
@@ -870,15 +870,15 @@ def test_a_fallback_to_a_model_in_the_catalog_is_not_a_warning(tmp_path):
 
 @pytest.mark.django_db
 def test_an_unset_api_key_env_is_a_warning_not_an_error(tmp_path, monkeypatch):
-    monkeypatch.delenv("ACCT_B_KEY")
+    monkeypatch.delenv("GATEWAY_UPSTREAM_ACCT_B")
 
     _, err = load(tmp_path, BASE)
 
     assert err == [
-        "warning: pools[0].assignments[1].api_key_env: environment variable 'ACCT_B_KEY' is not set "
-        "(no credential is sent)"
+        "warning: pools[0].assignments[1].api_key_env: environment variable 'GATEWAY_UPSTREAM_ACCT_B' "
+        "is not set (no credential is sent)"
     ]
-    assert Assignment.objects.get(name="acct-b").api_key_env == "ACCT_B_KEY"
+    assert Assignment.objects.get(name="acct-b").api_key_env == "GATEWAY_UPSTREAM_ACCT_B"
 
 
 # --- prune ---------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def gateway(transactional_db):
 @pytest.fixture
 def two_assignments(transactional_db, fake_upstream_factory, monkeypatch):
     """Pool `main`: `acct-a` (tier 0) and `acct-b` (tier 1), both configured for gpt-5."""
-    monkeypatch.setenv("E2E_UPSTREAM_KEY", "sk-upstream-credential-canary-42")
+    monkeypatch.setenv("GATEWAY_UPSTREAM_E2E_KEY", "sk-upstream-credential-canary-42")
     GatewaySettings.objects.update_or_create(pk=1, defaults={"backoff_base_ms": 0})
     a = fake_upstream_factory("a", models=("gpt-5",))
     b = fake_upstream_factory("b", models=("gpt-5",))
@@ -62,7 +62,7 @@ def two_assignments(transactional_db, fake_upstream_factory, monkeypatch):
     rows = []
     for tier, (name, fake) in enumerate((("acct-a", a), ("acct-b", b))):
         assignment = AssignmentFactory(
-            pool=pool, name=name, base_url=fake.base_url, tier=tier, api_key_env="E2E_UPSTREAM_KEY"
+            pool=pool, name=name, base_url=fake.base_url, tier=tier, api_key_env="GATEWAY_UPSTREAM_E2E_KEY"
         )
         CatalogEntryFactory(assignment=assignment, model="gpt-5", provenance=Provenance.CONFIGURED)
         rows.append(assignment)

@@ -26,7 +26,7 @@ from tests.fakes.upstream import FakeUpstream
 from tests.proxy.conftest import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
-UPSTREAM_KEY_ENV = "E2E_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_E2E_KEY"
 UPSTREAM_KEY = "sk-upstream-credential-canary-42"
 TIMEOUT = httpx.Timeout(15.0)
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}

@@ -19,7 +19,7 @@ from routing.route import Target
 from routing.types import Requirements
 from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL, CHAT_ADVERSARIAL, FORGED, INSTRUCTION
 
-KEY_ENV = "TEST_ANTHROPIC_ADAPTER_KEY"
+KEY_ENV = "GATEWAY_UPSTREAM_TEST_ANTHROPIC_ADAPTER"
 
 
 def target(adapter_name: str = "anthropic", base_url: str = "http://127.0.0.1:9101/v1/") -> Target:

@@ -32,7 +32,7 @@ def _provider_error(status: int, code: str | None, param: str | None = None) -> 
 
 @pytest.fixture
 def canary_pool(transactional_db, fake_upstream_factory, monkeypatch):
-    monkeypatch.setenv("CANARY_UPSTREAM_KEY", UPSTREAM_KEY)
+    monkeypatch.setenv("GATEWAY_UPSTREAM_CANARY_KEY", UPSTREAM_KEY)
     # No demotion and no circuit opening, so every request below meets a first, then b.
     GatewaySettings.objects.update_or_create(
         pk=1, defaults={"backoff_base_ms": 0, "demotion_seconds": 0, "failure_threshold": 100}
@@ -46,7 +46,7 @@ def canary_pool(transactional_db, fake_upstream_factory, monkeypatch):
             name=f"acct-{fake.name}",
             base_url=fake.base_url,
             tier=tier,
-            api_key_env="CANARY_UPSTREAM_KEY",
+            api_key_env="GATEWAY_UPSTREAM_CANARY_KEY",
         )
         CatalogEntryFactory(assignment=assignment, model="gpt-5", provenance=Provenance.CONFIGURED)
     GatewayKeyFactory(name="canary", raw_key=GATEWAY_KEY, pools=[pool])
@@ -147,7 +147,7 @@ def test_no_prompt_completion_key_credential_or_provider_message_is_stored_or_lo
 def test_anthropic_routes_and_translations_store_and_log_no_content_or_secret(
     gateway, transactional_db, fake_upstream_factory, monkeypatch, every_log_record, capfd
 ):
-    monkeypatch.setenv("CANARY_UPSTREAM_KEY", UPSTREAM_KEY)
+    monkeypatch.setenv("GATEWAY_UPSTREAM_CANARY_KEY", UPSTREAM_KEY)
     GatewaySettings.objects.update_or_create(
         pk=1, defaults={"backoff_base_ms": 0, "demotion_seconds": 0, "failure_threshold": 100}
     )
@@ -160,7 +160,7 @@ def test_anthropic_routes_and_translations_store_and_log_no_content_or_secret(
             name=f"acct-{fake.name}",
             adapter=adapter,
             base_url=fake.base_url,
-            api_key_env="CANARY_UPSTREAM_KEY",
+            api_key_env="GATEWAY_UPSTREAM_CANARY_KEY",
         )
         CatalogEntryFactory(assignment=assignment, model=model, provenance=Provenance.CONFIGURED)
     GatewayKeyFactory(name="canary", raw_key=GATEWAY_KEY, pools=[pool])

@@ -22,7 +22,7 @@ from soak.processes import Database, GatewayProcess, gateway_config, peak_rss_kb
 from tests.proxy.fixtures_e2e import CHAT
 
 KEY = "sk-gw-edge-test-key-0123456789"
-UPSTREAM_KEY_ENV = "EDGE_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_EDGE_KEY"
 MIB = 1 << 20
 CLIENT_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 3.0

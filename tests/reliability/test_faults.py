@@ -37,7 +37,7 @@ gateway = proxy_conftest.gateway
 two_assignments = proxy_conftest.two_assignments
 
 KEY = "sk-gw-faults-0123456789abcdef"
-UPSTREAM_KEY_ENV = "FAULTS_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_FAULTS_KEY"
 HEADERS = {"authorization": f"Bearer {KEY}"}
 WORDS = "one two three four five six seven eight nine ten"
 FAKE_MESSAGES = ("The server had an error while processing your request.",)
