@@ -19,7 +19,7 @@ def triggers_again(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0005_qualification_days"),
+        ("pools", "0006_retry_min_attempt_ms"),
     ]
 
     operations = [

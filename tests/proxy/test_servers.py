@@ -1,0 +1,309 @@
+"""SPEC §11: websocket close codes and frame limits, and a client that stops reading, behave the same under
+every server the README names. The same tests run against real server processes: uvicorn as `make run`
+serves it (`python -m gatewaysite.server`) and daphne (Channels' server). The README names only the
+servers that pass them for production; daphne's failures are kept here as strict xfails, so the day
+daphne passes, this file says so.
+
+Memory is read from the server's /proc (peak RSS)."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.server import serve as ws_serve
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from soak.processes import Database, GatewayProcess, gateway_config, peak_rss_kb, peak_rss_reset
+from tests.fakes.upstream import close_websocket, serve, slow_stream
+from tests.proxy.test_edge_processes import MIB, EndlessStream
+
+KEY = "sk-gw-servers-test-key-0123456789"
+UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_SERVERS_KEY"
+AUTH = {"authorization": f"Bearer {KEY}"}
+MAX_BODY = 1 * MIB
+
+UVICORN = ["-m", "gatewaysite.server"]
+DAPHNE = ["-m", "daphne"]
+
+
+def daphne_fails(reason: str):
+    return pytest.param(DAPHNE, id="daphne", marks=pytest.mark.xfail(strict=True, reason=reason))
+
+
+class EndlessWebsocket:
+    """A Responses websocket upstream whose answer never ends: deltas written as fast as the connection
+    takes them. `sent` counts the bytes the gateway accepted."""
+
+    DELTA = json.dumps(
+        {
+            "type": "response.output_text.delta",
+            "item_id": "msg_1",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": "x" * 4000,
+        }
+    )
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self.ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start() -> None:
+            self.server = await ws_serve(self._serve, "127.0.0.1", 0, compression=None, max_size=None)
+            self.port = self.server.sockets[0].getsockname()[1]
+
+        self.loop.run_until_complete(start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self, ws) -> None:
+        try:
+            async for _ in ws:
+                await ws.send(
+                    json.dumps(
+                        {
+                            "type": "response.created",
+                            "response": {"id": "resp_endless", "status": "in_progress"},
+                        }
+                    )
+                )
+                while True:
+                    await ws.send(self.DELTA)  # waits while the gateway does not read
+                    self.sent += len(self.DELTA)
+        except ConnectionClosed:
+            pass
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, monkeypatch) -> Iterator:
+    """`start(launcher, upstream_url)`: a gateway process whose one assignment is `upstream_url`."""
+    monkeypatch.setenv(UPSTREAM_KEY_ENV, "sk-servers-upstream")
+    started: list[tuple[GatewayProcess, Database]] = []
+
+    def start(launcher: list[str], upstream_url: str) -> GatewayProcess:
+        database = Database.create(tmp_path / str(len(started)))
+        process = GatewayProcess(
+            database,
+            tmp_path / str(len(started)),
+            launcher=launcher,
+            env_extra={"GATEWAY_MAX_BODY_BYTES": str(MAX_BODY)},
+        )
+        started.append((process, database))
+        process.prepare(gateway_config({"a": upstream_url}, key=KEY, key_env=UPSTREAM_KEY_ENV))
+        process.start()
+        return process
+
+    yield start
+    for process, database in started:
+        process.kill()
+        database.drop()
+
+
+def _ws(process: GatewayProcess, **kwargs):
+    return connect(
+        f"ws://127.0.0.1:{process.port}/v1/responses", additional_headers=AUTH, open_timeout=10, **kwargs
+    )
+
+
+def _create(ws, **body) -> None:
+    ws.send(json.dumps({"type": "response.create", "model": "gpt-5", "input": "hi", **body}))
+
+
+def _until_terminal(ws) -> list[dict]:
+    events = []
+    while not events or events[-1]["type"] not in ("response.completed", "response.failed", "error"):
+        events.append(json.loads(ws.recv(timeout=15)))
+    return events
+
+
+def _close_of(ws, timeout: float = 15) -> tuple[int, str] | None:
+    """The close frame the server sent (None: the connection stayed open for `timeout`)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ws.recv(timeout=max(deadline - time.monotonic(), 0.01))
+    except TimeoutError:
+        return None
+    except ConnectionClosed as closed:
+        return (closed.rcvd.code, closed.rcvd.reason) if closed.rcvd is not None else (-1, "no close frame")
+    return None
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        pytest.param(UVICORN, id="uvicorn"),
+        daphne_fails("daphne cannot send close code 1014; the client stays open"),
+    ],
+)
+def test_the_live_upstream_closing_closes_the_client_with_1014(
+    start_gateway, fake_upstream_factory, launcher
+):
+    a = fake_upstream_factory("a", models=("gpt-5",))
+    a.script("gpt-5", serve("first"), close_websocket(code=1011))
+    process = start_gateway(launcher, a.base_url)
+    with _ws(process) as ws:
+        _create(ws)
+        assert _until_terminal(ws)[-1]["type"] == "response.completed"
+        _create(ws)  # goes to the live upstream, which closes
+        close = _close_of(ws)
+    assert close == (1014, "upstream connection closed")
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        pytest.param(UVICORN, id="uvicorn"),
+        daphne_fails("daphne cannot send close code 1008; the client stays open"),
+    ],
+)
+def test_a_client_flooding_frames_is_closed_with_1008(start_gateway, fake_upstream_factory, launcher):
+    a = fake_upstream_factory("a", models=("gpt-5",))
+    a.script("gpt-5", slow_stream(0.2, " ".join(["word"] * 20)))
+    process = start_gateway(launcher, a.base_url)
+    with _ws(process) as ws:
+        for _ in range(20):  # far more than may wait behind the streaming response
+            try:
+                _create(ws)
+            except ConnectionClosed:
+                break
+        close = _close_of(ws)
+    assert close == (1008, "too many pending frames")
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        pytest.param(UVICORN, id="uvicorn"),
+        daphne_fails("daphne drops the close reason (the code arrives alone)"),
+    ],
+)
+def test_a_wrong_key_is_closed_with_4401(start_gateway, fake_upstream_factory, launcher):
+    a = fake_upstream_factory("a", models=("gpt-5",))
+    process = start_gateway(launcher, a.base_url)
+    with connect(
+        f"ws://127.0.0.1:{process.port}/v1/responses",
+        additional_headers={"authorization": "Bearer sk-gw-not-a-real-key-000000000"},
+        open_timeout=10,
+    ) as ws:
+        close = _close_of(ws)
+    assert close == (4401, "invalid gateway key")
+    assert a.ws_connections == 0
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        pytest.param(UVICORN, id="uvicorn"),
+        daphne_fails("daphne reads a whole 64 MiB websocket message into memory before the gateway sees it"),
+    ],
+)
+def test_a_frame_over_the_limit_is_refused_before_it_is_read(start_gateway, fake_upstream_factory, launcher):
+    a = fake_upstream_factory("a", models=("gpt-5",))
+    process = start_gateway(launcher, a.base_url)
+    peak_rss_reset(process.pid)
+    before = peak_rss_kb(process.pid)
+    huge = json.dumps({"type": "response.create", "model": "gpt-5", "input": "x" * (64 * MIB)})
+    with _ws(process, max_size=None) as ws:
+        try:
+            ws.send(huge)
+            answer = ws.recv(timeout=15)
+            outcome = json.loads(answer)["error"]["code"]
+        except ConnectionClosed as closed:
+            outcome = closed.rcvd.code if closed.rcvd is not None else None
+    grown = peak_rss_kb(process.pid) - before
+    assert outcome in (1009, "request_too_large")
+    assert a.hit_count() == 0 and a.ws_connections == 0
+    assert grown < 16 * 1024, f"peak RSS grew by {grown} KiB"
+
+
+def _stalled_growth(process: GatewayProcess, upstream_sent) -> tuple[int, int]:
+    """With a stream running to a client that no longer reads: (peak RSS growth in KiB, bytes the
+    upstream still got rid of after it first stalled)."""
+    peak_rss_reset(process.pid)
+    before = peak_rss_kb(process.pid)
+    stalled_at, last = None, -1
+    for _ in range(80):
+        time.sleep(0.25)
+        if upstream_sent() == last:
+            stalled_at = upstream_sent()
+            break
+        last = upstream_sent()
+    time.sleep(1.0)
+    grown = peak_rss_kb(process.pid) - before
+    if stalled_at is None:
+        return grown, 1 << 40
+    return grown, upstream_sent() - stalled_at
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        pytest.param(UVICORN, id="uvicorn"),
+        daphne_fails("daphne buffers everything written to a client that does not read"),
+    ],
+)
+def test_a_websocket_client_that_stops_reading_holds_a_bounded_buffer(start_gateway, launcher):
+    upstream = EndlessWebsocket()
+    try:
+        process = start_gateway(launcher, upstream.base_url)
+        with _ws(process, max_queue=1) as ws:
+            _create(ws)
+            ws.recv(timeout=15)  # the stream runs; from now on the client reads nothing
+            grown, leaked = _stalled_growth(process, lambda: upstream.sent)
+    finally:
+        upstream.stop()
+    assert leaked < MIB, "the gateway went on reading the upstream"
+    assert grown < 8 * 1024, f"peak RSS grew by {grown} KiB"
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        pytest.param(UVICORN, id="uvicorn"),
+        daphne_fails("daphne buffers everything written to a client that does not read"),
+    ],
+)
+def test_an_sse_client_that_stops_reading_holds_a_bounded_buffer(start_gateway, launcher):
+    upstream = EndlessStream()
+    try:
+        process = start_gateway(launcher, upstream.base_url)
+        body = json.dumps(
+            {"model": "gpt-5", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
+        sock = socket.create_connection(("127.0.0.1", process.port), timeout=15)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {KEY}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock.sendall(head + body)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # from now on the client reads nothing
+        grown, leaked = _stalled_growth(process, lambda: upstream.sent)
+        sock.close()
+    finally:
+        upstream.stop()
+    assert leaked < MIB, "the gateway went on reading the upstream"
+    assert grown < 8 * 1024, f"peak RSS grew by {grown} KiB"
