@@ -14,7 +14,7 @@ from soak.processes import Database, GatewayProcess, gateway_config, peak_rss_kb
 from tests.fakes.upstream import FakeUpstream, rate_limited
 
 KEY = "sk-gw-files-process-key-0123456789"
-UPSTREAM_KEY_ENV = "FILES_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_FILES_KEY"
 MIB = 1 << 20
 SIZE = 256 * MIB
 BOUNDARY = "gateway-rss-test-boundary"

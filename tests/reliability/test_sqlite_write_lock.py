@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
     connection.vendor != "sqlite", reason="SQLite's database-wide write lock (the embedded default)"
 )
 
-KEY_ENV = "LOCK_TEST_UPSTREAM_KEY"
+KEY_ENV = "GATEWAY_UPSTREAM_LOCK_TEST_KEY"
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES = {"model": "gpt-5", "input": "hi"}
 WAITING_WRITERS = 6  # more than the request path's database threads

@@ -19,7 +19,7 @@ def triggers_again(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pools", "0006_retry_min_attempt_ms"),
+        ("pools", "0009_key_limits"),
     ]
 
     operations = [
