@@ -595,6 +595,11 @@ ERROR_CASES = [
         IssueCode.INVALID,
     ),
     (
+        _set("keys.0.budget_period", "year"),
+        "keys[0].budget_period: must be one of day, week, month",
+        IssueCode.INVALID,
+    ),
+    (
         _set("keys.0.requirements.min_quality", 2),
         "keys[0].requirements.min_quality: must be a number between 0 and 1",
         IssueCode.INVALID,
@@ -1089,3 +1094,17 @@ def test_enabled_defaults_to_true_and_a_disabled_row_round_trips(tmp_path):
 
     assert Assignment.objects.get(name="acct-b").enabled is True
     assert GatewayKey.objects.get(name="third").enabled is True
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("period", ["day", "week", "month", None])
+def test_a_key_budget_period_loads_and_dumps(tmp_path, period):
+    doc = base()
+    doc["keys"][0]["budget_micros"] = 1000
+    doc["keys"][0]["budget_period"] = period
+    load(tmp_path, doc)
+    assert GatewayKey.objects.get(name="ci").budget_period == (period or "")
+    out = StringIO()
+    call_command("dump_gateway_config", stdout=out)
+    [ci] = [k for k in yaml.safe_load(out.getvalue())["keys"] if k["name"] == "ci"]
+    assert ci["budget_period"] == period
