@@ -406,7 +406,7 @@ async def admit_limits(authenticated: Authenticated, leased: Lease | None) -> Ti
     except (limits.LimitExceeded, limits.LimitsUnavailable) as refusal:
         if leased is not None:  # its candidate will not be tried by this request
             with contextlib.suppress(DatabaseError):  # else the probe lease runs out on its own
-                await db.run(services.circuit_release_probe, key=leased.circuit)
+                await db.write(services.circuit_release_probe, key=leased.circuit)
         if isinstance(refusal, limits.LimitExceeded):
             raise RequestFailed(
                 "rate_limit_exceeded", refusal.limit, retry_after=refusal.retry_after

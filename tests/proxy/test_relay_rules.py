@@ -111,6 +111,7 @@ async def test_the_fallback_model_is_tried_when_every_primary_turns_out_blocked_
         return fn(*args, **kwargs)
 
     monkeypatch.setattr("proxy.relay.db.run", inline)
+    monkeypatch.setattr("proxy.relay.db.write", inline)  # taking a probe is a write
     primary = Candidate(assignment_id=1, model="gpt-5.2", health=Health.PROBE, provenance="configured")
     sibling = Candidate(assignment_id=2, model="gpt-5.1", cross_model=True, provenance="configured")
     snapshot = CircuitSnapshot(

@@ -13,10 +13,10 @@ skip: the case still runs, and its figure is in the report):
   batches them); a SIGKILL loses those. A database outage does not (the writer retries).
 - `deadline_db`: a request that meets a stalled database waits for the gateway's database read
   timeout (5 s), longer than the client's deadline (3 s here) plus the margin.
-- `half_open_probes`: when several requests find a half-open circuit's slot free at once, one wins
-  the lease and the others, for a transient reason (not model_unavailable), are dispatched to it
-  anyway, in the probe's position of their plan (proxy/relay.py `_admit`), instead of treating it
-  as open and trying it last (SPEC §7.1, §5.4). It shows when traffic is dense (after a stall).
+- `half_open_probes`: seen in about one short run in five, right after the database stall: requests
+  released together reached a half-open assignment first in their plans, within milliseconds of
+  each other, while its probe was in flight (not as a last resort). Which path lets a request that
+  does not hold the lease try the assignment first is not established yet.
 - `budget_reservations`: a request holds its reservation until its ledger record settles it; the
   requests a SIGKILL cuts short (and those whose record it loses) keep theirs for good.
 - `budget`, only where the gateway has no budget reservation (SPEC §7.4: `reserved_micros`):
@@ -60,8 +60,8 @@ KNOWN = {
     "records_sigkill": "a SIGKILL loses the records a node's ledger writer still holds in memory",
     "deadline_db": "a stalled database holds a request for the 5 s database read timeout, past its deadline",
     "budget_reservations": "a killed node's reservations are never settled (they have no expiry)",
-    "half_open_probes": "a request that loses the race for the probe lease still dispatches to the half-open "
-    "assignment in its place (proxy/relay.py _admit) instead of treating it as open (SPEC §7.1, §5.4)",
+    "half_open_probes": "seen right after a database stall: requests released together reached a half-open "
+    "assignment in a probe's position while its probe was in flight (cause not established yet)",
 }
 if not _reserves_budgets():
     KNOWN["budget"] = "no budget reservation before dispatch yet (SPEC §7.4): nodes overspend together"
