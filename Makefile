@@ -6,14 +6,22 @@ PORT   ?= 8000
 
 .PHONY: install run test lint format bench clean soak
 
+RUNTIME := $(VENV)/.runtime-stamp
+
+# `make run` needs the runtime dependencies only; `make test` (and the tooling) the dev extra too.
+$(RUNTIME): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $(RUNTIME)
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(STAMP)
+	touch $(RUNTIME) $(STAMP)
 
 install: $(STAMP)
 
-run: install
+run: $(RUNTIME)
 	PORT=$(PORT) VENV=$(VENV) bash scripts/run.sh
 
 test: install

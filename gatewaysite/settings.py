@@ -10,6 +10,11 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
+# `make run` leaves a development .env here so that a second terminal's commands see the same settings;
+# variables already in the environment win. GATEWAY_ENV_FILE names another file, or none when empty.
+_env_file = env.str("GATEWAY_ENV_FILE", default=str(BASE_DIR / ".env"))
+if _env_file and Path(_env_file).is_file():
+    environ.Env.read_env(_env_file)
 
 DEV_SECRET_KEY = "dev-only-insecure-secret-key-do-not-deploy"
 

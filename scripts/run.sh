@@ -10,6 +10,15 @@ PORT=${PORT:-8000}
 # The demo is a local development run: debug on and the development secret, unless the operator says otherwise.
 export DJANGO_DEBUG=${DJANGO_DEBUG:-true}
 mkdir -p var
+# The same development settings for every command of a second terminal (`.venv/bin/python manage.py ...`):
+# gatewaysite/settings.py reads .env; a variable set in the environment still wins.
+if [ ! -f .env ]; then
+  cat > .env <<ENV
+# Written by \`make run\` for local development; read by gatewaysite/settings.py (the environment wins).
+# Never deploy with this file: it turns debug on.
+DJANGO_DEBUG=true
+ENV
+fi
 
 children=()
 cleanup() { for pid in "${children[@]}"; do kill "$pid" 2>/dev/null || true; done; }
@@ -19,13 +28,20 @@ trap cleanup EXIT INT TERM
 if [ -n "${GATEWAY_CONFIG:-}" ]; then
   "$PY" manage.py load_gateway_config "$GATEWAY_CONFIG"
 else
-  # Two demo upstreams: `demo-a` rejects gpt-x with model_not_found, `demo-b` serves it.
-  "$PY" -m tests.fakes.demo --port 9101 --name demo-a --reject gpt-x &
+  # Two demo upstreams: `demo-a` rejects gpt-x with model_not_found, `demo-b` serves it. Their ports
+  # are free ones picked now, so a second `make run PORT=...` does not collide with the first.
+  read -r port_a port_b < <("$PY" -c 'import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
+  "$PY" -m tests.fakes.demo --port "$port_a" --name demo-a --reject gpt-x &
   children+=($!)
-  "$PY" -m tests.fakes.demo --port 9102 --name demo-b &
+  "$PY" -m tests.fakes.demo --port "$port_b" --name demo-b &
   children+=($!)
   export GATEWAY_UPSTREAM_DEMO_KEY=${GATEWAY_UPSTREAM_DEMO_KEY:-sk-demo-upstream}
-  "$PY" manage.py load_gateway_config gatewaysite/demo_config.yaml
+  sed -e "s#127.0.0.1:9101/#127.0.0.1:$port_a/#" -e "s#127.0.0.1:9102/#127.0.0.1:$port_b/#" \
+    gatewaysite/demo_config.yaml > var/demo_config.yaml
+  "$PY" manage.py load_gateway_config var/demo_config.yaml
 fi
 echo "gateway: http://127.0.0.1:$PORT  (admin: http://127.0.0.1:$PORT/admin/)"
 "$PY" -m gatewaysite.server --host 127.0.0.1 --port "$PORT" &

@@ -11,7 +11,7 @@ PROBE = "import django; django.setup(); from django.conf import settings; print(
 
 
 def _start(**env: str) -> subprocess.CompletedProcess:
-    base = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "gatewaysite.settings"}
+    base = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "gatewaysite.settings", "GATEWAY_ENV_FILE": ""}
     return subprocess.run(
         [sys.executable, "-c", PROBE],
         cwd=REPO,
@@ -55,6 +55,19 @@ def test_a_safe_configuration_starts(env, debug):
     result = _start(**env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == debug
+
+
+def test_the_development_env_file_is_read_and_the_environment_wins(tmp_path):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("DJANGO_DEBUG=true\n")
+    # What `make run` leaves lets a second terminal's command start without a secret, in debug...
+    assert _start(GATEWAY_ENV_FILE=str(dotenv)).stdout.strip() == "True"
+    # ...but a variable set in the environment is never overridden by the file.
+    result = _start(GATEWAY_ENV_FILE=str(dotenv), DJANGO_DEBUG="false", DJANGO_SECRET_KEY="x" * 40)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    # Without the file, the production default stands: no secret, no start.
+    assert "DJANGO_SECRET_KEY is required" in _start(GATEWAY_ENV_FILE=str(tmp_path / "missing")).stderr
 
 
 def test_a_request_log_line_is_printed_once_even_when_the_server_configures_the_root_logger():
