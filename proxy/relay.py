@@ -394,6 +394,7 @@ class Relay:
         self.state_writes: asyncio.Future[None] | None = None
         self.excluded: IneligibleReason | None = None  # why the last candidate was passed over at its turn
         self.last_candidate: Candidate | None = None  # the candidate of the last failed attempt
+        self.budget_unreachable = False  # a reservation could not reach the database
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -614,6 +615,7 @@ class Relay:
             )
         except DatabaseError:
             logger.exception("budget reservation failed")  # no reservation, no dispatch
+            self.budget_unreachable = True
             return False
         if held:
             self.x.reserved_micros += need
@@ -1082,6 +1084,17 @@ class Relay:
             await self._finish("ok", 200)
             body = json.dumps({"input_tokens": estimate_input_tokens(self.body)}).encode()
             return Final(200, body, headers=(("x-gateway-token-count", "estimated"),))
+        if last is None and self.budget_unreachable:
+            # Nothing was sent because the budget could not be reserved: the database, not the budget.
+            await self._finish("gateway_unavailable", 503)
+            final = self.dispatch.error_final(
+                503,
+                message=TYPED_ERRORS["gateway_unavailable"][1],
+                type="gateway_unavailable",
+                code="gateway_unavailable",
+                param=None,
+            )
+            return replace(final, should_retry=True)
         if last is None:
             reason = self.excluded or self.plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
             await self._finish("no_eligible_backend", 503)

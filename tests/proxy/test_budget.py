@@ -172,3 +172,25 @@ def test_a_healthy_request_makes_no_extra_round_trip_and_a_budget_costs_one_stat
     budgeted = list(request_path_queries)
     # One conditional UPDATE holds the reservation; the settlement rides in the ledger's batch.
     assert len(budgeted) == 3 and budgeted[-1].lstrip().upper().startswith("UPDATE"), budgeted
+
+
+def test_a_reservation_the_database_cannot_take_is_a_typed_503_not_a_budget_refusal(
+    gateway, two_assignments, monkeypatch
+):
+    from django.db import OperationalError
+
+    from proxy import relay
+
+    a, b, _ = two_assignments
+    _price(1_000_000, 1_000_000)
+    GatewayKey.objects.update(budget_micros=1_000_000)
+
+    def unreachable(**kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(relay, "key_budget_reserve", unreachable)
+    response = _send(gateway)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "gateway_unavailable"
+    assert response.headers["x-should-retry"] == "true"
+    assert a.hits == [] and b.hits == []
