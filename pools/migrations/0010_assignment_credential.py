@@ -13,8 +13,11 @@ _triggers = importlib.import_module("pools.migrations.0004_config_version_trigge
 
 
 def triggers_again(apps, schema_editor):
-    _triggers.drop(apps, schema_editor)
-    _triggers.create(apps, schema_editor)
+    # Only SQLite loses them; PostgreSQL adds columns in place (and other tables' triggers share its
+    # function, which must not be dropped).
+    if schema_editor.connection.vendor == "sqlite":
+        _triggers.drop(apps, schema_editor)
+        _triggers.create(apps, schema_editor)
 
 
 class Migration(migrations.Migration):
