@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
@@ -1026,6 +1027,15 @@ def _compact(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in items if v is not None}
 
 
+def _without_userinfo(url: str) -> str:
+    """A base_url as the dump may print it: a row written before userinfo was refused (or around
+    validation) keeps its credentials out of the output."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def render_document(config: GatewayConfig) -> dict[str, Any]:
     s = config.settings
     document: dict[str, Any] = {
@@ -1041,7 +1051,11 @@ def render_document(config: GatewayConfig) -> dict[str, Any]:
     for pool in sorted(config.pools, key=lambda p: p.name):
         assignments = []
         for a in sorted(pool.assignments, key=lambda a: (a.tier, a.name)):
-            item: dict[str, Any] = {"name": a.name, "adapter": a.adapter, "base_url": a.base_url}
+            item: dict[str, Any] = {
+                "name": a.name,
+                "adapter": a.adapter,
+                "base_url": _without_userinfo(a.base_url),
+            }
             if a.api_key_env:
                 item["api_key_env"] = a.api_key_env
             item.update(tier=a.tier, weight=a.weight)

@@ -294,3 +294,13 @@ def test_without_a_credentials_key_a_file_that_stores_one_changes_nothing(tmp_pa
     assert "pools[0].assignments[0].api_key_from_env: GATEWAY_CREDENTIALS_KEY is not set" in err.getvalue()
     assert not Assignment.objects.exists()
     assert PoolFactory._meta.model.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_dump_never_prints_userinfo_even_from_a_row_written_around_validation():
+    a = AssignmentFactory(name="legacy", base_url="http://127.0.0.1:9101/v1")
+    Assignment.objects.filter(pk=a.pk).update(base_url="https://user:sk-in-the-url-9999@api.example.com/v1")
+    out = StringIO()
+    call_command("dump_gateway_config", stdout=out)
+    assert "sk-in-the-url-9999" not in out.getvalue() and "user:" not in out.getvalue()
+    assert "base_url: https://api.example.com/v1" in out.getvalue()
