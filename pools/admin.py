@@ -229,8 +229,23 @@ class GatewayKeyAdmin(PoolScopedAdmin):
         return request.user.is_superuser and super().has_add_permission(request)
 
 
+class GatewayWideAdmin(admin.ModelAdmin):
+    """Settings that route every pool's traffic (circuit and retry settings, model aliases and
+    fallbacks): a pool operator may look, only a superuser changes them, since a change reaches pools
+    that are not the operator's (SPEC §9, §11)."""
+
+    def has_add_permission(self, request) -> bool:
+        return request.user.is_superuser and super().has_add_permission(request)
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return request.user.is_superuser and super().has_delete_permission(request, obj)
+
+
 @admin.register(GatewaySettings)
-class GatewaySettingsAdmin(admin.ModelAdmin):
+class GatewaySettingsAdmin(GatewayWideAdmin):
     list_display = (
         "__str__",
         "failure_threshold",
@@ -248,12 +263,12 @@ class GatewaySettingsAdmin(admin.ModelAdmin):
 
 
 @admin.register(ModelAlias)
-class ModelAliasAdmin(admin.ModelAdmin):
+class ModelAliasAdmin(GatewayWideAdmin):
     list_display = ("alias", "canonical")
     search_fields = ("alias", "canonical")
 
 
 @admin.register(ModelFallback)
-class ModelFallbackAdmin(admin.ModelAdmin):
+class ModelFallbackAdmin(GatewayWideAdmin):
     list_display = ("requested", "served")
     search_fields = ("requested", "served")

@@ -221,3 +221,41 @@ def test_ordinary_base_urls_are_accepted(root, pools, url):
     page = _change(Assignment, a.pk)
     assert root.post(page, form_data(root, page, base_url=url)).status_code == 302
     assert Assignment.objects.get(pk=a.pk).base_url == url
+
+
+def test_a_pool_operator_cannot_change_what_routes_every_pool(client, pools):
+    from pools.models import GatewaySettings, ModelAlias, ModelFallback
+
+    perms = tuple(
+        f"{action}_{name}"
+        for action in ("view", "add", "change", "delete")
+        for name in ("gatewaysettings", "modelalias", "modelfallback")
+    )
+    client.force_login(make_user("operator", perms=perms, pools=(pools[0],)))
+    settings_row = GatewaySettings.load()
+    alias = ModelAlias.objects.create(alias="gpt5", canonical="gpt-5")
+    fallback = ModelFallback.objects.create(requested="gpt-9", served="gpt-5")
+    for model, row in ((GatewaySettings, settings_row), (ModelAlias, alias), (ModelFallback, fallback)):
+        assert client.get(_change(model, row.pk)).status_code == 200  # may look
+        html = client.get(_change(model, row.pk)).content.decode()
+        assert 'type="submit"' not in html or 'name="_save"' not in html
+        client.post(
+            _change(model, row.pk),
+            {
+                "alias": "gpt5",
+                "canonical": "attacker-model",
+                "requested": "gpt-9",
+                "served": "attacker-model",
+                "max_attempts": "1",
+            },
+        )
+        assert (
+            client.post(
+                reverse(f"admin:pools_{model._meta.model_name}_delete", args=[row.pk]), {"post": "yes"}
+            ).status_code
+            == 403
+        )
+    assert ModelAlias.objects.get(pk=alias.pk).canonical == "gpt-5"
+    assert ModelFallback.objects.get(pk=fallback.pk).served == "gpt-5"
+    assert GatewaySettings.load().max_attempts == settings_row.max_attempts
+    assert client.get(reverse("admin:pools_modelalias_add")).status_code == 403
