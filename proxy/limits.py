@@ -102,11 +102,12 @@ def _slot_take(key_id: int, limit: int, lease: str, now: float) -> int | None:
     """Take a free (or expired) slot below `limit` with one upsert; None when all are held.
 
     Two requests may pick the same free slot: the upsert's condition lets one win, and the other,
-    finding fewer live slots than the limit, tries again."""
+    finding fewer live slots than the limit, tries again. Each lost try means another request took a
+    slot, so `limit` tries are enough never to refuse while a slot is free."""
     _, slot = _tables()
     now_param = rawsql.as_param(_utc(now))
     until = rawsql.as_param(_utc(now + LEASE_S))
-    for _ in range(3):
+    for _ in range(limit):
         rows = rawsql.fetch(
             "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < %s) "  # noqa: S608
             f"INSERT INTO {slot} (key_id, slot, lease, expires_at) "

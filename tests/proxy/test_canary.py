@@ -330,3 +330,47 @@ def test_an_error_event_after_output_carries_only_sanitized_fields(gateway, cana
     assert [t for t, value in _database_values() if FIELD_CANARY in value] == []
     [attempt] = RequestRecord.objects.get().attempts.all()
     assert attempt.status == "failed" and attempt.error_code == "upstream_error"
+
+
+@pytest.mark.parametrize("redis_url", ["", "redis://127.0.0.1:6379/0"], ids=["database", "redis"])
+def test_per_key_limits_keep_no_key_or_content_in_their_counts(
+    gateway, canary_pool, every_log_record, capfd, settings, redis_url
+):
+    """The limits' counts (database tables or Redis keys) name a key by its id only."""
+    import uuid
+
+    import redis
+
+    from pools.models import GatewayKey
+
+    prefix = f"gw-canary-{uuid.uuid4().hex[:12]}"
+    settings.REDIS_URL, settings.GATEWAY_REDIS_PREFIX = redis_url, prefix
+    GatewayKey.objects.filter(name="canary").update(limit_rpm=2, limit_tpm=10**6, limit_concurrent=4)
+    a, _ = canary_pool
+    a.script("gpt-5", serve(f"sure {COMPLETION}"))
+    auth = {"authorization": f"Bearer {GATEWAY_KEY}"}
+    chat = {"model": "gpt-5", "messages": [{"role": "user", "content": f"say {PROMPT}"}]}
+    replies = [
+        httpx.post(f"{gateway}/v1/chat/completions", json=chat, headers=auth, timeout=TIMEOUT)
+        for _ in range(3)
+    ]
+    assert [r.status_code for r in replies] == [200, 200, 429]
+
+    ledger_settled()
+    stored = [value for _, value in _database_values()]
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0", decode_responses=True)
+    try:
+        for name in client.scan_iter(f"{prefix}:*"):
+            stored.append(name)
+            kind = client.type(name)
+            stored.append(json.dumps(client.hgetall(name) if kind == "hash" else client.zrange(name, 0, -1)))
+            client.delete(name)
+    finally:
+        client.close()
+    if redis_url:
+        assert any(f"{prefix}:limits:" in value for value in stored)  # the scan reads the counts
+    assert [(canary, v) for v in stored for canary in CANARIES if canary in v] == []
+    lines = [every_log_record.handler.format(r) for r in every_log_record.records]
+    captured = capfd.readouterr()
+    lines += [captured.out, captured.err]
+    assert [(canary, line) for line in lines for canary in CANARIES if canary in line] == []
