@@ -14,6 +14,7 @@ import openai
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
 from pools.models import GatewayKey, KeyLimitSlot, KeyLimitWindow
@@ -106,6 +107,16 @@ def test_the_fourth_request_of_an_rpm_3_key_is_refused_before_the_upstream(
     assert (a.hit_count(), b.hit_count()) == (3, 0)  # nothing of the 4th reached an upstream
     record = record_of(refused)
     assert (record.outcome, record.status_code, record.attempts.count()) == ("rate_limit_exceeded", 429, 0)
+    scraped = text_string_to_metric_families(httpx.get(f"{gateway}/metrics", timeout=15).text)
+    refusals = [  # /metrics names the outcome as the ledger does
+        sample.value
+        for family in scraped
+        for sample in family.samples
+        if sample.name == "gateway_requests_total"
+        and sample.labels.get("outcome") == "rate_limit_exceeded"
+        and sample.labels.get("route") == "/v1/chat/completions"
+    ]
+    assert refusals and refusals[0] >= 1
 
 
 def test_a_new_minute_admits_again(gateway, two_assignments, backend, minute_clock, monkeypatch):
