@@ -16,6 +16,7 @@ from django.urls import path
 from django.utils import timezone
 
 from catalog.models import CatalogEntry
+from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
 from gatewaysite.admin import PoolScopedAdmin, ReadOnlyAdmin
 from pools.models import Assignment, GatewaySettings
@@ -133,9 +134,25 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
     by_id = {a.pk: a for a in assignments}
     evidence = evidence_load(pool_ids=pool_ids, now=now)
     entries: dict[int, list[panel.ModelFacts]] = {}
-    for assignment_id, model, provenance, tools, vision, window in CatalogEntry.objects.filter(
-        assignment__pool_id__in=pool_ids
-    ).values_list("assignment_id", "model", "provenance", "tools", "vision", "context_window"):
+    for (
+        assignment_id,
+        model,
+        provenance,
+        tools,
+        vision,
+        window,
+        input_price,
+        output_price,
+    ) in CatalogEntry.objects.filter(assignment__pool_id__in=pool_ids).values_list(
+        "assignment_id",
+        "model",
+        "provenance",
+        "tools",
+        "vision",
+        "context_window",
+        "input_per_mtok_micros",
+        "output_per_mtok_micros",
+    ):
         capabilities = route_capabilities(
             by_id[assignment_id],
             model=model,
@@ -145,7 +162,15 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
             now=now,
         )
         entries.setdefault(assignment_id, []).append(
-            panel.ModelFacts(model, provenance, TriState(tools), TriState(vision), window, capabilities)
+            panel.ModelFacts(
+                model,
+                provenance,
+                TriState(tools),
+                TriState(vision),
+                window,
+                capabilities,
+                price=route_price(model, input_price, output_price),
+            )
         )
     circuits: dict[int, dict[tuple[str, RouteClass], CircuitSnapshot]] = {}
     wide: dict[int, CircuitSnapshot] = {}  # assignment-wide circuits (credential_rejected)

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.capabilities import Effective
-from routing.types import CircuitReason, CircuitState, Health, RouteClass, TriState
+from routing.types import CircuitReason, CircuitState, Health, Price, RouteClass, TriState
 
 USAGE_WINDOW = timedelta(minutes=5)
 LEADERBOARD_SIZE = 25
@@ -103,6 +103,9 @@ def signal(
     )
 
 
+UNKNOWN_PRICE = Price()
+
+
 @dataclass(frozen=True, slots=True)
 class ModelFacts:
     """One catalog entry of an assignment."""
@@ -115,6 +118,7 @@ class ModelFacts:
     # The route's effective capabilities with their provenance (`routing.capabilities.effective`,
     # computed by the loader exactly as the router's snapshot does), in `Capability` order.
     capabilities: tuple[Effective, ...] = ()
+    price: Price = UNKNOWN_PRICE  # priced as the router does, with its provenance
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,7 @@ class ModelRow:
     signals: tuple[Signal, ...]  # one per ROUTE_CLASSES, in that order
     demotion: DemotionFacts | None
     capabilities: tuple[Effective, ...] = ()  # empty for a model that is not advertised
+    price: Price = UNKNOWN_PRICE
 
     @property
     def advertised(self) -> bool:
@@ -178,6 +183,7 @@ def model_rows(
                 ),
                 demotion=demotion if demotion is not None and demotion.until > now else None,
                 capabilities=entry.capabilities if entry else (),
+                price=entry.price if entry else UNKNOWN_PRICE,
             )
         )
     return tuple(rows)

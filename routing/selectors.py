@@ -16,6 +16,7 @@ from datetime import datetime
 from django.db.models import Q
 
 from catalog.models import CatalogEntry
+from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
 from gatewaysite import rawsql
 from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback, Pool
@@ -102,7 +103,7 @@ def _candidate(entry: CatalogEntry, capabilities: dict[Capability, Effective]) -
         quality=a.quality,
         min_deadline_ms=a.min_deadline_ms,
         context_window=entry.context_window,
-        price=Price(entry.input_per_mtok_micros, entry.output_per_mtok_micros),
+        price=route_price(entry.model, entry.input_per_mtok_micros, entry.output_per_mtok_micros),
         provenance=entry.provenance or None,
     )
 

@@ -93,12 +93,29 @@ class IneligibleReason(enum.StrEnum):
     CIRCUIT_OPEN = "circuit_open"
 
 
+class PriceSource(enum.StrEnum):
+    """Where a price came from (SPEC §3): the catalog entry (configured, always wins), the bundled
+    list-price table (`catalog/prices.yaml`), or nowhere (unknown: never zero)."""
+
+    CONFIGURED = "configured"
+    BUNDLED = "bundled"
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True, slots=True)
 class Price:
     """Micros per million tokens; None is unknown (never zero). An explicit 0 is a real free price."""
 
     input_per_mtok_micros: int | None = None
     output_per_mtok_micros: int | None = None
+    source: PriceSource = PriceSource.CONFIGURED
+
+    @property
+    def provenance(self) -> PriceSource:
+        """`unknown` unless both sides are known: a half-declared price prices nothing."""
+        if self.input_per_mtok_micros is None or self.output_per_mtok_micros is None:
+            return PriceSource.UNKNOWN
+        return self.source
 
 
 @dataclass(frozen=True, slots=True)

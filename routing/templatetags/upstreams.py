@@ -14,6 +14,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from routing.capabilities import Effective
 from routing.panel import AssignmentRow, ModelRow, Signal
+from routing.pricing import price_text
 
 register = template.Library()
 
@@ -118,6 +119,17 @@ def _capabilities(m: ModelRow) -> str:
     return f'<span class="caps">{"".join(_effective(e) for e in m.capabilities)}</span>'
 
 
+def _price(m: ModelRow) -> str:
+    """The price the router uses for this route, with where it comes from (never `$0` for unknown)."""
+    if not m.advertised:
+        return ""
+    source = escape(m.price.provenance)
+    return (
+        f' <span class="price price-{source}" data-price-provenance="{source}">'
+        f"price {escape(price_text(m.price))}</span>"
+    )
+
+
 def _model_row(m: ModelRow) -> str:
     model, provenance = escape(m.model), escape(m.provenance)
     signals = "".join(f'<td data-label="{escape(s.label)}">{_signal(s)}</td>' for s in m.signals)
@@ -125,7 +137,7 @@ def _model_row(m: ModelRow) -> str:
         f'<tr data-model="{model}"><th scope="row" data-label="Model" class="model-id">'
         f'<span class="model-name">{model}</span> <span class="visually-hidden">provenance: </span>'
         f'<span class="provenance provenance-{provenance.replace(" ", "-")}" data-provenance="{provenance}">'
-        f"{provenance}</span></th>"
+        f"{provenance}</span>{_price(m)}</th>"
         f'<td data-label="Capabilities">{_capabilities(m)}</td>'
         f'{signals}<td data-label="Demotion">{_demotion(m)}</td></tr>'
     )

@@ -8,9 +8,12 @@ import httpx
 import pytest
 
 from catalog.models import CatalogEntry
+from catalog.prices import bundled_price
 from pools.models import GatewayKey
 from proxy.ledger import writer
 from proxy.models import Attempt
+from routing.pricing import cost_micros
+from routing.types import Price, PriceSource
 from tests.fakes.upstream import cut_stream, serve
 from tests.proxy.conftest import GATEWAY_KEY
 
@@ -20,6 +23,18 @@ CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}], "max_
 
 def _price(input_micros, output_micros):
     CatalogEntry.objects.update(input_per_mtok_micros=input_micros, output_per_mtok_micros=output_micros)
+
+
+UNPRICED = "house-model-1"  # named by no configured price and not in catalog/prices.yaml
+
+
+def _unpriced(*fakes) -> dict:
+    """Both accounts serve a model no price table knows; the request body that asks for it."""
+    assert bundled_price(UNPRICED) is None
+    for fake in fakes:
+        fake.models = (UNPRICED,)
+    CatalogEntry.objects.update(model=UNPRICED)
+    return {**CHAT, "model": UNPRICED}
 
 
 def test_a_served_request_spends_its_known_cost(gateway, two_assignments):
@@ -33,10 +48,36 @@ def test_a_served_request_spends_its_known_cost(gateway, two_assignments):
     assert GatewayKey.objects.get().spent_micros == attempt.cost_micros
 
 
+def test_a_configured_price_wins_over_the_bundled_one(gateway, two_assignments):
+    _price(1_000_000, 2_000_000)  # gpt-5 is in catalog/prices.yaml at other rates
+    assert bundled_price("gpt-5") != Price(1_000_000, 2_000_000, PriceSource.BUNDLED)
+    response = httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10)
+    assert response.status_code == 200
+    writer.flush()
+    attempt = Attempt.objects.get(status="succeeded")
+    assert attempt.cost_micros == attempt.input_tokens * 1 + attempt.output_tokens * 2
+
+
+def test_without_a_configured_price_the_bundled_list_price_serves_a_budget_and_is_recorded(
+    gateway, two_assignments
+):
+    bundled = bundled_price("gpt-5")
+    assert bundled is not None and bundled.provenance == PriceSource.BUNDLED
+    GatewayKey.objects.update(budget_micros=1_000_000)  # no price configured on any entry
+    response = httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10)
+    assert response.status_code == 200
+    writer.flush()
+    attempt = Attempt.objects.get(status="succeeded")
+    expected = cost_micros(bundled, input_tokens=attempt.input_tokens, output_tokens=attempt.output_tokens)
+    assert attempt.cost_micros == expected > 0
+    assert GatewayKey.objects.get().spent_micros == expected
+
+
 def test_an_unknown_price_with_a_budget_is_ineligible(gateway, two_assignments):
     a, b, _ = two_assignments
+    body = _unpriced(a, b)
     GatewayKey.objects.update(budget_micros=1_000_000)  # prices stay unknown
-    response = httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10)
+    response = httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=AUTH, timeout=10)
     assert response.status_code == 503
     assert (response.json()["error"]["code"], response.json()["error"]["param"]) == (
         "no_eligible_backend",
@@ -57,8 +98,9 @@ def test_an_exhausted_budget_is_ineligible_and_without_a_budget_unknown_cost_is_
 
     GatewayKey.objects.update(budget_micros=None)
     _price(None, None)
+    body = _unpriced(a, b)
     assert (
-        httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10).status_code == 200
+        httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=AUTH, timeout=10).status_code == 200
     )
     writer.flush()
     assert Attempt.objects.get(status="succeeded").cost_micros is None

@@ -7,6 +7,7 @@ from django.utils import timezone
 from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
 from routing.eligibility import tighten
+from routing.pricing import price_text
 from routing.route import (
     Decision,
     RequirementsHeaderError,
@@ -103,6 +104,7 @@ class Command(BaseCommand):
         )
         self._write_decision(decision)
         self._write_capabilities(decision, now)
+        self._write_prices(decision)
 
     def _write_decision(self, decision: Decision) -> None:
         w = self.stdout.write
@@ -150,6 +152,18 @@ class Command(BaseCommand):
             if c.key in explained:
                 text = " ".join(provenance_text(v) for v in explained[c.key])
                 self.stdout.write(f"  {c.assignment} / {c.model}: {text}")
+
+    def _write_prices(self, decision: Decision) -> None:
+        """The price the router uses for each candidate (reservation under a budget, recorded cost) and
+        where it comes from: configured, bundled (catalog/prices.yaml) or unknown."""
+        plan = decision.plan
+        if plan is None:
+            return
+        shown = [*plan.order, *(v.candidate for v in plan.ineligible)]
+        if shown:
+            self.stdout.write("prices (per million tokens, input / output):")
+        for c in shown:
+            self.stdout.write(f"  {c.assignment} / {c.model}: {price_text(c.price)}")
 
     @staticmethod
     def _describe(c: Candidate) -> str:
