@@ -5,6 +5,9 @@ from django.urls import NoReverseMatch, reverse
 
 from pools.models import Assignment, GatewayKey, Pool
 from pools.selectors import keys_visible_to, pools_visible_to
+from proxy.models import RequestRecord
+
+OPERATOR_PAGES = (("Upstreams", "upstreams", Assignment), ("Spend", "spend", RequestRecord))
 
 
 class GatewayAdminSite(admin.AdminSite):
@@ -14,35 +17,45 @@ class GatewayAdminSite(admin.AdminSite):
 
     def get_urls(self):
         # Imported here: routing.admin registers its ModelAdmins on this very site at import time.
+        from proxy.spend import SpendPage
         from routing.admin import UpstreamsPanel
 
         # Custom URLs go before the admin's own, whose catch-all would otherwise answer first.
-        return [*UpstreamsPanel(self).get_urls(), *super().get_urls()]
+        return [*UpstreamsPanel(self).get_urls(), *SpendPage(self).get_urls(), *super().get_urls()]
 
     def get_app_list(self, request, app_label=None):
         apps = super().get_app_list(request, app_label)
-        assignments = self._registry.get(Assignment)
-        if app_label is not None or assignments is None or not assignments.has_view_permission(request):
+        if app_label is not None:
             return apps
-        try:
-            url = reverse("admin:upstreams", current_app=self.name)
-        except NoReverseMatch:
-            return apps
-        operations = {
-            "name": "Operations",
-            "app_label": "operations",
-            "app_url": url,
-            "has_module_perms": True,
-            "models": [
+        pages = []
+        # Each operator page is listed to the users its view lets in: Upstreams needs the view
+        # permission on assignments, Spend on request records.
+        for name, url_name, model in OPERATOR_PAGES:
+            model_admin = self._registry.get(model)
+            if model_admin is None or not model_admin.has_view_permission(request):
+                continue
+            try:
+                url = reverse(f"admin:{url_name}", current_app=self.name)
+            except NoReverseMatch:
+                continue
+            pages.append(
                 {
-                    "name": "Upstreams",
-                    "object_name": "Upstreams",
+                    "name": name,
+                    "object_name": name,
                     "admin_url": url,
                     "add_url": None,
                     "view_only": True,
                     "perms": {"add": False, "change": False, "delete": False, "view": True},
                 }
-            ],
+            )
+        if not pages:
+            return apps
+        operations = {
+            "name": "Operations",
+            "app_label": "operations",
+            "app_url": pages[0]["admin_url"],
+            "has_module_perms": True,
+            "models": pages,
         }
         return [operations, *apps]
 

@@ -1,0 +1,305 @@
+"""/admin/spend/ (issue 20 point 2): what each key and each model cost, per UTC day over the last 30
+days, as charts people look at and tables people can read.
+
+Spend is the ledger's attempts' `cost_micros` (what each dispatched attempt cost at its route's price,
+configured or bundled; a failed attempt that reported usage included), by the day its request started.
+An attempt whose price was unknown has no cost (NULL): it is counted apart as "unpriced", never as $0.
+
+Scoping is the request list's: the page reads the request records through the RequestRecord
+ModelAdmin's own `get_queryset` (the one admin scoping mechanism, `gatewaysite.admin.PoolScopedAdmin`),
+so an operator sees exactly the spend of the records they may open, nothing of another pool. One
+aggregate query, whatever the number of keys, models and days; reads only.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncDate
+from django.http import HttpResponseNotAllowed
+from django.template.response import TemplateResponse
+from django.urls import path
+from django.utils import timezone
+
+from proxy.models import Attempt, AttemptStatus, RequestRecord
+from routing.pricing import dollars
+
+DAYS = 30
+# An attempt whose cost is unknown: no cost recorded although something was (or may have been) charged:
+# it answered or was cancelled mid-way, or it reported usage. A failed attempt without usage had
+# nothing to charge, so its missing cost is not "unknown".
+UNKNOWN_COST = Q(cost_micros__isnull=True) & (
+    Q(status__in=(AttemptStatus.SUCCEEDED, AttemptStatus.CANCELLED))
+    | Q(input_tokens__isnull=False)
+    | Q(output_tokens__isnull=False)
+)
+TOP_SERIES = 6  # the most expensive keys (models) get a colour each; the rest are one "other" series
+PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00")
+OTHER_COLOUR = "#8c8c8c"
+NO_KEY = "(no key)"
+
+# Chart geometry (SVG user units; the SVG scales to its container's width).
+CHART_WIDTH, CHART_HEIGHT = 640, 220
+PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_BOTTOM = 64, 8, 12, 28
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    name: str
+    colour: str
+    total_micros: int
+    attempts: int
+    unpriced: int  # attempts whose cost is unknown (no price): not counted as zero
+    by_day: tuple[int, ...]  # micros per day, oldest first
+
+    @property
+    def total_text(self) -> str:
+        return dollars(self.total_micros)
+
+
+@dataclass(frozen=True, slots=True)
+class Rect:
+    x: float
+    y: float
+    width: float
+    height: float
+    colour: str
+    label: str  # <title> of the rectangle: day, series and amount
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    y: float
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    rects: tuple[Rect, ...]
+    ticks: tuple[Tick, ...]
+    day_labels: tuple[tuple[float, str], ...]  # (x, "MM-DD") every few days
+    width: int = CHART_WIDTH
+    height: int = CHART_HEIGHT
+    plot_left: int = PLOT_LEFT
+    plot_bottom_y: int = CHART_HEIGHT - PLOT_BOTTOM
+    plot_right_x: int = CHART_WIDTH - PLOT_RIGHT
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Spend by one dimension (key or model): its series, the daily totals, and the chart."""
+
+    title: str
+    series: tuple[Series, ...]  # the top ones, then "other" when there are more
+    all_rows: tuple[Series, ...]  # every key (model) for the table, most expensive first
+    chart: Chart
+    summary: str  # the chart's text alternative
+
+
+@dataclass(frozen=True, slots=True)
+class SpendReport:
+    days: tuple[date, ...]
+    daily_totals: tuple[int, ...]
+    total_micros: int
+    unpriced: int
+    by_key: Breakdown
+    by_model: Breakdown
+
+    @property
+    def total_text(self) -> str:
+        return dollars(self.total_micros)
+
+    @property
+    def breakdowns(self) -> tuple[Breakdown, Breakdown]:
+        return (self.by_key, self.by_model)
+
+    @property
+    def daily_rows(self) -> list[tuple[date, str]]:
+        return [(d, dollars(m)) for d, m in zip(self.days, self.daily_totals, strict=True)]
+
+
+def _series(cells: dict[str, dict[date, list[int]]], days: tuple[date, ...]) -> list[Series]:
+    """Every name's daily micros, most expensive first (then by name)."""
+    out = []
+    for name, per_day in cells.items():
+        by_day = tuple(per_day.get(d, [0, 0, 0])[0] for d in days)
+        attempts = sum(v[1] for v in per_day.values())
+        unpriced = sum(v[2] for v in per_day.values())
+        out.append(Series(name, "", sum(by_day), attempts, unpriced, by_day))
+    out.sort(key=lambda s: (-s.total_micros, s.name))
+    return [
+        Series(s.name, PALETTE[i] if i < TOP_SERIES else OTHER_COLOUR, *_rest(s)) for i, s in enumerate(out)
+    ]
+
+
+def _rest(s: Series) -> tuple:
+    return (s.total_micros, s.attempts, s.unpriced, s.by_day)
+
+
+def _top(rows: list[Series], days: tuple[date, ...]) -> list[Series]:
+    top = list(rows[:TOP_SERIES])
+    rest = rows[TOP_SERIES:]
+    if rest:
+        by_day = tuple(sum(s.by_day[i] for s in rest) for i in range(len(days)))
+        top.append(
+            Series(
+                f"{len(rest)} others",
+                OTHER_COLOUR,
+                sum(by_day),
+                sum(s.attempts for s in rest),
+                sum(s.unpriced for s in rest),
+                by_day,
+            )
+        )
+    return top
+
+
+def _nice_max(value: int) -> int:
+    """The axis maximum: four gridline steps of 1, 2, 2.5 or 5 times a power of ten (in micros), at
+    least `value` (4 when nothing was spent), so every gridline reads as a round amount."""
+    need = max(-(-value // 4), 1)
+    magnitude = 1
+    while magnitude * 10 < need:
+        magnitude *= 10
+    steps = [magnitude, 2 * magnitude, 5 * magnitude, 10 * magnitude]
+    if magnitude >= 10:
+        steps.insert(2, magnitude * 5 // 2)
+    return 4 * next(step for step in steps if step >= need)
+
+
+def chart(series: list[Series], days: tuple[date, ...]) -> Chart:
+    """Stacked bars, one per day, each series a colour; y in dollars from 0."""
+    totals = [sum(s.by_day[i] for s in series) for i in range(len(days))]
+    top = _nice_max(max(totals, default=0))
+    plot_w = CHART_WIDTH - PLOT_LEFT - PLOT_RIGHT
+    plot_h = CHART_HEIGHT - PLOT_TOP - PLOT_BOTTOM
+    slot = plot_w / max(len(days), 1)
+    bar_w = slot * 0.75
+    rects = []
+    for i, day in enumerate(days):
+        x = PLOT_LEFT + i * slot + (slot - bar_w) / 2
+        y = CHART_HEIGHT - PLOT_BOTTOM
+        for s in series:
+            micros = s.by_day[i]
+            if micros <= 0:
+                continue
+            h = plot_h * micros / top
+            y -= h
+            rects.append(
+                Rect(
+                    round(x, 2),
+                    round(y, 2),
+                    round(bar_w, 2),
+                    round(h, 2),
+                    s.colour,
+                    f"{day.isoformat()}: {s.name} {dollars(micros)}",
+                )
+            )
+    ticks = tuple(
+        Tick(round(CHART_HEIGHT - PLOT_BOTTOM - plot_h * quarter / 4, 2), dollars(top * quarter // 4))
+        for quarter in (0, 1, 2, 3, 4)
+    )
+    labels = tuple(
+        (round(PLOT_LEFT + i * slot + slot / 2, 2), d.strftime("%m-%d"))
+        for i, d in enumerate(days)
+        if i % 5 == 4
+    )
+    return Chart(tuple(rects), ticks, labels)
+
+
+def _summary(what: str, series: list[Series], total: int) -> str:
+    if total == 0:
+        return f"No known spend by {what} in the last {DAYS} days."
+    parts = ", ".join(f"{s.name} {s.total_text}" for s in series)
+    return f"Spend per day by {what} over the last {DAYS} days, {dollars(total)} in all: {parts}."
+
+
+def spend_report(records, *, now: datetime) -> SpendReport:
+    """The last DAYS UTC days (today included) of the attempts of `records` (a scoped queryset of
+    RequestRecord), in one aggregate query."""
+    today = now.astimezone(UTC).date()
+    days = tuple(today - timedelta(days=DAYS - 1 - i) for i in range(DAYS))
+    since = datetime.combine(days[0], datetime.min.time(), tzinfo=UTC)
+    rows = (
+        Attempt.objects.filter(request__in=records.values("pk"), request__started_at__gte=since)
+        .exclude(status=AttemptStatus.INELIGIBLE)
+        .annotate(day=TruncDate("request__started_at", tzinfo=UTC))
+        .values("day", "request__key__name", "model")
+        .annotate(
+            cost=Sum("cost_micros"),
+            attempts=Count("pk"),
+            unpriced=Count("pk", filter=UNKNOWN_COST),
+        )
+        .order_by()
+    )
+    by_key: dict[str, dict[date, list[int]]] = defaultdict(dict)
+    by_model: dict[str, dict[date, list[int]]] = defaultdict(dict)
+    daily = dict.fromkeys(days, 0)
+    unpriced = 0
+    for row in rows:
+        day = row["day"]
+        if day not in daily:  # a request started in the future of `now` (clock skew between nodes)
+            continue
+        cost, attempts, missing = row["cost"] or 0, row["attempts"], row["unpriced"]
+        daily[day] += cost
+        unpriced += missing
+        for cells, name in ((by_key, row["request__key__name"] or NO_KEY), (by_model, row["model"])):
+            cell = cells[name].setdefault(day, [0, 0, 0])
+            cell[0] += cost
+            cell[1] += attempts
+            cell[2] += missing
+    total = sum(daily.values())
+    breakdowns = []
+    for what, cells in (("key", by_key), ("model", by_model)):
+        rows_all = _series(cells, days)
+        top = _top(rows_all, days)
+        breakdowns.append(
+            Breakdown(
+                title=f"By {what}",
+                series=tuple(top),
+                all_rows=tuple(rows_all),
+                chart=chart(top, days),
+                summary=_summary(what, top, total),
+            )
+        )
+    return SpendReport(
+        days=days,
+        daily_totals=tuple(daily[d] for d in days),
+        total_micros=total,
+        unpriced=unpriced,
+        by_key=breakdowns[0],
+        by_model=breakdowns[1],
+    )
+
+
+class SpendPage:
+    """/admin/spend/: read-only (GET and HEAD only, no form). Needs active staff (`admin_view`) with the
+    view permission on request records (403 without it); shows only what that user's request list
+    shows."""
+
+    template_name = "admin/spend/index.html"
+
+    def __init__(self, admin_site: admin.AdminSite) -> None:
+        self.admin_site = admin_site
+
+    def get_urls(self):
+        return [path("spend/", self.admin_site.admin_view(self.view), name="spend")]
+
+    def records_admin(self):
+        return self.admin_site._registry.get(RequestRecord)
+
+    def has_permission(self, request) -> bool:
+        records = self.records_admin()
+        return records is not None and records.has_view_permission(request)
+
+    def view(self, request):
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
+        if not self.has_permission(request):
+            raise PermissionDenied
+        report = spend_report(self.records_admin().get_queryset(request), now=timezone.now())
+        context = {**self.admin_site.each_context(request), "title": "Spend", "report": report}
+        return TemplateResponse(request, self.template_name, context)
