@@ -1,27 +1,50 @@
 """Admin building blocks shared by the apps, and the gateway's admin site."""
 
+from typing import ClassVar, Protocol
+
 from django.contrib import admin
-from django.urls import NoReverseMatch, reverse
+from django.db import models
+from django.urls import NoReverseMatch, URLPattern, reverse
 
 from pools.models import Assignment, GatewayKey, Pool
 from pools.selectors import keys_visible_to, pools_visible_to
-from proxy.models import RequestRecord
 
-OPERATOR_PAGES = (("Upstreams", "upstreams", Assignment), ("Spend", "spend", RequestRecord))
+
+class OperatorPage(Protocol):
+    """A site-level page (not a model's changelist) listed under Operations: /admin/upstreams/,
+    /admin/spend/. `model` is the model whose view permission lets a user see it."""
+
+    name: ClassVar[str]
+    url_name: ClassVar[str]
+    model: ClassVar[type[models.Model]]
+
+    def __init__(self, admin_site: admin.AdminSite) -> None: ...
+
+    def get_urls(self) -> list[URLPattern]: ...
 
 
 class GatewayAdminSite(admin.AdminSite):
-    """Django's admin plus the site-level operator pages (/admin/upstreams/). Installed as the
-    default site by `gatewaysite.apps.GatewayAdminConfig`, so `admin.site` and every
-    `@admin.register` keep working unchanged."""
+    """Django's admin plus the site-level operator pages. Installed as the default site by
+    `gatewaysite.apps.GatewayAdminConfig`, so `admin.site` and every `@admin.register` keep working
+    unchanged. Each app's admin module registers its pages with `register_page`, as it registers its
+    ModelAdmins, so this site imports no app's admin (that import was a cycle: the apps' admins build on
+    the classes below)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._pages: list[type[OperatorPage]] = []
+
+    def register_page(self, page: type[OperatorPage]) -> type[OperatorPage]:
+        """Add `page` (usable as a class decorator). Pages are listed in registration order, which
+        autodiscovery makes INSTALLED_APPS order: Upstreams (routing), then Spend (proxy)."""
+        if page not in self._pages:
+            self._pages.append(page)
+        return page
 
     def get_urls(self):
-        # Imported here: routing.admin registers its ModelAdmins on this very site at import time.
-        from proxy.spend import SpendPage
-        from routing.admin import UpstreamsPanel
-
         # Custom URLs go before the admin's own, whose catch-all would otherwise answer first.
-        return [*UpstreamsPanel(self).get_urls(), *SpendPage(self).get_urls(), *super().get_urls()]
+        pages = [url for page in self._pages for url in page(self).get_urls()]
+        return [*pages, *super().get_urls()]
 
     def get_app_list(self, request, app_label=None):
         apps = super().get_app_list(request, app_label)
@@ -30,18 +53,18 @@ class GatewayAdminSite(admin.AdminSite):
         pages = []
         # Each operator page is listed to the users its view lets in: Upstreams needs the view
         # permission on assignments, Spend on request records.
-        for name, url_name, model in OPERATOR_PAGES:
-            model_admin = self._registry.get(model)
+        for page in self._pages:
+            model_admin = self._registry.get(page.model)
             if model_admin is None or not model_admin.has_view_permission(request):
                 continue
             try:
-                url = reverse(f"admin:{url_name}", current_app=self.name)
+                url = reverse(f"admin:{page.url_name}", current_app=self.name)
             except NoReverseMatch:
                 continue
             pages.append(
                 {
-                    "name": name,
-                    "object_name": name,
+                    "name": page.name,
+                    "object_name": page.name,
                     "admin_url": url,
                     "add_url": None,
                     "view_only": True,

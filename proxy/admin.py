@@ -5,6 +5,7 @@ from django.contrib import admin
 from gatewaysite.admin import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin
 from proxy import ledger_admin
 from proxy.models import Attempt, RequestRecord
+from proxy.spend import SpendPage
 
 
 class AttemptInline(PoolScopedInline):
@@ -118,3 +119,6 @@ class AttemptAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     list_display = ("request", "ordinal", "assignment", "model", "route_class", "status", "failure_class")
     list_filter = ("status", "route_class", "failure_class")
     list_select_related = ("request", "assignment")
+
+
+admin.site.register_page(SpendPage)

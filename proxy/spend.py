@@ -280,13 +280,16 @@ class SpendPage:
     view permission on request records (403 without it); shows only what that user's request list
     shows."""
 
+    name = "Spend"
+    url_name = "spend"
+    model = RequestRecord
     template_name = "admin/spend/index.html"
 
     def __init__(self, admin_site: admin.AdminSite) -> None:
         self.admin_site = admin_site
 
     def get_urls(self):
-        return [path("spend/", self.admin_site.admin_view(self.view), name="spend")]
+        return [path("spend/", self.admin_site.admin_view(self.view), name=self.url_name)]
 
     def records_admin(self):
         return self.admin_site._registry.get(RequestRecord)

@@ -219,6 +219,7 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
     )
 
 
+@admin.site.register_page
 class UpstreamsPanel:
     """/admin/upstreams/ (SPEC §9): pools, their assignments, and per pool a read-only Routing panel
     plus the usage leaderboard. Read-only by construction: it answers GET and HEAD only, renders no
@@ -228,13 +229,16 @@ class UpstreamsPanel:
     login page); the view itself requires the view permission on assignments (403 without it), and
     the selector shows a non-superuser only the pools granted to one of their groups."""
 
+    name = "Upstreams"
+    url_name = "upstreams"
+    model = Assignment
     template_name = "admin/upstreams/index.html"
 
     def __init__(self, admin_site: admin.AdminSite) -> None:
         self.admin_site = admin_site
 
     def get_urls(self):
-        return [path("upstreams/", self.admin_site.admin_view(self.view), name="upstreams")]
+        return [path("upstreams/", self.admin_site.admin_view(self.view), name=self.url_name)]
 
     def has_permission(self, request) -> bool:
         assignments = self.admin_site._registry.get(Assignment)
