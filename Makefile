@@ -47,4 +47,4 @@ bench: install
 # circuit, leak and memory invariants (soak/README.md). SOAK_ARGS="--requests 2000" for a shorter run;
 # SOAK_ARGS="--nodes 3 --database postgres": several nodes on a PostgreSQL of its own, nodes and database failing.
 soak: install
-	$(VENV)/bin/python soak/run.py $(SOAK_ARGS)
+	$(VENV)/bin/python soak/main.py $(SOAK_ARGS)

@@ -31,7 +31,7 @@ harness reads the ledger from the database. It asserts:
 Prints a summary table; `--json PATH` writes the full report; a run of 20,000+ requests writes its
 figures to bench/soak.md (included in bench/results.md). Exit status 0 only if every check holds.
 
-Usage: python soak/run.py [--requests 20000] [--concurrency 64] [--seed 1] [--json report.json]
+Usage: python soak/main.py [--requests 20000] [--concurrency 64] [--seed 1] [--json report.json]
 """
 
 from __future__ import annotations
@@ -973,20 +973,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    multinode = args.nodes > 1 or args.database == "postgres"
-    if args.time_limit is None:
-        args.time_limit = 1200 if multinode else 480
-    if multinode:
-        if args.database != "postgres":
-            print(
-                "soak: --nodes N > 1 needs a shared server database: add --database postgres", file=sys.stderr
-            )
-            return 2
-        from soak import multinode
-
-        return multinode.main(args)
+def main(args: argparse.Namespace) -> int:
+    """The single-node run; soak/main.py chooses between it and soak/multinode.py."""
     started = time.monotonic()
     workdir = args.workdir or ROOT / "soak" / "out" / time.strftime("%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -1248,4 +1236,4 @@ def _read_json(path: Path) -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit("soak: the entry point is soak/main.py (make soak)")
