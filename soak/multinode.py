@@ -320,7 +320,8 @@ def main(args: argparse.Namespace) -> int:
             )
         )
         l_checks, l_summary = ledger_checks(database, outcomes)
-        checks += [c for c in l_checks if c.id != "records"] + records_checks(outcomes, faults, database)
+        checks += [c for c in l_checks if c.id not in ("records", "probes")]
+        checks += [*records_checks(outcomes, faults, database), probes_check(database)]
         checks.append(replay_check(arrivals))
         checks.append(half_open_check(arrivals, poller, database))
         with open(workdir / "circuit_polls.jsonl", "w") as out:
@@ -864,7 +865,10 @@ def records_checks(outcomes: list[Outcome], faults: list[Fault], db: Database) -
     count), in two parts: `records` for every request, except those a killed node had answered
     just before its SIGKILL, which `records_sigkill` counts on its own: a node's ledger writer holds
     records in memory for a moment (it batches), and a SIGKILL takes them with it."""
-    rows = db.query("SELECT request_id, transport FROM proxy_requestrecord")
+    # The circuits_agree requests (for GONE_MODEL) come after the load and are not the client's.
+    rows = db.query(
+        "SELECT request_id, transport FROM proxy_requestrecord WHERE requested_model <> %s", (GONE_MODEL,)
+    )
     stored = {rid for rid, _ in rows}
     killed = {(f.node, f.incarnation): f for f in faults if f.name == "sigkill"}
 
@@ -910,6 +914,34 @@ def records_checks(outcomes: list[Outcome], faults: list[Fault], db: Database) -
             ),
         ),
     ]
+
+
+def probes_check(database: Database) -> Check:
+    """Across nodes a probe slot can outlive its request: the node holding it was killed, or its
+    release was a write lost while the database was unreachable. The lease (`probe_lease_seconds`)
+    frees such a slot on its own; what must never be is a slot held with no lease, or a lease longer
+    than the setting (held for good)."""
+    rows = database.query("SELECT probe_lease_seconds FROM pools_gatewaysettings WHERE id = 1")
+    lease_s = rows[0][0] if rows else 60
+    held = database.query(
+        "SELECT assignment_id, route_class, probes_in_flight, "
+        "EXTRACT(EPOCH FROM probe_lease_expires_at - now()) FROM routing_circuit WHERE probes_in_flight > 0"
+    )
+    forever = [
+        f"circuit a{a}/{rc}: {n} probe(s) held, lease {'none' if left is None else f'{float(left):.0f} s'}"
+        for a, rc, n, left in held
+        if left is None or float(left) > lease_s
+    ]
+    return Check(
+        "probes",
+        "no probe slot held for good once no request is in flight (a lease frees what a dead holder kept)",
+        not forever,
+        f"{len(held)} circuits with a probe slot still held at exit, each freed by its lease within "
+        f"{lease_s} s (holders killed with a node, or releases lost to a database fault)"
+        if held and not forever
+        else f"{len(held)} circuits with a held probe, {len(forever)} without a lease that frees it",
+        _examples(forever),
+    )
 
 
 def split_deadline(checks: list[Check], outcomes: list[Outcome]) -> list[Check]:
