@@ -479,7 +479,9 @@ def test_a_client_reading_one_byte_per_second_does_not_stall_other_requests(gate
                 plain.text,
                 streamed.text,
             )
-            assert took < 2.0, f"other requests took {took:.1f} s while a client read one byte per second"
+            # A stall behind the slow reader would last as long as its megabytes take at one byte per
+            # second (hours); the bound only has to tell that from a loaded machine's slow answer.
+            assert took < 10.0, f"other requests took {took:.1f} s while a client read one byte per second"
             assert sse_events(streamed.text)[-1].type == "response.completed"
             time.sleep(max(0.0, 1.0 - took))
             assert len(slow.recv(1)) == 1  # still reading, one byte per second
