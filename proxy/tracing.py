@@ -72,6 +72,11 @@ def disable() -> None:
     _tracer = _provider = None
 
 
+def _known(values: dict[str, str | int | None]) -> dict[str, str | int]:
+    """Span attributes may not be None: only the values that are known (an empty name is not)."""
+    return {name: value for name, value in values.items() if value is not None and value != ""}
+
+
 def _ns(moment: datetime) -> int:
     return int(moment.timestamp() * 1_000_000_000)
 
@@ -84,29 +89,23 @@ def record(exchange: Exchange) -> None:
 
     operation = OPERATIONS.get(exchange.route)
     model = exchange.requested_model
-    attributes: dict[str, str | int] = {
-        "gateway.request_id": exchange.request_id,
-        "gateway.operation_id": exchange.operation_id or exchange.request_id,
-        "gateway.route": exchange.route,
-        "gateway.transport": exchange.transport,
-        "gateway.outcome": exchange.outcome,
-        "gateway.attempts": sum(1 for a in exchange.attempts if a.status != "ineligible"),
-    }
-    if operation:
-        attributes["gen_ai.operation.name"] = operation
-    if model:
-        attributes["gen_ai.request.model"] = model
-    if exchange.served_model:
-        attributes["gen_ai.response.model"] = exchange.served_model
-    if exchange.status_code is not None:
-        attributes["http.response.status_code"] = exchange.status_code
     served = [a for a in exchange.attempts if a.status == "succeeded"]
-    for name, value in (
-        ("gen_ai.usage.input_tokens", served[-1].input_tokens if served else None),
-        ("gen_ai.usage.output_tokens", served[-1].output_tokens if served else None),
-    ):
-        if value is not None:
-            attributes[name] = value
+    attributes = _known(
+        {
+            "gateway.request_id": exchange.request_id,
+            "gateway.operation_id": exchange.operation_id or exchange.request_id,
+            "gateway.route": exchange.route,
+            "gateway.transport": exchange.transport,
+            "gateway.outcome": exchange.outcome,
+            "gateway.attempts": sum(1 for a in exchange.attempts if a.status != "ineligible"),
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": model,
+            "gen_ai.response.model": exchange.served_model,
+            "http.response.status_code": exchange.status_code,
+            "gen_ai.usage.input_tokens": served[-1].input_tokens if served else None,
+            "gen_ai.usage.output_tokens": served[-1].output_tokens if served else None,
+        }
+    )
     finished = exchange.finished_at or exchange.started_at
     root = _tracer.start_span(
         f"{operation} {model}" if operation and model else exchange.route,
@@ -126,27 +125,22 @@ def record(exchange: Exchange) -> None:
             )
             continue
         start = exchange.started_at + timedelta(milliseconds=a.offset_ms)
-        child_attributes: dict[str, str | int] = {
-            "gen_ai.request.model": a.model,
-            "gateway.assignment": a.assignment,
-            "gateway.pool": a.pool,
-            "gateway.attempt.ordinal": a.ordinal,
-            "gateway.attempt.status": a.status,
-            "gateway.dispatch_state": a.dispatch_state,
-            "gateway.route_class": a.route_class,
-        }
-        if operation:
-            child_attributes["gen_ai.operation.name"] = operation
-        if a.adapter:
-            child_attributes["gen_ai.provider.name"] = a.adapter
-        if a.upstream_status is not None:
-            child_attributes["http.response.status_code"] = a.upstream_status
-        for name, value in (
-            ("gen_ai.usage.input_tokens", a.input_tokens),
-            ("gen_ai.usage.output_tokens", a.output_tokens),
-        ):
-            if value is not None:
-                child_attributes[name] = value
+        child_attributes = _known(
+            {
+                "gen_ai.operation.name": operation,
+                "gen_ai.provider.name": a.adapter,
+                "gen_ai.request.model": a.model,
+                "gen_ai.usage.input_tokens": a.input_tokens,
+                "gen_ai.usage.output_tokens": a.output_tokens,
+                "http.response.status_code": a.upstream_status,
+                "gateway.assignment": a.assignment,
+                "gateway.pool": a.pool,
+                "gateway.attempt.ordinal": a.ordinal,
+                "gateway.attempt.status": a.status,
+                "gateway.dispatch_state": a.dispatch_state,
+                "gateway.route_class": a.route_class,
+            }
+        )
         child = _tracer.start_span(
             f"{operation} {a.model}" if operation else f"attempt {a.ordinal}",
             context=context,
