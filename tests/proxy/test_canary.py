@@ -7,7 +7,9 @@ import logging
 
 import httpx
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
+from django.test import Client
 
 from catalog.models import Provenance
 from pools.models import GatewaySettings
@@ -135,6 +137,17 @@ def test_no_prompt_completion_key_credential_or_provider_message_is_stored_or_lo
     assert request_ids <= {value for _, value in values}  # the scan reads the ledger it must check
     leaks = [(table, canary) for table, value in values for canary in CANARIES if canary in value]
     assert leaks == []
+    # Nor shown where operators read the ledger: the request list, each request's page, the spend page.
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("canary-admin", password="canary-admin-password-1"))
+    pages = ["/admin/proxy/requestrecord/", "/admin/spend/"]
+    pages += [
+        f"/admin/proxy/requestrecord/{pk}/change/"
+        for pk in RequestRecord.objects.values_list("pk", flat=True)
+    ]
+    shown = {page: admin.get(page) for page in pages}
+    assert {page: r.status_code for page, r in shown.items()} == dict.fromkeys(pages, 200)
+    assert [(p, c) for p, r in shown.items() for c in CANARIES if c in r.content.decode()] == []
 
     captured = capfd.readouterr()
     lines = [every_log_record.handler.format(r) for r in every_log_record.records]
