@@ -427,7 +427,11 @@ class Load:
 
     async def websocket_frame(self, ws: aiohttp.ClientWebSocketResponse, o: Outcome) -> None:
         t0 = time.monotonic()
-        await ws.send_str(json.dumps({"type": "response.create", **self.body("websocket", False, o.sid)}))
+        try:
+            await ws.send_str(json.dumps({"type": "response.create", **self.body("websocket", False, o.sid)}))
+        except aiohttp.ClientConnectionResetError:
+            o.code = "not_sent"  # the gateway was closing the connection (a drain): the frame never left
+            return
         events: list[tuple[str | None, Any]] = []
         try:
             async with asyncio.timeout(self.limit_s):

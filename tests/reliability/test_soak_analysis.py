@@ -113,3 +113,24 @@ def test_tracebacks_are_read_with_their_message_and_last_exception():
         ),
         ("Exception in ASGI application", "KeyError: 'x'"),
     ]
+
+
+def test_a_request_cut_by_the_sigkill_is_the_one_allowed_exception_and_a_wrong_answer_is_not():
+    from soak.multinode import Fault, classify_killed
+    from soak.run import Outcome
+
+    kill = Fault("sigkill", 1, at=100.0, wall=0.0, progress=0.2, incarnation=1)
+    # A websocket frame starts after its connection was opened: later than the kill itself.
+    cut = Outcome(1, "websocket", "websocket", node=1, incarnation=1, started_at=100.05, done_at=100.1)
+    cut.problems = ["websocket dropped without a close frame (code 1006)"]
+    wrong = Outcome(2, "chat_http", "http", node=1, incarnation=1, started_at=99.9, done_at=100.1)
+    wrong.problems = ["provider message relayed: 'x'"]
+    elsewhere = Outcome(3, "chat_http", "http", node=0, incarnation=1, started_at=99.9, done_at=100.1)
+    elsewhere.problems = ["transport error: ServerDisconnectedError"]
+    before = Outcome(4, "chat_sse", "sse", node=1, incarnation=1, started_at=99.0, done_at=99.5)
+    before.problems = ["response body ended abnormally: ClientPayloadError"]
+    classify_killed([cut, wrong, elsewhere, before], [kill])
+    assert (cut.killed, cut.problems) == (True, [])
+    assert not wrong.killed and wrong.problems
+    assert not elsewhere.killed and elsewhere.problems
+    assert not before.killed and before.problems

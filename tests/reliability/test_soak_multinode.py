@@ -73,7 +73,7 @@ def soak_report(tmp_path_factory) -> dict:
     report_path = workdir / "report.json"
     cmd = [
         sys.executable,
-        str(ROOT / "soak" / "run.py"),
+        str(ROOT / "soak" / "main.py"),
         "--nodes",
         "3",
         "--database",
