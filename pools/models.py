@@ -1,7 +1,9 @@
 """Pools of upstream assignments, gateway keys, and the gateway-wide routing settings (SPEC §3)."""
 
+import enum
 import hashlib
 import secrets
+from collections.abc import Iterable
 from datetime import datetime
 
 from django.core.exceptions import ValidationError
@@ -10,29 +12,36 @@ from django.db import models
 from django.db.models import Q
 
 from pools import credentials, destinations
+from routing.vocabulary import TriState
 
 
-class TriState(models.TextChoices):
-    """A declared capability or privacy fact. Undeclared is unknown and never reads as true or false."""
+def choices(vocabulary: type[enum.StrEnum], **labels: str) -> list[tuple[str, str]]:
+    """A model field's `choices` from a vocabulary of `routing.vocabulary`, declared once there. The
+    label of a member is the one `TextChoices` would give it (`HALF_OPEN` -> "Half Open") unless
+    `labels` names it, so the migrations' recorded choices stay as they were."""
+    return [
+        (member.value, labels.get(member.name, member.name.replace("_", " ").title()))
+        for member in vocabulary
+    ]
 
-    TRUE = "true"
-    FALSE = "false"
-    UNKNOWN = "unknown"
+
+def values(vocabulary: Iterable[str]) -> list[str]:
+    return [str(member) for member in vocabulary]
 
 
 def tri_state_field(**kwargs) -> models.CharField:
-    return models.CharField(max_length=7, choices=TriState.choices, default=TriState.UNKNOWN, **kwargs)
+    return models.CharField(max_length=7, choices=choices(TriState), default=TriState.UNKNOWN.value, **kwargs)
 
 
 def tri_state_check(model: str, field: str) -> models.CheckConstraint:
     return models.CheckConstraint(
-        condition=Q(**{f"{field}__in": TriState.values}), name=f"{model}_{field}_tristate"
+        condition=Q(**{f"{field}__in": values(TriState)}), name=f"{model}_{field}_tristate"
     )
 
 
-def choices_check(model: str, field: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
+def choices_check(model: str, field: str, vocabulary: Iterable[str]) -> models.CheckConstraint:
     return models.CheckConstraint(
-        condition=Q(**{f"{field}__in": choices.values}), name=f"{model}_{field}_valid"
+        condition=Q(**{f"{field}__in": values(vocabulary)}), name=f"{model}_{field}_valid"
     )
 
 

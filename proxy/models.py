@@ -3,21 +3,18 @@
 from django.db import models
 from django.db.models import Q
 
-from pools.models import Assignment, GatewayKey, choices_check
-from routing.models import RouteClass
+from pools.models import Assignment, GatewayKey, choices, choices_check
+from routing.vocabulary import AttemptStatus, DispatchState, RouteClass
 
-
-class Transport(models.TextChoices):
-    HTTP = "http"
-    SSE = "sse"
-    WEBSOCKET = "websocket"
+# A client request's transport is its route class (SPEC §5): one vocabulary for both columns.
+Transport = RouteClass
 
 
 class RequestRecord(models.Model):
     request_id = models.CharField(max_length=64, unique=True)
     key = models.ForeignKey(GatewayKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     route = models.CharField(max_length=64, help_text="The client endpoint, e.g. /v1/chat/completions.")
-    transport = models.CharField(max_length=9, choices=Transport.choices)
+    transport = models.CharField(max_length=9, choices=choices(Transport))
     requested_model = models.CharField(max_length=200, blank=True)
     served_model = models.CharField(max_length=200, blank=True)
     operation_id = models.CharField(
@@ -40,31 +37,16 @@ class RequestRecord(models.Model):
         return self.request_id
 
 
-class AttemptStatus(models.TextChoices):
-    SUCCEEDED = "succeeded"
-    RETRYABLE_FAILED = "retryable_failed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    INELIGIBLE = "ineligible"
-
-
-class DispatchState(models.TextChoices):
-    NOT_SENT = "not_sent"
-    REJECTED = "rejected"
-    UNKNOWN = "unknown"
-    COMPLETED = "completed"
-
-
 class Attempt(models.Model):
     request = models.ForeignKey(RequestRecord, on_delete=models.CASCADE, related_name="attempts")
     ordinal = models.PositiveSmallIntegerField()
     assignment = models.ForeignKey(Assignment, on_delete=models.SET_NULL, null=True, related_name="+")
     model = models.CharField(max_length=200)
-    route_class = models.CharField(max_length=9, choices=RouteClass.choices)
-    status = models.CharField(max_length=16, choices=AttemptStatus.choices)
+    route_class = models.CharField(max_length=9, choices=choices(RouteClass))
+    status = models.CharField(max_length=16, choices=choices(AttemptStatus))
     failure_class = models.CharField(max_length=30, blank=True)
     ineligible_reason = models.CharField(max_length=30, blank=True)
-    dispatch_state = models.CharField(max_length=9, choices=DispatchState.choices)
+    dispatch_state = models.CharField(max_length=9, choices=choices(DispatchState))
     upstream_status = models.PositiveSmallIntegerField(null=True, blank=True)
     error_code = models.CharField(
         max_length=64, blank=True, help_text="Canonical code only (sanitized), never a message."

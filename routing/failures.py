@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from routing.types import CircuitReason
+from routing.vocabulary import DispatchState as DispatchState
+from routing.vocabulary import FailureClass as FailureClass
 
 ERROR_OBJECT_PATHS: tuple[tuple[str, ...], ...] = (
     ("response", "error"),
@@ -76,30 +78,6 @@ CREDENTIAL_403 = frozenset(
         "organization_deactivated",
     }
 )
-
-
-class FailureClass(enum.StrEnum):
-    MODEL_UNAVAILABLE = "model_unavailable"
-    MODEL_NOT_FOUND_CROSS = "model_not_found_cross"
-    RATE_LIMITED = "rate_limited"
-    QUOTA = "quota"
-    CREDENTIAL_REJECTED = "credential_rejected"
-    UNAVAILABLE = "unavailable"
-    SAFETY_REFUSAL = "safety_refusal"
-    CONTEXT_OVERFLOW = "context_overflow"
-    DISPATCH_UNKNOWN = "dispatch_unknown"
-    DEADLINE = "deadline"  # the client's deadline ran out mid-attempt: 504, neutral for the circuit
-    CLIENT_ERROR = "client_error"
-    UPSTREAM_ERROR = "upstream_error"  # another 5xx, or a stream error of no known canonical shape
-    INTERRUPTED = "interrupted"  # a stream closed without a terminal event: neutral for the circuit
-    CANCELLED = "cancelled"  # client disconnect: neutral for the circuit
-
-
-class DispatchState(enum.StrEnum):
-    NOT_SENT = "not_sent"
-    REJECTED = "rejected"
-    UNKNOWN = "unknown"
-    COMPLETED = "completed"
 
 
 class Disposition(enum.StrEnum):

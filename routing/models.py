@@ -4,37 +4,13 @@ there is no process-local health state."""
 from django.db import models
 from django.db.models import Q
 
-from pools.models import Assignment, GatewayKey, Pool, choices_check
+from pools.models import Assignment, GatewayKey, Pool, choices, choices_check, values
+from routing.types import ASSIGNMENT_WIDE
+from routing.vocabulary import CircuitReason, CircuitState, RouteClass
 
-
-class RouteClass(models.TextChoices):
-    HTTP = "http"
-    SSE = "sse"
-    WEBSOCKET = "websocket"
-
-
-class CircuitRouteClass(models.TextChoices):
-    """A circuit's route class; `*` is an assignment-wide circuit (model `*` too): credential_rejected
-    covers every model and route class of the assignment at once (SPEC §7.1)."""
-
-    HTTP = "http"
-    SSE = "sse"
-    WEBSOCKET = "websocket"
-    ASSIGNMENT = "*", "every route class"
-
-
-class CircuitState(models.TextChoices):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
-
-
-class CircuitReason(models.TextChoices):
-    UPSTREAM_MODEL_UNAVAILABLE = "upstream_model_unavailable"
-    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
-    TIMEOUT = "timeout"
-    RATE_LIMITED = "rate_limited"  # demotions only: 429/quota never write a circuit
-    CREDENTIAL_REJECTED = "credential_rejected"
+# A circuit's route class; `*` is an assignment-wide circuit (model `*` too): credential_rejected
+# covers every model and route class of the assignment at once (SPEC §7.1).
+CIRCUIT_ROUTE_CLASSES = [*choices(RouteClass), (ASSIGNMENT_WIDE, "every route class")]
 
 
 class Circuit(models.Model):
@@ -44,9 +20,9 @@ class Circuit(models.Model):
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="+")
     assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="circuits")
     model = models.CharField(max_length=200)
-    route_class = models.CharField(max_length=9, choices=CircuitRouteClass.choices)
-    state = models.CharField(max_length=9, choices=CircuitState.choices, default=CircuitState.CLOSED)
-    reason = models.CharField(max_length=30, choices=CircuitReason.choices, blank=True)
+    route_class = models.CharField(max_length=9, choices=CIRCUIT_ROUTE_CLASSES)
+    state = models.CharField(max_length=9, choices=choices(CircuitState), default=CircuitState.CLOSED.value)
+    reason = models.CharField(max_length=30, choices=choices(CircuitReason), blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
     cooldown_seconds = models.PositiveIntegerField(default=0, help_text="The current open period.")
     open_until = models.DateTimeField(null=True, blank=True)
@@ -59,10 +35,10 @@ class Circuit(models.Model):
             models.UniqueConstraint(
                 fields=["pool", "assignment", "model", "route_class"], name="circuit_unique_key"
             ),
-            choices_check("circuit", "route_class", CircuitRouteClass),
+            choices_check("circuit", "route_class", [value for value, _ in CIRCUIT_ROUTE_CLASSES]),
             choices_check("circuit", "state", CircuitState),
             models.CheckConstraint(
-                condition=Q(reason="") | Q(reason__in=CircuitReason.values), name="circuit_reason_valid"
+                condition=Q(reason="") | Q(reason__in=values(CircuitReason)), name="circuit_reason_valid"
             ),
             models.CheckConstraint(
                 condition=Q(state=CircuitState.CLOSED) | Q(open_until__isnull=False),
@@ -79,7 +55,7 @@ class Demotion(models.Model):
 
     assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="demotions")
     model = models.CharField(max_length=200)
-    reason = models.CharField(max_length=30, choices=CircuitReason.choices)
+    reason = models.CharField(max_length=30, choices=choices(CircuitReason))
     until = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
 

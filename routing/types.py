@@ -1,47 +1,26 @@
 """The shared vocabulary of the pure routing core (SPEC §5, §7.1).
 
 Contract: frozen values and string enums only; no behaviour beyond trivial derived properties.
-The enum values are exactly the ORM's (`routing.models`, `pools.models`) so the selector can copy
-a column straight into a member (`TriState(row.tools)`), but they are redefined here because the
-pure core never imports the ORM. A value that was not declared is UNKNOWN and never reads as
+The route class, circuit and tri-state vocabularies are declared in `routing.vocabulary` (the ORM's
+choices are built from them) and re-exported here, so a selector copies a column straight into a
+member (`TriState(row.tools)`). A value that was not declared is UNKNOWN and never reads as
 true or false; a price that was not declared is None and never reads as zero.
 """
 
 import enum
 from dataclasses import dataclass
 
+from routing.vocabulary import CircuitReason as CircuitReason
+from routing.vocabulary import CircuitState as CircuitState
+from routing.vocabulary import RouteClass as RouteClass
+from routing.vocabulary import TriState as TriState
+
 AUTO_MODEL = "auto"
-
-
-class RouteClass(enum.StrEnum):
-    HTTP = "http"
-    SSE = "sse"
-    WEBSOCKET = "websocket"
-
-
-class CircuitState(enum.StrEnum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
-
-
-class CircuitReason(enum.StrEnum):
-    UPSTREAM_MODEL_UNAVAILABLE = "upstream_model_unavailable"
-    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
-    TIMEOUT = "timeout"
-    RATE_LIMITED = "rate_limited"  # a demotion's reason only: 429 and quota never touch a circuit
-    CREDENTIAL_REJECTED = "credential_rejected"  # assignment-wide (every model and route class)
 
 
 # The (model, route class) of an assignment-wide circuit: `credential_rejected` is about the
 # assignment's credential or account, so it covers every model and route class at once (SPEC §7.1).
 ASSIGNMENT_WIDE = "*"
-
-
-class TriState(enum.StrEnum):
-    TRUE = "true"
-    FALSE = "false"
-    UNKNOWN = "unknown"
 
 
 class DataCollection(enum.StrEnum):

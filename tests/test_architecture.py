@@ -24,6 +24,7 @@ EXPECTED_PURE = frozenset(
         "breaker",
         "sanitize",
         "budget",
+        "vocabulary",
     }
 )
 # Standard-library modules that would bring I/O, a clock, randomness or concurrency into the core.
