@@ -59,6 +59,7 @@ from proxy.views import READ_TIMEOUT_S, RequestFailed, bearer, decode_json, prep
 from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
+from routing.vocabulary import Outcome
 
 log = logging.getLogger("gateway")
 
@@ -185,7 +186,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
         """Frames the connection ended before serving still get their ledger row: `cancelled`."""
         for _ in range(frames):
             exchange = self._exchange()
-            exchange.outcome, exchange.status_code = "cancelled", 499
+            exchange.outcome, exchange.status_code = Outcome.CANCELLED, 499
             await record(exchange)
 
     async def _shutdown(self) -> None:

@@ -65,6 +65,7 @@ from routing.plan import HardPin, PinKind, PlanError
 from routing.route import RoutingView
 from routing.selectors import RouteSettings, affinity_get, routing_view_load
 from routing.types import Candidate, RouteClass
+from routing.vocabulary import Outcome
 
 logger = logging.getLogger("gateway")
 
@@ -130,7 +131,7 @@ class UploadBody:
         except edge.BodyTimeout:
             self.refused = "request_timeout"
         except edge.ClientGone:
-            self.refused = "cancelled"
+            self.refused = Outcome.CANCELLED
         if self.refused is not None:
             raise UploadRefused(self.refused)
         self.done = True
@@ -146,7 +147,7 @@ class UploadRefused(Exception):
         self.code = code
 
 
-REFUSED_STATUS = {"request_too_large": 413, "request_timeout": 408, "cancelled": 499}
+REFUSED_STATUS = {"request_too_large": 413, "request_timeout": 408, Outcome.CANCELLED: 499}
 
 
 # -- the transport -------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ class FilesDispatch(HttpDispatch):
             return None
         code = self.upload.refused
         # The client's failure, not the upstream's: no circuit counts it, nothing is retried.
-        if code == "cancelled":
+        if code == Outcome.CANCELLED:
             return Failure(FailureClass.CANCELLED, DispatchState.UNKNOWN, 499, None, code, None)
         # The upstream never received a whole body: it created nothing.
         return Failure(
@@ -244,14 +245,14 @@ class FilesDispatch(HttpDispatch):
         self, relay: Relay, c: Candidate, log: AttemptLog, response: httpx.Response
     ) -> AsyncIterator[bytes]:
         """A file's bytes as they come (never held whole); the exchange settles when they end."""
-        outcome = "cancelled"
+        outcome = Outcome.CANCELLED
         started = time.monotonic()
         try:
             async for chunk in response.aiter_bytes():
                 yield chunk
-            outcome = "ok"
+            outcome = Outcome.OK
         except (httpx.HTTPError, aiohttp.ClientError, TimeoutError):
-            outcome = "upstream_interrupted"  # the client sees a body cut short, as the upstream cut it
+            outcome = Outcome.UPSTREAM_INTERRUPTED  # the client sees a body cut short, as the upstream cut it
         finally:
             log.elapsed_ms += int((time.monotonic() - started) * 1000)
             await settle(response.aclose())
@@ -358,7 +359,7 @@ def _answer(exchange: Exchange, result: Final | Stream, dispatch: FilesDispatch)
             response["x-should-retry"] = "true" if result.should_retry else "false"
         if result.retry_after is not None:
             response["retry-after"] = str(result.retry_after)
-    response["x-gateway-attempts"] = str(sum(1 for a in exchange.attempts if a.status != "ineligible"))
+    response["x-gateway-attempts"] = str(exchange.attempts_made)
     return response
 
 
@@ -407,7 +408,7 @@ async def upload(scope: Mapping, receive: edge.Receive) -> HttpResponse:
             receive, limit=edge.body_limit(UPLOAD_ROUTE), replayable=replayable[0], declared=declared
         )
         result = await relay.run()
-        if body.refused is not None and body.refused != "cancelled":
+        if body.refused is not None and body.refused != Outcome.CANCELLED:
             response = typed_response(UPLOAD_ROUTE, body.refused)
         else:
             response = _answer(exchange, result, dispatch)

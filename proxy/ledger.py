@@ -213,7 +213,7 @@ async def record(exchange: Exchange) -> None:
     observe_exchange(exchange)
     tracing.record(exchange)
     writer.submit(exchange)
-    attempts = sum(1 for a in exchange.attempts if a.status != "ineligible")
+    attempts = exchange.attempts_made
     log.info(
         json.dumps(
             {

@@ -44,9 +44,10 @@ from prometheus_client.registry import Collector
 from proxy.errors import TYPED_ERRORS
 from proxy.relay import Exchange
 from routing.failures import FailureClass
-from routing.models import Circuit, CircuitReason, CircuitState
+from routing.models import Circuit
 from routing.sanitize import CANONICAL
-from routing.types import ASSIGNMENT_WIDE, RouteClass
+from routing.types import ASSIGNMENT_WIDE
+from routing.vocabulary import AttemptStatus, CircuitReason, CircuitState, Outcome, RouteClass
 
 log = logging.getLogger("gateway")
 
@@ -68,20 +69,15 @@ ROUTES = frozenset(
         "DELETE /v1/files/{id}",
     }
 )
-TRANSPORTS = frozenset({"http", "sse", "websocket"})
+TRANSPORTS = frozenset(RouteClass)
 ROUTE_CLASSES = frozenset(RouteClass)
 FAILURE_CLASSES = frozenset(FailureClass)
 CIRCUIT_REASONS = frozenset(CircuitReason)
-ATTEMPT_STATUSES = frozenset({"ineligible", "failed", "retryable_failed", "succeeded", "cancelled"})
-# The gateway's own outcome codes: its typed errors (proxy.errors) plus the relay's outcomes.
+ATTEMPT_STATUSES = frozenset(AttemptStatus)
+# The gateway's own outcome codes: the relay's outcomes plus its typed errors (proxy.errors).
 OUTCOMES = frozenset(
     {
-        "ok",
-        "cancelled",
-        "terminal_refusal",
-        "upstream_error_after_output",
-        "upstream_interrupted",
-        "gateway_shutting_down",
+        *Outcome,
         *TYPED_ERRORS,
         # An upstream final failure is recorded under its sanitized code, or its failure class when it
         # had none (proxy.relay); the common canonical codes keep that name here, the rest is `other`.
@@ -213,9 +209,9 @@ def observe_exchange(exchange: Exchange) -> None:
         failure_class = _failure_class(attempt.failure_class)
         status = _bounded(attempt.status, ATTEMPT_STATUSES)
         ATTEMPTS.labels(route_class=route_class, status=status, failure_class=failure_class).inc()
-        if status == "retryable_failed":
+        if status == AttemptStatus.RETRYABLE_FAILED:
             HANDOFFS.labels(failure_class=failure_class).inc()
-        if status == "ineligible":
+        if status == AttemptStatus.INELIGIBLE:
             continue
         UPSTREAM_LATENCY.labels(route_class=route_class).observe(attempt.elapsed_ms / 1000)
         where = {

@@ -72,6 +72,7 @@ from routing.route import RoutingView
 from routing.sanitize import sanitized
 from routing.services import CircuitKey, Seen
 from routing.types import Candidate, CircuitReason, Health, IneligibleReason, Requirements, RouteClass
+from routing.vocabulary import AttemptStatus, Outcome
 
 logger = logging.getLogger("gateway")
 
@@ -121,6 +122,12 @@ class Exchange:
     config_version: int | None = None  # the routing configuration its route was chosen under
     fallback_reason: str = ""  # the requested model was substituted before routing: explicit | family
     first_output_at: datetime | None = None  # streams: when the first visible output was released
+
+    @property
+    def attempts_made(self) -> int:
+        """Attempts sent (or tried) upstream: every candidate but the ineligible ones. What
+        x-gateway-attempts, the log line and the trace report, and what backoff grows with."""
+        return sum(1 for a in self.attempts if a.status != AttemptStatus.INELIGIBLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,7 +585,7 @@ class Relay:
         if verdict.eligible and not await self._reserve(verdict.reservation_micros):
             verdict = replace(verdict, reasons=(IneligibleReason.BUDGET,))
         if not verdict.eligible:
-            self._log(c, "ineligible", ineligible_reason=str(verdict.reason))
+            self._log(c, AttemptStatus.INELIGIBLE, ineligible_reason=str(verdict.reason))
             self.excluded, self.untranslatable = verdict.reason, None
             return False, None
         if c.health is Health.HELD and self.lease is not None and self.lease.candidate == c.key:
@@ -593,7 +600,7 @@ class Relay:
         if won:
             return True, key
         if breaker.blocked_health(snapshot.reason if snapshot else None) is Health.BLOCKED:
-            self._log(c, "ineligible", ineligible_reason=str(IneligibleReason.CIRCUIT_OPEN))
+            self._log(c, AttemptStatus.INELIGIBLE, ineligible_reason=str(IneligibleReason.CIRCUIT_OPEN))
             self.excluded, self.untranslatable = IneligibleReason.CIRCUIT_OPEN, None
             return False, None
         return True, None
@@ -623,7 +630,7 @@ class Relay:
 
     async def run(self) -> Final | Stream:
         for verdict in self.plan.ineligible:
-            self._log(verdict.candidate, "ineligible", ineligible_reason=str(verdict.reason))
+            self._log(verdict.candidate, AttemptStatus.INELIGIBLE, ineligible_reason=str(verdict.reason))
         order = self.plan.order
         index: int | None = 0
         last: Failure | None = None
@@ -642,11 +649,11 @@ class Relay:
             if handing_off is not None:
                 # Only now has the request really been handed on (SPEC §5.6): a next candidate that
                 # turned out ineligible at its turn leaves the failed attempt `failed`.
-                handing_off.status = "retryable_failed"
+                handing_off.status = AttemptStatus.RETRYABLE_FAILED
                 self.x.retry_count += 1
                 handing_off = None
             started = time.monotonic()
-            log = self._log(c, "failed")
+            log = self._log(c, AttemptStatus.FAILED)
             self.terminal_seen = False
             try:
                 # One wall-clock bound over connect, send and read (§6.0): the whole plain answer, or a
@@ -657,7 +664,7 @@ class Relay:
             except TimeoutError:
                 result = self.failure(Observation(transport=TransportEvent.DEADLINE))
             except asyncio.CancelledError:
-                log.status, log.failure_class = "cancelled", FailureClass.CANCELLED
+                log.status, log.failure_class = AttemptStatus.CANCELLED, FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN
                 log.elapsed_ms = int((time.monotonic() - started) * 1000)
                 await settle(self._end_cancelled(c, probe))
@@ -697,7 +704,7 @@ class Relay:
         blocked = {
             (a.assignment_id, a.model)
             for a in self.x.attempts
-            if a.status == "ineligible" and a.ineligible_reason == circuit_open
+            if a.status == AttemptStatus.INELIGIBLE and a.ineligible_reason == circuit_open
         }
         primary = [c.key for c in self.plan.order if not c.cross_model]
         primary += [v.candidate.key for v in self.plan.ineligible if not v.candidate.cross_model]
@@ -716,18 +723,18 @@ class Relay:
                 anthropic_beta=self.anthropic_beta,
             )
         except RequestTranslationError as refused:
-            self._log(c, "ineligible", ineligible_reason=str(IneligibleReason.CAPABILITY))
+            self._log(c, AttemptStatus.INELIGIBLE, ineligible_reason=str(IneligibleReason.CAPABILITY))
             self.excluded, self.untranslatable = IneligibleReason.CAPABILITY, refused.param
             return None
 
     async def _end_cancelled(self, c: Candidate, probe: CircuitKey | None) -> None:
         if probe is not None:
             await db.write(services.circuit_release_probe, key=probe)
-        await self._finish("cancelled", 499)
+        await self._finish(Outcome.CANCELLED, 499)
 
     async def _backoff(self) -> None:
         # Full jitter, inside the one deadline of the whole sequence.
-        hops = sum(1 for a in self.x.attempts if a.status != "ineligible")
+        hops = self.x.attempts_made
         delay = random.uniform(0, self.backoff_base_ms / 1000 * (2 ** min(hops - 1, 6)))  # noqa: S311
         await asyncio.sleep(min(delay, max(self.deadline - time.monotonic(), 0)))
 
@@ -775,7 +782,7 @@ class Relay:
             failure = classify(Observation(status=status, finish_reason=_finish_reason(body)))
             if failure is FailureClass.SAFETY_REFUSAL:
                 log.failure_class = str(failure)
-                self.x.outcome = "terminal_refusal"
+                self.x.outcome = Outcome.TERMINAL_REFUSAL
             try:
                 return Final(status=status, body=call.response(raw))
             except ResponseTranslationError:
@@ -893,10 +900,10 @@ class Relay:
                         status=error.status if error else None,
                     )
                 )
-                log.status, log.failure_class = "failed", str(failed.failure)
+                log.status, log.failure_class = AttemptStatus.FAILED, str(failed.failure)
                 log.error_code = fields.code or ""
                 self.failed_after_output = failed.failure
-                self.x.outcome = self.x.outcome or "upstream_error_after_output"
+                self.x.outcome = self.x.outcome or Outcome.UPSTREAM_ERROR_AFTER_OUTPUT
             else:
                 out.extend(reading.output(decision.write))
             if ends_at_terminal and cls.visibility in TERMINAL:
@@ -912,8 +919,8 @@ class Relay:
         pending: list[Block],
         done: bool,
     ) -> AsyncIterator[bytes]:
-        outcome, status = "ok", 200
-        log.status, log.dispatch_state = "succeeded", DispatchState.COMPLETED
+        outcome, status = Outcome.OK, 200
+        log.status, log.dispatch_state = AttemptStatus.SUCCEEDED, DispatchState.COMPLETED
         started = time.monotonic()
         source, batches = reading.source, reading.batches
         ends = source.ends_at_terminal
@@ -965,13 +972,17 @@ class Relay:
             # GeneratorExit: the client stopped reading before the end (it went away while a write
             # was pending); nobody is left to answer, as with a cancel.
             if not ended:
-                log.status, log.failure_class = "cancelled", FailureClass.CANCELLED
+                log.status, log.failure_class = AttemptStatus.CANCELLED, FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN
-                outcome, status = "cancelled", 499
+                outcome, status = Outcome.CANCELLED, 499
             raise
         except TransportFailure:
-            log.status, log.failure_class, log.dispatch_state = "failed", FailureClass.INTERRUPTED, "unknown"
-            outcome = "gateway_shutting_down" if stopping else "upstream_interrupted"
+            log.status, log.failure_class, log.dispatch_state = (
+                AttemptStatus.FAILED,
+                FailureClass.INTERRUPTED,
+                DispatchState.UNKNOWN,
+            )
+            outcome = Outcome.GATEWAY_SHUTTING_DOWN if stopping else Outcome.UPSTREAM_INTERRUPTED
             yield self.dispatch.error_event(
                 self.dialect,
                 type="service_unavailable" if stopping else "upstream_error",
@@ -1001,7 +1012,7 @@ class Relay:
         # `done` is set only by a terminal event: a websocket at a response boundary stays usable.
         await batches.aclose()
         await source.aclose(complete=done)
-        if log.status == "succeeded":
+        if log.status == AttemptStatus.SUCCEEDED:
             log.cost_micros = self._cost(c, log)
             await self._record_success(c)
         elif self.failed_after_output is not None:
@@ -1036,7 +1047,7 @@ class Relay:
             log.output_tokens = completion
         if classify(Observation(finish_reason=_finish_reason(payload))) is FailureClass.SAFETY_REFUSAL:
             log.failure_class = str(FailureClass.SAFETY_REFUSAL)
-            self.x.outcome = "terminal_refusal"
+            self.x.outcome = Outcome.TERMINAL_REFUSAL
 
     def _cost(self, c: Candidate, log: AttemptLog) -> int | None:
         if log.input_tokens is None or log.output_tokens is None:
@@ -1046,24 +1057,27 @@ class Relay:
     async def end_passthrough(self, c: Candidate, log: AttemptLog, *, outcome: str) -> None:
         """A relayed body that is no event stream (a file's content) ended: "ok" when it was read to
         its end, "upstream_interrupted" when the upstream cut it, "cancelled" when the client left."""
-        if outcome == "ok":
-            log.status, log.dispatch_state = "succeeded", DispatchState.COMPLETED
+        if outcome == Outcome.OK:
+            log.status, log.dispatch_state = AttemptStatus.SUCCEEDED, DispatchState.COMPLETED
             await self._record_success(c)
-            await self._finish("ok", 200)
+            await self._finish(Outcome.OK, 200)
             return
-        log.status, log.dispatch_state = ("cancelled" if outcome == "cancelled" else "failed"), "unknown"
-        log.failure_class = FailureClass.CANCELLED if outcome == "cancelled" else FailureClass.INTERRUPTED
+        log.status = AttemptStatus.CANCELLED if outcome == Outcome.CANCELLED else AttemptStatus.FAILED
+        log.dispatch_state = DispatchState.UNKNOWN
+        log.failure_class = (
+            FailureClass.CANCELLED if outcome == Outcome.CANCELLED else FailureClass.INTERRUPTED
+        )
         if self.probe is not None:  # a verdict-free end frees the probe slot (SPEC §7.1)
             await self._write_state(partial(services.circuit_release_probe, key=self.probe))
-        await self._finish(outcome, 499 if outcome == "cancelled" else 200)
+        await self._finish(outcome, 499 if outcome == Outcome.CANCELLED else 200)
 
     async def _succeed(self, c: Candidate, log: AttemptLog, result: Final | Stream) -> Final | Stream:
         if isinstance(result, Stream):
             return result
-        log.status, log.dispatch_state = "succeeded", DispatchState.COMPLETED
+        log.status, log.dispatch_state = AttemptStatus.SUCCEEDED, DispatchState.COMPLETED
         log.cost_micros = self._cost(c, log)
         await self._record_success(c)
-        await self._finish(self.x.outcome or "ok", result.status)
+        await self._finish(self.x.outcome or Outcome.OK, result.status)
         return result
 
     async def _final_failure(self, last: Failure | None) -> Final:
@@ -1081,7 +1095,7 @@ class Relay:
         if last is None and self.path == COUNT_TOKENS:
             # No Anthropic-shaped account could count them: the gateway's own estimate, labelled as
             # such, rather than a 503 that stops a coding agent before every turn (SPEC §4).
-            await self._finish("ok", 200)
+            await self._finish(Outcome.OK, 200)
             body = json.dumps({"input_tokens": estimate_input_tokens(self.body)}).encode()
             return Final(200, body, headers=(("x-gateway-token-count", "estimated"),))
         if last is None and self.budget_unreachable:

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from django.core.exceptions import ImproperlyConfigured
 
 from proxy.relay import Exchange
+from routing.vocabulary import AttemptStatus, Outcome
 
 # The GenAI operation each client route performs (gen_ai.operation.name); other routes get a plain span.
 OPERATIONS = {
@@ -89,7 +90,7 @@ def record(exchange: Exchange) -> None:
 
     operation = OPERATIONS.get(exchange.route)
     model = exchange.requested_model
-    served = [a for a in exchange.attempts if a.status == "succeeded"]
+    served = [a for a in exchange.attempts if a.status == AttemptStatus.SUCCEEDED]
     attributes = _known(
         {
             "gateway.request_id": exchange.request_id,
@@ -97,7 +98,7 @@ def record(exchange: Exchange) -> None:
             "gateway.route": exchange.route,
             "gateway.transport": exchange.transport,
             "gateway.outcome": exchange.outcome,
-            "gateway.attempts": sum(1 for a in exchange.attempts if a.status != "ineligible"),
+            "gateway.attempts": exchange.attempts_made,
             "gen_ai.operation.name": operation,
             "gen_ai.request.model": model,
             "gen_ai.response.model": exchange.served_model,
@@ -113,12 +114,12 @@ def record(exchange: Exchange) -> None:
         start_time=_ns(exchange.started_at),
         attributes=attributes,
     )
-    if exchange.outcome != "ok":
+    if exchange.outcome != Outcome.OK:
         root.set_attribute("error.type", exchange.outcome or "unknown")
         root.set_status(Status(StatusCode.ERROR))
     context = trace.set_span_in_context(root)
     for a in exchange.attempts:
-        if a.status == "ineligible":
+        if a.status == AttemptStatus.INELIGIBLE:
             root.add_event(
                 "candidate_ineligible",
                 {"gateway.assignment": a.assignment, "gateway.reason": a.ineligible_reason},
@@ -148,7 +149,7 @@ def record(exchange: Exchange) -> None:
             start_time=_ns(start),
             attributes=child_attributes,
         )
-        if a.status != "succeeded":
+        if a.status != AttemptStatus.SUCCEEDED:
             child.set_attribute("error.type", a.failure_class or a.status)
             child.set_status(Status(StatusCode.ERROR))
         child.end(end_time=_ns(start + timedelta(milliseconds=a.elapsed_ms)))

@@ -469,7 +469,7 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
             response["retry-after"] = str(result.retry_after)
         for name, value in result.headers:
             response[name] = value
-    response["x-gateway-attempts"] = str(sum(1 for a in exchange.attempts if a.status != "ineligible"))
+    response["x-gateway-attempts"] = str(exchange.attempts_made)
     response["x-gateway-served-model"] = exchange.served_model
     if exchange.model_fallback or exchange.fallback_reason:
         response["x-gateway-model-fallback"] = exchange.served_model

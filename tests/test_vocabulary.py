@@ -1,0 +1,141 @@
+"""The vocabularies are declared once (routing/vocabulary.py) and everything else is built from them
+(issue 16 point 3): the ORM's choices and check constraints, the metrics' bounded label sets, and the
+relay's statuses and outcomes. A new member can therefore not be forgotten by one of them."""
+
+import ast
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from proxy import metrics
+from proxy.models import Attempt, RequestRecord
+from proxy.relay import AttemptLog, Exchange
+from routing.models import Circuit, Demotion
+from routing.vocabulary import (
+    AttemptStatus,
+    CircuitReason,
+    CircuitState,
+    DispatchState,
+    FailureClass,
+    Outcome,
+    RouteClass,
+    TriState,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _values(field) -> list[str]:
+    return [value for value, _ in field.choices]
+
+
+@pytest.mark.parametrize(
+    ("model", "field", "vocabulary"),
+    [
+        (RequestRecord, "transport", RouteClass),
+        (Attempt, "route_class", RouteClass),
+        (Attempt, "status", AttemptStatus),
+        (Attempt, "dispatch_state", DispatchState),
+        (Circuit, "state", CircuitState),
+        (Circuit, "reason", CircuitReason),
+        (Demotion, "reason", CircuitReason),
+    ],
+)
+def test_a_columns_choices_are_its_vocabulary(model, field, vocabulary):
+    assert _values(model._meta.get_field(field)) == [member.value for member in vocabulary]
+
+
+def test_a_circuits_route_class_is_the_vocabulary_plus_the_assignment_wide_marker():
+    assert _values(Circuit._meta.get_field("route_class")) == [*RouteClass, "*"]
+
+
+def test_every_tri_state_column_offers_exactly_the_tri_state():
+    from django.apps import apps
+
+    columns = [
+        field
+        for model in apps.get_models()
+        for field in model._meta.get_fields()
+        if getattr(field, "choices", None) and {value for value, _ in field.choices} == set(TriState)
+    ]
+    assert columns  # the pools' and the catalog's capability and privacy facts
+    for field in columns:
+        assert _values(field) == list(TriState)
+
+
+def test_the_metrics_label_sets_are_the_vocabularies():
+    assert frozenset(AttemptStatus) == metrics.ATTEMPT_STATUSES
+    assert frozenset(RouteClass) == metrics.TRANSPORTS
+    assert frozenset(RouteClass) == metrics.ROUTE_CLASSES
+    assert frozenset(FailureClass) == metrics.FAILURE_CLASSES
+    assert frozenset(CircuitReason) == metrics.CIRCUIT_REASONS
+    assert frozenset(Outcome) <= metrics.OUTCOMES
+
+
+def _requests(outcome: str) -> float:
+    return (
+        metrics.REGISTRY.get_sample_value(
+            "gateway_requests_total",
+            {"route": "/v1/chat/completions", "transport": "http", "outcome": outcome},
+        )
+        or 0.0
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_every_outcome_of_the_relay_is_counted_under_its_own_name(outcome):
+    """A new Outcome member is counted under its name without touching the metrics: were the metrics'
+    set a list of its own, the new outcome would be folded into the failure class or `other`."""
+    before = _requests(outcome)
+    attempt = AttemptLog(
+        ordinal=1,
+        assignment_id=1,
+        model="m",
+        route_class=RouteClass.HTTP,
+        status=AttemptStatus.FAILED,
+        failure_class=FailureClass.UPSTREAM_ERROR,
+    )
+    metrics.observe_exchange(
+        Exchange(
+            request_id="r1",
+            key_id=1,
+            route="/v1/chat/completions",
+            transport=RouteClass.HTTP,
+            requested_model="m",
+            started_at=T0,
+            finished_at=T0,
+            outcome=outcome,
+            attempts=[attempt],
+        )
+    )
+    assert _requests(outcome) == before + 1
+
+
+# Where the relay's statuses and outcomes used to be spelled out; they name the vocabulary's members now.
+SPELLED_BY_MEMBER = ("proxy/relay.py", "proxy/metrics.py", "proxy/tracing.py", "proxy/ledger.py")
+
+
+def _string_literals(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    }
+
+
+@pytest.mark.parametrize("module", SPELLED_BY_MEMBER)
+def test_the_relay_names_statuses_and_outcomes_by_their_members(module):
+    spelled = _string_literals(ROOT / module) & {*AttemptStatus, *Outcome}
+    assert spelled == set(), f"{module} spells {sorted(spelled)} as bare strings: use routing.vocabulary"
