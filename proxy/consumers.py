@@ -59,11 +59,11 @@ from proxy.views import READ_TIMEOUT_S, RequestFailed, bearer, decode_json, prep
 from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
-from routing.vocabulary import Outcome
+from routing.vocabulary import ClientRoute, Outcome
 
 log = logging.getLogger("gateway")
 
-ROUTE = "/v1/responses"
+ROUTE = ClientRoute.RESPONSES
 MAX_PENDING = 8
 # The handshake headers a frame's routing reads; nothing else of the handshake is kept.
 KEPT_HEADERS = frozenset(

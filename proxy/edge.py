@@ -22,6 +22,7 @@ from django.db import DatabaseError
 from pools.models import hash_key
 from pools.selectors import key_known
 from proxy import db
+from routing.vocabulary import ClientRoute
 
 Receive = Callable[[], Awaitable[dict]]
 
@@ -42,7 +43,7 @@ class ClientGone(Exception):
     """The client disconnected before its body was complete."""
 
 
-UPLOAD_PATH = "/v1/files"
+UPLOAD_PATH = ClientRoute.FILES
 
 
 def body_limit(path: str) -> int:

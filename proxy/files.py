@@ -65,14 +65,14 @@ from routing.plan import HardPin, PinKind, PlanError
 from routing.route import RoutingView
 from routing.selectors import RouteSettings, affinity_get, routing_view_load
 from routing.types import Candidate, RouteClass
-from routing.vocabulary import Outcome
+from routing.vocabulary import ClientRoute, Outcome
 
 logger = logging.getLogger("gateway")
 
 UPLOAD_ROUTE = edge.UPLOAD_PATH
-FILE_ROUTE = "/v1/files/{id}"
-CONTENT_ROUTE = "/v1/files/{id}/content"
-DELETE_ROUTE = "DELETE /v1/files/{id}"
+FILE_ROUTE = ClientRoute.FILE
+CONTENT_ROUTE = ClientRoute.FILE_CONTENT
+DELETE_ROUTE = ClientRoute.FILE_DELETE
 # The ids the gateway routes by: what OpenAI issues (`file-...`), never a path step such as `..`.
 FILE_ID = re.compile(r"[A-Za-z0-9_-]{1,300}")
 NEVER_AN_ID = "."  # what FILE_ID never matches, so never recorded

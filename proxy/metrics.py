@@ -47,7 +47,7 @@ from routing.failures import FailureClass
 from routing.models import Circuit
 from routing.sanitize import CANONICAL
 from routing.types import ASSIGNMENT_WIDE
-from routing.vocabulary import AttemptStatus, CircuitReason, CircuitState, Outcome, RouteClass
+from routing.vocabulary import AttemptStatus, CircuitReason, CircuitState, ClientRoute, Outcome, RouteClass
 
 log = logging.getLogger("gateway")
 
@@ -55,20 +55,7 @@ OTHER = "other"
 WIDE_LABEL = "assignment"  # the route_class label of an assignment-wide circuit
 NONE = "none"
 
-ROUTES = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/responses",
-        "/v1/responses/compact",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-        "/v1/models",
-        "/v1/files",
-        "/v1/files/{id}",
-        "/v1/files/{id}/content",
-        "DELETE /v1/files/{id}",
-    }
-)
+ROUTES = frozenset(ClientRoute)
 TRANSPORTS = frozenset(RouteClass)
 ROUTE_CLASSES = frozenset(RouteClass)
 FAILURE_CLASSES = frozenset(FailureClass)

@@ -17,14 +17,14 @@ from datetime import datetime, timedelta
 from django.core.exceptions import ImproperlyConfigured
 
 from proxy.relay import Exchange
-from routing.vocabulary import AttemptStatus, Outcome
+from routing.vocabulary import AttemptStatus, ClientRoute, Outcome
 
 # The GenAI operation each client route performs (gen_ai.operation.name); other routes get a plain span.
 OPERATIONS = {
-    "/v1/chat/completions": "chat",
-    "/v1/responses": "chat",
-    "/v1/responses/compact": "chat",
-    "/v1/messages": "chat",
+    ClientRoute.CHAT_COMPLETIONS: "chat",
+    ClientRoute.RESPONSES: "chat",
+    ClientRoute.RESPONSES_COMPACT: "chat",
+    ClientRoute.MESSAGES: "chat",
     "/v1/embeddings": "embeddings",
 }
 

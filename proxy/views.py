@@ -61,16 +61,17 @@ from routing.sanitize import valid as valid_field
 from routing.selectors import RouteSettings, RoutingInputs, routing_inputs_load
 from routing.services import Seen
 from routing.types import Candidate, Requirements, RouteClass
+from routing.vocabulary import ClientRoute
 
 DIALECTS = {
-    "/v1/chat/completions": Dialect.CHAT,
-    "/v1/responses": Dialect.RESPONSES,
-    "/v1/responses/compact": Dialect.RESPONSES,
-    "/v1/messages": Dialect.ANTHROPIC,
+    ClientRoute.CHAT_COMPLETIONS: Dialect.CHAT,
+    ClientRoute.RESPONSES: Dialect.RESPONSES,
+    ClientRoute.RESPONSES_COMPACT: Dialect.RESPONSES,
+    ClientRoute.MESSAGES: Dialect.ANTHROPIC,
 }
-RESPONSES_ROUTES = ("/v1/responses", "/v1/responses/compact")
-COMPACT = "/v1/responses/compact"
-MESSAGES_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
+RESPONSES_ROUTES = (ClientRoute.RESPONSES, ClientRoute.RESPONSES_COMPACT)
+COMPACT = ClientRoute.RESPONSES_COMPACT
+MESSAGES_ROUTES = (ClientRoute.MESSAGES, ClientRoute.COUNT_TOKENS)
 
 
 class RequestFailed(Exception):
@@ -487,11 +488,11 @@ def _proxied(path: str):
     return view
 
 
-chat_completions = _proxied("/v1/chat/completions")
-responses = _proxied("/v1/responses")
+chat_completions = _proxied(ClientRoute.CHAT_COMPLETIONS)
+responses = _proxied(ClientRoute.RESPONSES)
 responses_compact = _proxied(COMPACT)
-messages = _proxied("/v1/messages")
-messages_count_tokens = _proxied("/v1/messages/count_tokens")
+messages = _proxied(ClientRoute.MESSAGES)
+messages_count_tokens = _proxied(ClientRoute.COUNT_TOKENS)
 
 
 def _models_for(key) -> list[str]:

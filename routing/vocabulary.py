@@ -85,3 +85,20 @@ class Outcome(enum.StrEnum):
     UPSTREAM_ERROR_AFTER_OUTPUT = "upstream_error_after_output"  # failed once output was visible
     UPSTREAM_INTERRUPTED = "upstream_interrupted"  # the upstream cut a stream or body short
     GATEWAY_SHUTTING_DOWN = "gateway_shutting_down"  # this node drained a stream it was relaying
+
+
+class ClientRoute(enum.StrEnum):
+    """A client request's route as the ledger records it (`RequestRecord.route`), the metrics label it
+    and the trace names it (SPEC §4, §10): the path, with `{id}` for a file id (never recorded), and
+    the method where one path has two meanings."""
+
+    CHAT_COMPLETIONS = "/v1/chat/completions"
+    RESPONSES = "/v1/responses"
+    RESPONSES_COMPACT = "/v1/responses/compact"
+    MESSAGES = "/v1/messages"
+    COUNT_TOKENS = "/v1/messages/count_tokens"
+    MODELS = "/v1/models"
+    FILES = "/v1/files"
+    FILE = "/v1/files/{id}"
+    FILE_CONTENT = "/v1/files/{id}/content"
+    FILE_DELETE = "DELETE /v1/files/{id}"

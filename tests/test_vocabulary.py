@@ -16,6 +16,7 @@ from routing.vocabulary import (
     AttemptStatus,
     CircuitReason,
     CircuitState,
+    ClientRoute,
     DispatchState,
     FailureClass,
     Outcome,
@@ -139,3 +140,26 @@ def _string_literals(path: Path) -> set[str]:
 def test_the_relay_names_statuses_and_outcomes_by_their_members(module):
     spelled = _string_literals(ROOT / module) & {*AttemptStatus, *Outcome}
     assert spelled == set(), f"{module} spells {sorted(spelled)} as bare strings: use routing.vocabulary"
+
+
+def test_the_metrics_route_label_set_is_the_client_routes():
+    assert frozenset(ClientRoute) == metrics.ROUTES
+
+
+def test_every_client_url_is_a_client_route():
+    """A new /v1 endpoint needs its ClientRoute (else its ledger rows and metrics name no known route)."""
+    from django.urls import get_resolver
+
+    served = {
+        "/" + str(pattern.pattern).replace("<str:file_id>", "{id}")
+        for pattern in get_resolver().url_patterns
+        if str(pattern.pattern).startswith("v1/")
+    }
+    assert served
+    assert served <= {route.removeprefix("DELETE ") for route in ClientRoute}
+
+
+@pytest.mark.parametrize("module", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "proxy").rglob("*.py")))
+def test_no_proxy_module_spells_a_client_route(module):
+    spelled = _string_literals(ROOT / module) & set(ClientRoute)
+    assert spelled == set(), f"{module} spells {sorted(spelled)}: use routing.vocabulary.ClientRoute"
