@@ -27,8 +27,8 @@ from django.http import HttpResponseBase  # noqa: E402
 from django.urls import re_path, set_script_prefix  # noqa: E402
 
 from proxy import edge, files, ledger, shutdown, upstream  # noqa: E402
+from proxy.ingress import bearer, typed_response  # noqa: E402
 from proxy.routing import websocket_urlpatterns  # noqa: E402
-from proxy.views import bearer, typed_response  # noqa: E402
 
 
 class ApiHandler(ASGIHandler):

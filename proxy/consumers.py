@@ -2,7 +2,7 @@
 
 The client authenticates in the handshake (`Authorization: Bearer <key>` or `x-api-key: <key>`) and
 sends JSON text frames `{"type": "response.create", ...Responses body...}`. Each one is a request of
-its own: `proxy.views.prepare` routes it (the same code as HTTP, route class `websocket`) and the
+its own: `proxy.ingress.prepare` routes it (the same code as HTTP, route class `websocket`) and the
 Relay runs it through `proxy.ws_relay.WebsocketDispatch`; the upstream's events come back one frame
 each. Once an upstream connection has served a response it is live, and every later frame is
 hard-pinned to it (`PinKind.WEBSOCKET`).
@@ -52,10 +52,10 @@ from django.db import DatabaseError
 from pools.selectors import key_authenticate
 from proxy import db
 from proxy.errors import TYPED_ERRORS
+from proxy.ingress import READ_TIMEOUT_S, RequestFailed, bearer, decode_json, prepare, validate_body
 from proxy.ledger import record
 from proxy.relay import Exchange, Final, Stream, settle
 from proxy.sse import Dialect
-from proxy.views import READ_TIMEOUT_S, RequestFailed, bearer, decode_json, prepare, validate_body
 from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass

@@ -15,7 +15,7 @@
   does not own (unknown, expired, another key's) gets the same 404 from the same single lookup; a file
   whose assignment left the key's pools gets 409 `file_assignment_conflict`. A DELETE that succeeds
   ends the affinity.
-- The file ids a Chat, Responses or Messages body references become hard pins in `proxy.views.prepare`
+- The file ids a Chat, Responses or Messages body references become hard pins in `proxy.ingress.prepare`
   (`routing.files.file_ids_of`, `file_pins`).
 
 The ledger row of a file operation has its route (`/v1/files`, `/v1/files/{id}`,
@@ -44,11 +44,7 @@ from django.views.decorators.http import require_http_methods
 from pools.selectors import Authenticated, key_authenticate
 from proxy import db, edge, upstream
 from proxy.adapters.codec import UpstreamCall
-from proxy.ledger import record
-from proxy.limits import Finishing, guarded
-from proxy.relay import AttemptLog, Exchange, Failure, Final, HttpDispatch, Memory, Relay, Stream, settle
-from proxy.upstream import TransportFailure
-from proxy.views import (
+from proxy.ingress import (
     READ_TIMEOUT_S,
     RequestFailed,
     admit_limits,
@@ -57,6 +53,10 @@ from proxy.views import (
     request_id_headers,
     typed_response,
 )
+from proxy.ledger import record
+from proxy.limits import Finishing, guarded
+from proxy.relay import AttemptLog, Exchange, Failure, Final, HttpDispatch, Memory, Relay, Stream, settle
+from proxy.upstream import TransportFailure
 from routing.eligibility import tighten
 from routing.failures import DispatchState, FailureClass, Observation
 from routing.files import files_plan

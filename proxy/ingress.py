@@ -1,0 +1,409 @@
+"""The request path every ingress shares (SPEC §4, §5): the HTTP views (`proxy.views`), the Responses
+websocket consumer (`proxy.consumers`), the Files API (`proxy.files`) and the ASGI edge
+(`gatewaysite.asgi`). `prepare` authenticates, reads the routing state in one database hop, decides,
+and builds the Relay; the typed error responses, body decoding and header parsing live beside it. An
+ingress only parses its own framing and delivers the result, and imports this module, never another
+ingress.
+"""
+
+import contextlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from functools import partial
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse
+
+from pools.selectors import Authenticated, key_authenticate
+from proxy import db, limits
+from proxy.adapters import anthropic as anthropic_adapter
+from proxy.adapters import openai as openai_adapter
+from proxy.errors import TYPED_ERRORS, should_retry
+from proxy.ledger import record
+from proxy.limits import Finishing, Ticket, guarded
+from proxy.relay import (
+    Dispatch,
+    Exchange,
+    HttpDispatch,
+    Lease,
+    Memory,
+    Relay,
+    error_body,
+    probe_circuit,
+)
+from proxy.sse import Dialect
+from routing import services
+from routing.auto import AutoError
+from routing.eligibility import tighten
+from routing.files import TooManyFiles, file_ids_of
+from routing.plan import HardPin, PlanError
+from routing.resolution import ResolutionError
+from routing.route import (
+    RequirementsHeaderError,
+    RoutingView,
+    decide,
+    lease_candidate,
+    parse_requirements_header,
+)
+from routing.routes import carriers
+from routing.sanitize import valid as valid_field
+from routing.selectors import RouteSettings, RoutingInputs, routing_inputs_load
+from routing.services import Seen
+from routing.types import Candidate, Requirements, RouteClass
+from routing.vocabulary import ClientRoute
+
+DIALECTS = {
+    ClientRoute.CHAT_COMPLETIONS: Dialect.CHAT,
+    ClientRoute.RESPONSES: Dialect.RESPONSES,
+    ClientRoute.RESPONSES_COMPACT: Dialect.RESPONSES,
+    ClientRoute.MESSAGES: Dialect.ANTHROPIC,
+}
+RESPONSES_ROUTES = (ClientRoute.RESPONSES, ClientRoute.RESPONSES_COMPACT)
+COMPACT = ClientRoute.RESPONSES_COMPACT
+MESSAGES_ROUTES = (ClientRoute.MESSAGES, ClientRoute.COUNT_TOKENS)
+
+
+class RequestFailed(Exception):
+    def __init__(self, code: str, param: str | None = None, *, retry_after: int | None = None) -> None:
+        super().__init__(code)
+        self.code, self.param, self.retry_after = code, param, retry_after
+
+
+def typed_response(route: str, code: str, param: str | None = None) -> HttpResponse:
+    """The gateway's typed error `code` in the envelope of the API `route` belongs to (SPEC §4)."""
+    status, message = TYPED_ERRORS[code]
+    if code == "no_eligible_backend" and param:
+        message = f"no eligible backend: {param}"  # what excluded the last candidate, in words too
+    if code == "rate_limit_exceeded" and param:
+        message = f"This key's {param} limit is reached."
+    if route in MESSAGES_ROUTES:
+        # Anthropic's envelope has no code or param: its error type carries the meaning.
+        kind = anthropic_adapter.error_type(code, status=status, param=param)
+        body = anthropic_adapter.error_body(kind, message)
+    else:
+        body = error_body(message=message, type=code, code=code, param=param)
+    response = HttpResponse(body, status=status, content_type="application/json")
+    response["x-should-retry"] = "true" if should_retry(code, param) else "false"
+    return response
+
+
+def request_id_headers(response: HttpResponse, request_id: str) -> None:
+    """The gateway's request id under the names the SDKs read into their exceptions (SPEC §4):
+    `x-request-id` (openai) and `request-id` (anthropic)."""
+    response["x-gateway-request-id"] = request_id
+    response["x-request-id"] = request_id
+    response["request-id"] = request_id
+
+
+def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
+    response = typed_response(exchange.route, code, param)
+    exchange.outcome, exchange.status_code = code, response.status_code
+    return response
+
+
+def bearer(headers: Mapping[str, str]) -> str:
+    """The gateway key of `Authorization: Bearer <key>` or `x-api-key: <key>` (lowercase names, or
+    Django's case-insensitive `request.headers`)."""
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get("x-api-key", "").strip()
+
+
+def _parse_body(request: HttpRequest) -> dict:
+    refusal = getattr(request, "gateway_refusal", None)  # the body was left unread (gatewaysite.asgi)
+    if refusal is not None:
+        raise RequestFailed(refusal)
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise RequestFailed("request_too_large") from None
+    if len(raw) > settings.GATEWAY_MAX_BODY_BYTES:
+        raise RequestFailed("request_too_large")
+    try:
+        return validate_body(decode_json(raw.decode("utf-8")))
+    except UnicodeDecodeError:
+        raise RequestFailed("invalid_request") from None
+
+
+def _refuse_constant(constant: str) -> None:
+    # NaN and Infinity are Python's extensions, not JSON: no upstream would accept them.
+    raise ValueError(constant)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf
+        raise ValueError(text)
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def decode_json(text: str) -> object:
+    """A client's JSON, or RequestFailed: no NaN/Infinity or overflowing numbers, no nesting deep
+    enough to exhaust the parser, and no lone UTF-16 surrogate (valid JSON that no upstream can be
+    sent, since it cannot be encoded as UTF-8)."""
+    try:
+        body = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+        if _SURROGATE_ESCAPE.search(text):
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        raise RequestFailed("invalid_request") from None
+    return body
+
+
+def validate_body(body: object) -> dict:
+    """The checks every OpenAI-shaped body gets before routing (the upstream judges the rest)."""
+    if not isinstance(body, dict):
+        raise RequestFailed("invalid_request")
+    model = body.get("model")
+    if not isinstance(model, str) or not model or len(model) > 200 or not model.isprintable():
+        raise RequestFailed("invalid_request", "model")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise RequestFailed("invalid_request", "stream")
+    if "messages" in body and not isinstance(body["messages"], list):
+        raise RequestFailed("invalid_request", "messages")
+    return body
+
+
+def operation_id(headers: Mapping[str, str]) -> str | None:
+    """The client's `x-gateway-operation-id` (the logical operation a retry or a fallback continues),
+    held to the same alphabet as any id the ledger stores; anything else is a typed 400."""
+    value = headers.get("x-gateway-operation-id")
+    if value is None:
+        return None
+    if not valid_field(value):
+        raise RequestFailed("invalid_request", "x-gateway-operation-id")
+    return value
+
+
+def headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -> tuple[Requirements, int]:
+    try:
+        extra = parse_requirements_header(headers.get("x-gateway-requirements", ""))
+    except RequirementsHeaderError:
+        raise RequestFailed("invalid_request", "x-gateway-requirements") from None
+    deadline_ms = default_deadline_ms
+    raw = headers.get("x-gateway-deadline-ms")
+    if raw is not None:
+        try:
+            asked = int(raw)
+        except ValueError:
+            raise RequestFailed("invalid_request", "x-gateway-deadline-ms") from None
+        if asked <= 0:
+            raise RequestFailed("invalid_request", "x-gateway-deadline-ms")
+        deadline_ms = min(asked, default_deadline_ms)
+    return extra, deadline_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """Everything the request path reads from the database, fetched in one thread hop."""
+
+    authenticated: Authenticated
+    inputs: RoutingInputs | None = None
+
+
+def _load(
+    raw_key: str,
+    body: dict | None,
+    path: str,
+    session_key: str | None,
+    now: datetime,
+    route_class: RouteClass,
+    file_ids: tuple[str, ...] = (),
+) -> Loaded | None:
+    authenticated = key_authenticate(raw_key)
+    if authenticated is None or body is None:
+        return Loaded(authenticated) if authenticated else None
+    key = authenticated.key
+    previous = body.get("previous_response_id")
+    inputs = routing_inputs_load(
+        key_id=key.key_id,
+        pool_ids=key.pool_ids,
+        route_class=route_class,
+        now=now,
+        config_version=authenticated.config_version,
+        previous_response_id=previous if path in RESPONSES_ROUTES and isinstance(previous, str) else None,
+        session_key=session_key,
+        file_ids=file_ids,
+    )
+    return Loaded(authenticated, inputs)
+
+
+READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone
+
+
+def _read_timeout_s(headers: Mapping[str, str]) -> float:
+    """How long the pre-dispatch read may take: the client's deadline if it set a shorter one."""
+    try:
+        asked = int(headers.get("x-gateway-deadline-ms", "")) / 1000
+    except ValueError:
+        return READ_TIMEOUT_S
+    # A malformed deadline is refused with a 400 later; it must not shorten this read first.
+    return min(asked, READ_TIMEOUT_S) if asked > 0 else READ_TIMEOUT_S
+
+
+async def prepare(
+    exchange: Exchange,
+    *,
+    headers: Mapping[str, str],
+    path: str,
+    body: dict | None,
+    body_error: RequestFailed | None,
+    body_size: int,
+    started: float,
+    route_class: RouteClass,
+    dialect: Dialect | None,
+    dispatch: Dispatch | None = None,
+    pins: Sequence[HardPin] = (),
+    raw: bytes | str | None = None,
+) -> Relay:
+    """The Relay for one client request, or RequestFailed with its typed code (the exchange records
+    what was learnt before: the key, the requested model). `headers` are the request's (an HTTP
+    request's, or a websocket handshake's); `pins` are the ingress's own hard pins (a live websocket);
+    `raw` is the body as sent, if the ingress has it (it spares most bodies the search for file ids)."""
+    session_key = headers.get("x-gateway-session", "")[:300] or None
+    now = datetime.now(UTC)
+    try:
+        file_ids = file_ids_of(body, raw) if body is not None else ()
+    except TooManyFiles:
+        file_ids, body_error = (), body_error or RequestFailed("invalid_request", "file_id")
+    try:
+        loaded = await db.run_within(
+            _read_timeout_s(headers),
+            _load,
+            bearer(headers),
+            body,
+            path,
+            session_key,
+            now,
+            route_class,
+            file_ids,
+        )
+    except DatabaseError:
+        # Without the database nothing can be authorized or routed: fail fast, typed, and let the
+        # pool's health-checked connections recover on their own once it is back.
+        raise RequestFailed("gateway_unavailable") from None
+    if loaded is None:
+        raise RequestFailed("authentication_error")
+    key = loaded.authenticated.key
+    exchange.key_id = key.key_id
+    exchange.config_version = loaded.authenticated.config_version
+    exchange.budget_period = loaded.authenticated.budget_period
+    if body_error is not None or body is None:
+        raise body_error or RequestFailed("invalid_request")
+    inputs = loaded.inputs
+    assert inputs is not None
+    view, route_settings, session = inputs.view, inputs.settings, inputs.session
+    exchange.requested_model = body["model"]
+    exchange.transport = str(route_class)
+    extra, deadline_ms = headers_requirements(headers, route_settings.default_deadline_ms)
+    anthropic = path in MESSAGES_ROUTES
+    turn = (anthropic_adapter if anthropic else openai_adapter).turn_requirements(body, body_size)
+    route = path.removeprefix("/v1")
+    requirements = tighten(
+        tighten(key.requirements, extra),
+        replace(turn, adapters=carriers(route), min_attempt_ms=route_settings.min_attempt_ms),
+    )
+    decide_now = partial(
+        decide,
+        view,
+        key,
+        body["model"],
+        requirements,
+        pins=[*pins, *inputs.pins],
+        session_assignment_id=session.assignment_id if session else None,
+        session_model=(session.model or None) if session else None,
+    )
+    decision = decide_now()
+    leased = await _take_lease(view, route_class, route_settings, lease_candidate(decision))
+    if leased is not None:
+        decision = decide_now(held={leased.candidate})
+    if isinstance(decision.error, ResolutionError | AutoError):
+        code = str(decision.error.code)
+        param = (
+            str(decision.error.reason)
+            if isinstance(decision.error, AutoError) and decision.error.reason
+            else None
+        )
+        raise RequestFailed(code, param)
+    if isinstance(decision.error, PlanError):
+        raise RequestFailed(str(decision.error.code))
+    assert decision.plan is not None and decision.resolution is not None
+    ticket = await admit_limits(loaded.authenticated, leased)  # the last check before dispatch
+    exchange.served_model = decision.resolution.served
+    if decision.resolution.is_fallback:
+        exchange.fallback_reason = str(decision.resolution.fallback)
+    relay = Relay(
+        exchange=exchange,
+        view=view,
+        plan=decision.plan,
+        breaker_settings=route_settings.breaker,
+        demotion_seconds=route_settings.demotion_seconds,
+        backoff_base_ms=route_settings.backoff_base_ms,
+        requirements=requirements,
+        deadline=started + deadline_ms / 1000,
+        path=route,
+        body=body,
+        route_class=route_class,
+        dialect=dialect,
+        on_finish=record if ticket is None else Finishing(record, ticket),
+        single_attempt=path == COMPACT,
+        memory=Memory(
+            response_ids=path in RESPONSES_ROUTES,
+            session=session_key,
+            session_seen=(session.assignment_id, session.model) if session else None,
+        ),
+        dispatch=dispatch or HttpDispatch(anthropic=anthropic),
+        anthropic_beta=headers.get("anthropic-beta") if anthropic else None,
+        lease=leased,
+    )
+    return guarded(relay, ticket)
+
+
+async def admit_limits(authenticated: Authenticated, leased: Lease | None) -> Ticket | None:
+    """Admit the request under its key's `limits` (proxy.limits); a key without limits costs nothing
+    here. Refused: 429 rate_limit_exceeded naming the limit, and the probe lease it took is freed."""
+    if not authenticated.limits:
+        return None
+    try:
+        return await limits.admit(authenticated.key.key_id, authenticated.limits)
+    except (limits.LimitExceeded, limits.LimitsUnavailable) as refusal:
+        if leased is not None:  # its candidate will not be tried by this request
+            with contextlib.suppress(DatabaseError):  # else the probe lease runs out on its own
+                await db.write(services.circuit_release_probe, key=leased.circuit)
+        if isinstance(refusal, limits.LimitExceeded):
+            raise RequestFailed(
+                "rate_limit_exceeded", refusal.limit, retry_after=refusal.retry_after
+            ) from None
+        raise RequestFailed("gateway_unavailable") from None
+
+
+async def _take_lease(
+    view: RoutingView, route_class: RouteClass, route_settings: RouteSettings, c: Candidate | None
+) -> Lease | None:
+    """Take the probe lease of `c` (a candidate whose circuit admits a probe) with one conditional
+    UPDATE against the circuit as this request read it: across all nodes one request wins and tries
+    it first (§5.4 group 1); the losers order it last."""
+    if c is None:
+        return None
+    key, snapshot = probe_circuit(view, route_class, c)
+    try:
+        won = await db.write(
+            services.circuit_take_probe,
+            key=key,
+            settings=route_settings.breaker,
+            now=datetime.now(UTC),
+            seen=Seen(snapshot),
+        )
+    except DatabaseError:
+        return None  # no lease: the candidate stays last, as for any other request
+    return Lease(c.key, key) if won else None
