@@ -210,3 +210,19 @@ def test_an_acyclic_tree_and_names_imported_from_a_package_pass(tmp_path):
     assert graph["app.a"] == {"app": 1, "app.b": 1}
     assert graph["other.c"] == {"app.a": 1, "app": 2}
     assert cycles(graph) == []
+
+
+# The ingresses share the request path through proxy.ingress; none imports another. (gatewaysite.asgi
+# mounts them, so it may import each.)
+INGRESSES = ("proxy.views", "proxy.consumers", "proxy.files")
+
+
+def test_no_ingress_imports_another():
+    graph = import_graph(ROOT, PACKAGES)
+    crossing = [
+        f"{ingress} imports {other} (line {graph[ingress][other]})"
+        for ingress in INGRESSES
+        for other in INGRESSES
+        if other in graph[ingress]
+    ]
+    assert crossing == [], "use the shared request path, proxy.ingress:\n" + "\n".join(crossing)
