@@ -22,7 +22,10 @@ fi
 
 children=()
 cleanup() { for pid in "${children[@]}"; do kill "$pid" 2>/dev/null || true; done; }
-trap cleanup EXIT INT TERM
+# A stop signal ends the script too (a trap alone would let it go on starting children), and the exit
+# trap stops what was started.
+trap cleanup EXIT
+trap 'exit 143' INT TERM
 
 "$PY" manage.py migrate --noinput
 if [ -n "${GATEWAY_CONFIG:-}" ]; then

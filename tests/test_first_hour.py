@@ -152,3 +152,28 @@ def test_the_readme_works_as_written_from_a_second_terminal(tree):
         _stop(first)
         if second is not None:
             _stop(second)
+
+
+def _processes_in(tree: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if Path(os.readlink(proc / "cwd")).is_relative_to(tree):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("after_s", [0.5, 3.0])
+def test_stopping_make_run_while_it_starts_leaves_nothing_running(tree, after_s):
+    # Ctrl-C (or a test's SIGTERM) during migrate or while the demo upstreams start.
+    proc = _make_run(tree, _free_port())
+    time.sleep(after_s)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(30)
+    deadline = time.monotonic() + 10
+    while _processes_in(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_in(tree) == []
