@@ -106,6 +106,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "transaction_mode": "IMMEDIATE",
         }
     )
+    # The test database is a file like production's, not Django's default in-memory shared cache: a
+    # shared cache has table locks that fail at once instead of waiting out the busy timeout, so the
+    # request path's reads and its write pool made requests fail at random in tests with 503s that
+    # production (WAL, busy timeout) never sees.
+    DATABASES["default"].setdefault("TEST", {}).setdefault(
+        "NAME", str(BASE_DIR / "var" / "test-gateway.sqlite3")
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
