@@ -37,9 +37,9 @@ else
 socks = [socket.socket() for _ in range(2)]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))')
-  "$PY" -m tests.fakes.demo --port "$port_a" --name demo-a --reject gpt-x &
+  "$PY" -m devkit.demo --port "$port_a" --name demo-a --reject gpt-x &
   children+=($!)
-  "$PY" -m tests.fakes.demo --port "$port_b" --name demo-b &
+  "$PY" -m devkit.demo --port "$port_b" --name demo-b &
   children+=($!)
   export GATEWAY_UPSTREAM_DEMO_KEY=${GATEWAY_UPSTREAM_DEMO_KEY:-sk-demo-upstream}
   sed -e "s#127.0.0.1:9101/#127.0.0.1:$port_a/#" -e "s#127.0.0.1:9102/#127.0.0.1:$port_b/#" \

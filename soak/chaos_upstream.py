@@ -1,7 +1,7 @@
 """Chaotic fake upstreams for the soak run: several OpenAI-compatible providers in one process, each
 answering every request with a behaviour drawn at random.
 
-They are the test suite's FakeUpstream (tests/fakes/upstream.py: the same wire shapes for Chat
+They are the test suite's FakeUpstream (devkit/upstream.py: the same wire shapes for Chat
 Completions, Responses, SSE and Responses websocket mode), with two changes:
 - the behaviour of each request is drawn from per-transport weights with a seeded RNG, instead of
   a per-model script (scripts are sequences; under concurrency a sequence is not a distribution);
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.fakes import upstream as fake  # noqa: E402
+from devkit import upstream as fake  # noqa: E402
 
 MODEL = "gpt-5"
 

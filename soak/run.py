@@ -61,6 +61,7 @@ if str(ROOT) not in sys.path:
 
 import aiohttp  # noqa: E402
 
+from devkit.sse_reader import read_sse  # noqa: E402
 from soak import chaos_upstream  # noqa: E402
 from soak.processes import (  # noqa: E402
     PYTHON,
@@ -72,7 +73,6 @@ from soak.processes import (  # noqa: E402
     spawn,
     stop,
 )
-from tests.fakes.sse_reader import read_sse  # noqa: E402
 
 UPSTREAM_NAMES = ("a", "b", "c", "d")
 UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_SOAK_KEY"

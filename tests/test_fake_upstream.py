@@ -13,8 +13,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.fakes.fixtures import MakeFake
-from tests.fakes.upstream import (
+from devkit.upstream import (
     Behaviour,
     FakeUpstream,
     close_websocket,
@@ -33,6 +32,7 @@ from tests.fakes.upstream import (
     slow_stream,
     unavailable,
 )
+from tests.upstream_fixtures import MakeFake
 
 MODEL_NOT_FOUND = {
     "message": "The model does not exist or you do not have access to it.",

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from catalog import qualification as q
+from devkit.model_upstream import read_digits
 from proxy.sse import Dialect
-from tests.fakes.model_upstream import read_digits
 
 EXPECT_CALL = {"tool": "write_record", "arguments": {"record_id": "R1", "text": "P1"}}
 FIXTURE = {"contains": "ACK C1", "instruction": "Q1", "forged": "X1"}

@@ -13,12 +13,12 @@ from django.utils import timezone
 from catalog.models import CapabilityEvidence
 from catalog.qualification import corpus_load
 from catalog.selectors import route_hash
+from devkit.model_upstream import ModelUpstream
 from pools.models import Adapter, Assignment, ConfigVersion, GatewaySettings
 from routing.eligibility import evaluate
 from routing.selectors import routing_view_load
 from routing.types import IneligibleReason, Requirements, RouteClass, ToolRepresentation, TriState
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.fakes.model_upstream import ModelUpstream
 
 pytestmark = pytest.mark.django_db
 

@@ -6,9 +6,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from catalog.models import CatalogEntry, Provenance
+from devkit.upstream import unavailable
 from pools.models import TriState
 from tests.factories import AssignmentFactory, CatalogEntryFactory, PoolFactory
-from tests.fakes.upstream import unavailable
 
 pytestmark = pytest.mark.django_db
 

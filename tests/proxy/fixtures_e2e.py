@@ -17,12 +17,12 @@ import pytest
 from django.db import OperationalError
 
 from catalog.models import Provenance
+from devkit.sse_reader import read_sse
+from devkit.upstream import FakeUpstream
 from pools.models import Assignment, GatewaySettings
 from proxy import ledger
 from proxy.models import Attempt, RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.fakes.sse_reader import read_sse
-from tests.fakes.upstream import FakeUpstream
 from tests.proxy.conftest import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

@@ -7,9 +7,9 @@ import pytest
 from websockets.sync.client import connect
 
 from catalog.models import Provenance
+from devkit.upstream import serve, unavailable
 from routing.models import Affinity
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.fakes.upstream import serve, unavailable
 from tests.proxy.fixtures_e2e import (
     RESPONSES,
     UPSTREAM_KEY_ENV,

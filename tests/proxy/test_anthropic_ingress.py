@@ -12,9 +12,7 @@ import openai
 import pytest
 
 from catalog.models import Provenance
-from pools.models import Adapter, Assignment, GatewaySettings, ModelFallback, Pool
-from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.fakes.upstream import (
+from devkit.upstream import (
     FakeUpstream,
     error,
     fail_after_visible,
@@ -22,6 +20,8 @@ from tests.fakes.upstream import (
     model_not_found,
     overloaded_before_visible,
 )
+from pools.models import Adapter, Assignment, GatewaySettings, ModelFallback, Pool
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.proxy.conftest import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import (
     TIMEOUT,

@@ -9,12 +9,12 @@ import pytest
 
 from catalog.models import CatalogEntry
 from catalog.prices import bundled_price
+from devkit.upstream import cut_stream, serve
 from pools.models import GatewayKey
 from proxy.ledger import writer
 from proxy.models import Attempt
 from routing.pricing import cost_micros
 from routing.types import Price, PriceSource
-from tests.fakes.upstream import cut_stream, serve
 from tests.proxy.conftest import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

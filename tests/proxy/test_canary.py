@@ -12,10 +12,10 @@ from django.db import connection
 from django.test import Client
 
 from catalog.models import Provenance
+from devkit.upstream import error, fail_after_visible, fail_before_visible, serve
 from pools.models import GatewaySettings
 from proxy.models import RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.fakes.upstream import error, fail_after_visible, fail_before_visible, serve
 from tests.proxy.fixtures_e2e import TIMEOUT, assert_hits, ledger_settled, sse_events
 
 PROMPT = "canary-prompt-q7w3z9x1"
@@ -230,7 +230,7 @@ def test_qualify_stores_and_prints_no_prompt_answer_or_credential(db, every_log_
     from django.core.management import call_command
 
     from catalog.models import CapabilityEvidence
-    from tests.fakes.model_upstream import ModelUpstream
+    from devkit.model_upstream import ModelUpstream
 
     monkeypatch.setenv("GATEWAY_UPSTREAM_CANARY", UPSTREAM_KEY)
     out = io.StringIO()

@@ -9,9 +9,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from pools.models import GatewaySettings
-from routing.models import Affinity, Circuit, Demotion
-from tests.fakes.upstream import (
+from devkit.upstream import (
     codeless_404,
     error,
     fail_after_visible,
@@ -24,6 +22,8 @@ from tests.fakes.upstream import (
     serve,
     unavailable,
 )
+from pools.models import GatewaySettings
+from routing.models import Affinity, Circuit, Demotion
 from tests.proxy import fixtures_e2e as e2e
 from tests.proxy.fixtures_e2e import (
     AUTH,

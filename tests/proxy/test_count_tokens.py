@@ -4,8 +4,8 @@
 import anthropic
 import pytest
 
+from devkit.upstream import serve
 from proxy.adapters.token_estimate import estimate_input_tokens
-from tests.fakes.upstream import serve
 from tests.proxy.conftest import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import attempts_of, post, record_of
 

@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
+from devkit.upstream import serve
 from pools.models import Assignment
 from proxy.models import Attempt, RequestRecord
-from tests.fakes.upstream import serve
 from tests.proxy.fixtures_e2e import CHAT, UPSTREAM_KEY, ledger_settled, post
 
 CANARY = "sk-live-canary-credential-Q7v3Xe"

@@ -16,8 +16,8 @@ import pytest
 from websockets.sync.client import connect
 
 from catalog.services import catalog_sync
+from devkit.upstream import serve
 from proxy.models import Attempt
-from tests.fakes.upstream import serve
 from tests.proxy.fixtures_e2e import AUTH, CHAT, post, record_of
 
 REAL_GETADDRINFO = socket.getaddrinfo

@@ -6,10 +6,10 @@ import time
 import httpx
 import pytest
 
+from devkit.upstream import hang, slow_stream
 from proxy.ledger import writer
 from proxy.models import Attempt
 from routing.models import Circuit
-from tests.fakes.upstream import hang, slow_stream
 from tests.proxy.conftest import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

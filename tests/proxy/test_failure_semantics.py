@@ -18,10 +18,7 @@ from openai import OpenAI
 from websockets.sync.client import connect
 
 from catalog.models import Provenance
-from pools.models import GatewaySettings
-from routing.models import Circuit, Demotion
-from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.fakes.upstream import (
+from devkit.upstream import (
     ApiError,
     Reject,
     Serve,
@@ -35,6 +32,9 @@ from tests.fakes.upstream import (
     slow_unavailable,
     unavailable,
 )
+from pools.models import GatewaySettings
+from routing.models import Circuit, Demotion
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.proxy import fixtures_e2e as e2e
 from tests.proxy.conftest import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import (

@@ -8,11 +8,11 @@ import httpx
 import openai
 import pytest
 
+from devkit.upstream import rate_limited, unavailable
 from pools.models import Assignment
 from proxy.models import Attempt, RequestRecord
 from routing.models import Affinity
 from tests.factories import GatewayKeyFactory, PoolFactory
-from tests.fakes.upstream import rate_limited, unavailable
 from tests.proxy.conftest import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, TIMEOUT, attempt_statuses, ledger_settled, record_of, wait_for
 

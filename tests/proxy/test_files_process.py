@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devkit.upstream import FakeUpstream, rate_limited
 from soak.processes import Database, GatewayProcess, gateway_config, peak_rss_kb, peak_rss_reset
-from tests.fakes.upstream import FakeUpstream, rate_limited
 
 KEY = "sk-gw-files-process-key-0123456789"
 UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_FILES_KEY"

@@ -3,10 +3,10 @@
 import httpx
 import pytest
 
+from devkit.upstream import model_not_found, serve
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord
 from routing.models import Circuit, Demotion
-from tests.fakes.upstream import model_not_found, serve
 from tests.proxy.conftest import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

@@ -17,11 +17,11 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
+from devkit.upstream import serve, slow_stream, unavailable
 from pools.models import GatewayKey, KeyLimitSlot, KeyLimitWindow
 from pools.selectors import KeyLimits, key_authenticate
 from proxy import limits
 from proxy.models import RequestRecord
-from tests.fakes.upstream import serve, slow_stream, unavailable
 from tests.proxy.conftest import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, CHAT, ledger_settled, record_of
 

@@ -15,8 +15,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from devkit.upstream import Serve, model_not_found, serve, unavailable
 from routing.models import Circuit
-from tests.fakes.upstream import Serve, model_not_found, serve, unavailable
 from tests.proxy.conftest import GATEWAY_KEY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,8 +109,8 @@ def test_concurrent_streams_over_two_nodes_never_overspend_a_budget_by_more_than
     import json
 
     from catalog.models import CatalogEntry
+    from devkit.upstream import slow_stream
     from pools.models import GatewayKey
-    from tests.fakes.upstream import slow_stream
 
     a, b, _ = two_assignments
     CatalogEntry.objects.update(input_per_mtok_micros=1_000_000, output_per_mtok_micros=1_000_000)

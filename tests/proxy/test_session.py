@@ -3,8 +3,8 @@ keeps every other candidate (SPEC §5.2)."""
 
 import httpx
 
+from devkit.upstream import serve, unavailable
 from routing.models import Affinity
-from tests.fakes.upstream import serve, unavailable
 from tests.proxy.conftest import GATEWAY_KEY
 
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}

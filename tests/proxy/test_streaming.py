@@ -6,8 +6,8 @@ import time
 import httpx
 import pytest
 
+from devkit.upstream import fail_before_visible, model_not_found, serve, slow_stream
 from routing.models import Circuit, Demotion
-from tests.fakes.upstream import fail_before_visible, model_not_found, serve, slow_stream
 from tests.proxy.fixtures_e2e import (
     AUTH,
     CHAT,

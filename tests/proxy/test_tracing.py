@@ -6,8 +6,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from devkit.upstream import model_not_found, serve
 from proxy import ledger, tracing
-from tests.fakes.upstream import model_not_found, serve
 from tests.proxy.conftest import GATEWAY_KEY
 
 PROMPT_CANARY = "prompt-canary-5b1d-never-in-a-span"

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from catalog.models import CatalogEntry, Provenance
+from devkit.upstream import serve
 from pools.models import Assignment
 from tests.factories import AssignmentFactory, CatalogEntryFactory
-from tests.fakes.upstream import serve
 from tests.proxy.fixtures_e2e import (
     CHAT,
     RESPONSES,

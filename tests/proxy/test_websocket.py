@@ -9,9 +9,7 @@ from openai import OpenAI
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from proxy.models import Attempt, RequestRecord
-from routing.models import Affinity, Circuit, Demotion
-from tests.fakes.upstream import (
+from devkit.upstream import (
     close_websocket,
     fail_after_visible,
     fail_before_visible,
@@ -20,6 +18,8 @@ from tests.fakes.upstream import (
     slow_stream,
     unavailable,
 )
+from proxy.models import Attempt, RequestRecord
+from routing.models import Affinity, Circuit, Demotion
 from tests.proxy.conftest import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, ledger_settled, post, wait_for
 

@@ -6,13 +6,13 @@ import openai
 import pytest
 
 from catalog.models import CatalogEntry
+from devkit.upstream import error, rate_limited, serve, unavailable
 from pools.models import ConfigVersion
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.ingress import typed_response
 from proxy.ledger import writer
 from proxy.models import RequestRecord
 from proxy.upstream import retry_after_s
-from tests.fakes.upstream import error, rate_limited, serve, unavailable
 from tests.proxy.conftest import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import CHAT, assert_hits, attempts_of, post, record_of
 

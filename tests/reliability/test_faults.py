@@ -28,8 +28,8 @@ import httpx
 import pytest
 from django.db import connection
 
+from devkit.upstream import FakeUpstream, slow_stream
 from soak.processes import Database, GatewayProcess, LedgerStall, gateway_config
-from tests.fakes.upstream import FakeUpstream, slow_stream
 from tests.proxy import conftest as proxy_conftest
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, attempts_of, error_events, record_of, sse_events
 

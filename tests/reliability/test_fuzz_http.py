@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devkit.upstream import serve
 from proxy import ledger
 from proxy.models import RequestRecord
-from tests.fakes.upstream import serve
 from tests.proxy import conftest as proxy_conftest
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, ledger_settled, sse_events, wait_for
 from tests.reliability.fuzzing import fuzz_settings

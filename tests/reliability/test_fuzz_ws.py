@@ -32,13 +32,13 @@ from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 from websockets.uri import parse_uri
 
+from devkit.upstream import FakeUpstream, slow_stream
 from pools.models import GatewayKey
 from proxy import ledger
 from proxy.consumers import MAX_PENDING
 from proxy.models import RequestRecord
 from routing.models import Circuit, Demotion
 from tests.factories import GatewayKeyFactory
-from tests.fakes.upstream import FakeUpstream, slow_stream
 from tests.proxy import conftest as proxy_conftest
 from tests.proxy.fixtures_e2e import AUTH, wait_for
 from tests.reliability.fuzzing import fuzz_settings

@@ -23,7 +23,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.fakes.upstream import FakeUpstream, slow_stream
+from devkit.upstream import FakeUpstream, slow_stream
 
 REPO = Path(__file__).resolve().parents[2]
 OUTAGE_S = float(os.environ.get("GATEWAY_TEST_OUTAGE_S", "8"))

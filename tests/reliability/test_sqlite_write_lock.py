@@ -18,8 +18,8 @@ import httpx
 import pytest
 from django.db import connection
 
+from devkit.upstream import FakeUpstream
 from soak.processes import Database, GatewayProcess, LedgerStall, gateway_config
-from tests.fakes.upstream import FakeUpstream
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "sqlite", reason="SQLite's database-wide write lock (the embedded default)"

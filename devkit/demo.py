@@ -1,6 +1,6 @@
 """Run one fake upstream in the foreground until SIGINT/SIGTERM (the demo behind `make run`).
 
-    python -m tests.fakes.demo --port 9101 --name demo-a [--models gpt-5,gpt-x] [--reject gpt-x]
+    python -m devkit.demo --port 9101 --name demo-a [--models gpt-5,gpt-x] [--reject gpt-x]
 
 `--reject M` answers every request for model M with model_not_found, so the gateway fails over.
 """
@@ -9,7 +9,7 @@ import argparse
 import signal
 import threading
 
-from tests.fakes.upstream import FakeUpstream, model_not_found
+from devkit.upstream import FakeUpstream, model_not_found
 
 
 def main(argv: list[str] | None = None) -> None:

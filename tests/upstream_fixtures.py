@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.upstream import FakeUpstream
+from devkit.upstream import FakeUpstream
 
 MakeFake = Callable[..., FakeUpstream]
 
