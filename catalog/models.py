@@ -3,7 +3,8 @@
 from django.db import models
 from django.db.models import Q
 
-from pools.models import Assignment, choices_check, tri_state_check, tri_state_field
+from pools.models import Assignment, choices, choices_check, tri_state_check, tri_state_field
+from routing.capabilities import Capability
 
 
 class Provenance(models.TextChoices):
@@ -45,16 +46,6 @@ class CatalogEntry(models.Model):
         return f"{self.assignment.name}:{self.model} ({self.provenance})"
 
 
-class Capability(models.TextChoices):
-    """The capabilities `manage.py qualify` can show (`routing.capabilities.Capability`)."""
-
-    TOOLS = "tools"
-    WRITE_TOOLS = "write_tools"
-    VISION = "vision"
-    ROLE_SEPARATION = "role_separation"
-    TOOL_REPRESENTATION = "tool_representation"
-
-
 class CapabilityEvidence(models.Model):
     """One verdict of a qualification replay (SPEC §8.1): what an auditor needs to see why a route was
     allowed, and nothing of what was said. Append-only: the latest verdict of a route and capability is
@@ -64,7 +55,7 @@ class CapabilityEvidence(models.Model):
 
     assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="capability_evidence")
     model = models.CharField(max_length=200)
-    capability = models.CharField(max_length=20, choices=Capability.choices)
+    capability = models.CharField(max_length=20, choices=choices(Capability))
     qualified = models.BooleanField()
     detail = models.CharField(max_length=80, help_text="The check that decided the verdict.")
     qualified_at = models.DateTimeField()

@@ -34,18 +34,14 @@ from pools.models import (
     MIN_KEY_LENGTH,
     Adapter,
     Assignment,
-    BudgetPeriod,
-    DataCollection,
     GatewayKey,
     GatewaySettings,
     ModelAlias,
     ModelFallback,
     Pool,
-    Router,
-    ToolRepresentation,
-    TriState,
     hash_key,
 )
+from routing.vocabulary import BudgetPeriod, DataCollection, Router, ToolRepresentation, TriState
 
 T = TypeVar("T")
 
@@ -717,7 +713,7 @@ def _assignment(c: _Checker, raw: object, path: str) -> AssignmentSpec | None:
             data,
             "router",
             path,
-            lambda v, q: c.choice(v, q, Router.values),
+            lambda v, q: c.choice(v, q, Router),
             Router.THIRD_PARTY if adapter == Adapter.OPENROUTER else Router.DIRECT,
         ),
         "quality": c.take(data, "quality", path, lambda v, q: None if v is None else c.fraction(v, q), None),
@@ -734,7 +730,7 @@ def _assignment(c: _Checker, raw: object, path: str) -> AssignmentSpec | None:
             privacy,
             "data_collection",
             f"{path}.privacy",
-            lambda v, q: c.choice(v, q, DataCollection.values),
+            lambda v, q: c.choice(v, q, DataCollection),
             DataCollection.UNKNOWN,
         )
     if "capabilities" in data:
@@ -746,7 +742,7 @@ def _assignment(c: _Checker, raw: object, path: str) -> AssignmentSpec | None:
             caps,
             "tool_representation",
             caps_path,
-            lambda v, q: c.choice(v, q, ToolRepresentation.values),
+            lambda v, q: c.choice(v, q, ToolRepresentation),
             ToolRepresentation.UNKNOWN,
         )
     models: list[ModelSpec] = []
@@ -885,7 +881,7 @@ def _keys(
                     data,
                     "budget_period",
                     path,
-                    lambda v, q: "" if v is None else c.choice(v, q, BudgetPeriod.values),
+                    lambda v, q: "" if v is None else c.choice(v, q, BudgetPeriod),
                     "",
                 ),
                 enabled=c.take(data, "enabled", path, c.boolean, True),

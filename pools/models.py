@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 
 from pools import credentials, destinations
-from routing.vocabulary import TriState
+from routing.vocabulary import BudgetPeriod, DataCollection, Router, ToolRepresentation, TriState
 
 
 def choices(vocabulary: type[enum.StrEnum], **labels: str) -> list[tuple[str, str]]:
@@ -49,23 +49,6 @@ class Adapter(models.TextChoices):
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
     OPENROUTER = "openrouter"
-
-
-class Router(models.TextChoices):
-    DIRECT = "direct"
-    THIRD_PARTY = "third_party"
-
-
-class DataCollection(models.TextChoices):
-    ALLOW = "allow"
-    DENY = "deny"
-    UNKNOWN = "unknown"
-
-
-class ToolRepresentation(models.TextChoices):
-    NATIVE = "native"
-    EMULATED = "emulated"
-    UNKNOWN = "unknown"
 
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -232,17 +215,17 @@ class Assignment(models.Model):
     tier = models.IntegerField(default=0, help_text="Lower is preferred.")
     weight = models.PositiveIntegerField(default=1)
     region = models.CharField(max_length=50, blank=True)
-    router = models.CharField(max_length=20, choices=Router.choices, default=Router.DIRECT)
+    router = models.CharField(max_length=20, choices=choices(Router), default=Router.DIRECT.value)
     zero_retention = tri_state_field()
     data_collection = models.CharField(
-        max_length=7, choices=DataCollection.choices, default=DataCollection.UNKNOWN
+        max_length=7, choices=choices(DataCollection), default=DataCollection.UNKNOWN.value
     )
     tools = tri_state_field()
     write_tools = tri_state_field()
     vision = tri_state_field()
     role_separation = tri_state_field()
     tool_representation = models.CharField(
-        max_length=8, choices=ToolRepresentation.choices, default=ToolRepresentation.UNKNOWN
+        max_length=8, choices=choices(ToolRepresentation), default=ToolRepresentation.UNKNOWN.value
     )
     quality = models.FloatField(null=True, blank=True, help_text="Empty: unknown.")
     min_deadline_ms = models.PositiveIntegerField(default=0)
@@ -305,12 +288,6 @@ KEY_PREFIX_LENGTH = 10
 MIN_KEY_LENGTH = 20
 
 
-class BudgetPeriod(models.TextChoices):
-    DAY = "day"
-    WEEK = "week"
-    MONTH = "month"
-
-
 class GatewayKey(models.Model):
     """A client credential. Only its SHA-256 and a short visible prefix are stored."""
 
@@ -326,7 +303,7 @@ class GatewayKey(models.Model):
     budget_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: no budget.")
     budget_period = models.CharField(
         max_length=5,
-        choices=BudgetPeriod.choices,
+        choices=choices(BudgetPeriod),
         blank=True,
         help_text="The budget resets each UTC day, week (Monday) or month; empty: a lifetime budget.",
     )
@@ -379,7 +356,7 @@ class GatewayKey(models.Model):
             models.CheckConstraint(condition=Q(spent_micros__gte=0), name="gatewaykey_spent_nonneg"),
             models.CheckConstraint(condition=Q(reserved_micros__gte=0), name="gatewaykey_reserved_nonneg"),
             models.CheckConstraint(
-                condition=Q(budget_period__in=["", *BudgetPeriod.values]),
+                condition=Q(budget_period__in=["", *values(BudgetPeriod)]),
                 name="gatewaykey_budget_period_valid",
             ),
             *(

@@ -6,14 +6,9 @@ budget (no period). A key's spend counts only while its stored period start equa
 an older one means the period rolled over and the spend starts again from zero. `now` must be aware.
 """
 
-import enum
 from datetime import UTC, datetime, timedelta
 
-
-class BudgetPeriod(enum.StrEnum):
-    DAY = "day"
-    WEEK = "week"
-    MONTH = "month"
+from routing.vocabulary import BudgetPeriod
 
 
 def period_start(period: str | None, now: datetime) -> datetime | None:

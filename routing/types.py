@@ -1,10 +1,11 @@
 """The shared vocabulary of the pure routing core (SPEC §5, §7.1).
 
 Contract: frozen values and string enums only; no behaviour beyond trivial derived properties.
-The route class, circuit and tri-state vocabularies are declared in `routing.vocabulary` (the ORM's
-choices are built from them) and re-exported here, so a selector copies a column straight into a
-member (`TriState(row.tools)`). A value that was not declared is UNKNOWN and never reads as
-true or false; a price that was not declared is None and never reads as zero.
+The route class, circuit, tri-state, privacy, tool representation and router vocabularies are
+declared in `routing.vocabulary` (the ORM's choices are built from them) and re-exported here, so a
+selector copies a column straight into a member (`TriState(row.tools)`). A value that was not
+declared is UNKNOWN and never reads as true or false; a price that was not declared is None and never
+reads as zero.
 """
 
 import enum
@@ -12,7 +13,10 @@ from dataclasses import dataclass
 
 from routing.vocabulary import CircuitReason as CircuitReason
 from routing.vocabulary import CircuitState as CircuitState
+from routing.vocabulary import DataCollection as DataCollection
 from routing.vocabulary import RouteClass as RouteClass
+from routing.vocabulary import Router as Router
+from routing.vocabulary import ToolRepresentation as ToolRepresentation
 from routing.vocabulary import TriState as TriState
 
 AUTO_MODEL = "auto"
@@ -21,23 +25,6 @@ AUTO_MODEL = "auto"
 # The (model, route class) of an assignment-wide circuit: `credential_rejected` is about the
 # assignment's credential or account, so it covers every model and route class at once (SPEC §7.1).
 ASSIGNMENT_WIDE = "*"
-
-
-class DataCollection(enum.StrEnum):
-    ALLOW = "allow"
-    DENY = "deny"
-    UNKNOWN = "unknown"
-
-
-class ToolRepresentation(enum.StrEnum):
-    NATIVE = "native"
-    EMULATED = "emulated"
-    UNKNOWN = "unknown"
-
-
-class Router(enum.StrEnum):
-    DIRECT = "direct"
-    THIRD_PARTY = "third_party"
 
 
 class Health(enum.StrEnum):

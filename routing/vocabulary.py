@@ -39,6 +39,37 @@ class TriState(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
+class DataCollection(enum.StrEnum):
+    """Whether an upstream may collect the data it is sent (SPEC §3 `privacy.data_collection`)."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    UNKNOWN = "unknown"
+
+
+class ToolRepresentation(enum.StrEnum):
+    """How an assignment carries tool calls (SPEC §3 `capabilities.tool_representation`)."""
+
+    NATIVE = "native"
+    EMULATED = "emulated"
+    UNKNOWN = "unknown"
+
+
+class Router(enum.StrEnum):
+    """Whether an assignment is the provider itself or a third-party router in front of it (SPEC §3)."""
+
+    DIRECT = "direct"
+    THIRD_PARTY = "third_party"
+
+
+class BudgetPeriod(enum.StrEnum):
+    """A key's budget period (SPEC §7.4); a key without one has a lifetime budget."""
+
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+
+
 class FailureClass(enum.StrEnum):
     MODEL_UNAVAILABLE = "model_unavailable"
     MODEL_NOT_FOUND_CROSS = "model_not_found_cross"

@@ -8,19 +8,24 @@ from pathlib import Path
 
 import pytest
 
+from pools.models import Assignment, GatewayKey
 from proxy import metrics
 from proxy.models import Attempt, RequestRecord
 from proxy.relay import AttemptLog, Exchange
 from routing.models import Circuit, Demotion
 from routing.vocabulary import (
     AttemptStatus,
+    BudgetPeriod,
     CircuitReason,
     CircuitState,
     ClientRoute,
+    DataCollection,
     DispatchState,
     FailureClass,
     Outcome,
     RouteClass,
+    Router,
+    ToolRepresentation,
     TriState,
 )
 
@@ -42,10 +47,51 @@ def _values(field) -> list[str]:
         (Circuit, "state", CircuitState),
         (Circuit, "reason", CircuitReason),
         (Demotion, "reason", CircuitReason),
+        (Assignment, "router", Router),
+        (Assignment, "data_collection", DataCollection),
+        (Assignment, "tool_representation", ToolRepresentation),
+        (GatewayKey, "budget_period", BudgetPeriod),
     ],
 )
 def test_a_columns_choices_are_its_vocabulary(model, field, vocabulary):
     assert _values(model._meta.get_field(field)) == [member.value for member in vocabulary]
+
+
+def _enum_classes(path: Path) -> list[tuple[str, frozenset[str]]]:
+    """(class name, its members' values) of every enum or `TextChoices` class a module declares."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = {ast.unparse(base).rpartition(".")[2] for base in node.bases}
+        if not bases & {"StrEnum", "Enum", "TextChoices", "IntegerChoices"}:
+            continue
+        members = frozenset(
+            statement.value.value
+            for statement in node.body
+            if isinstance(statement, ast.Assign)
+            and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str | int)
+        )
+        found.append((node.name, members))
+    return found
+
+
+def test_no_vocabulary_is_declared_twice():
+    """Two enums of the same name, or with the same members, are one vocabulary declared twice (as
+    Router, DataCollection, ToolRepresentation and BudgetPeriod were in routing and pools): declare it
+    once in routing/vocabulary.py and build the ORM's choices from it."""
+    declared: dict[object, str] = {}
+    twice = []
+    for package in ("gatewaysite", "pools", "catalog", "routing", "proxy", "devkit", "soak", "bench"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name, members in _enum_classes(path):
+                where = f"{path.relative_to(ROOT)}:{name}"
+                for mark in (name, members):
+                    if mark in declared:
+                        twice.append(f"{where} and {declared[mark]}")
+                    declared[mark] = where
+    assert twice == []
 
 
 def test_a_circuits_route_class_is_the_vocabulary_plus_the_assignment_wide_marker():
