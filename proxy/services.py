@@ -30,7 +30,10 @@ def request_records_write(*, exchanges: list[Exchange], idempotent: bool = False
 
 def exchanges_settle(*, exchanges: list[Exchange]) -> None:
     """One UPDATE per key: release what its requests held, add what they cost (SPEC §7.4). Also run
-    alone for a record the database refused, so a refused record never leaks its reservation."""
+    alone for a record the database refused, so a refused record never leaks its reservation.
+    The keys are updated in id order: two nodes' batches over the same keys then lock their rows in
+    the same order and cannot deadlock (in batch order, one node held B and waited for A while the
+    other held A and waited for B; PostgreSQL then aborted one, or a reservation queued behind them)."""
     settle: dict[tuple[int, str], list[int]] = {}
     for x in exchanges:
         charged = charge_micros(x)
@@ -39,7 +42,7 @@ def exchanges_settle(*, exchanges: list[Exchange]) -> None:
             totals[0] += x.reserved_micros
             totals[1] += charged
     now = datetime.now(UTC)
-    for (key_id, period), (released, charged) in settle.items():
+    for (key_id, period), (released, charged) in sorted(settle.items()):
         key_budget_settle(key_id=key_id, released=released, charged=charged, period=period, now=now)
 
 
