@@ -3,9 +3,9 @@
 Contract:
 - `FakeUpstream` speaks the wire formats the gateway relays: OpenAI Chat Completions and Responses
   (JSON, SSE, and Responses websocket mode at `/v1/responses`), `/v1/responses/compact`, `/v1/models`,
-  and Anthropic `/v1/messages` (JSON, SSE) and `/v1/messages/count_tokens`. `"stream": true` in the
-  body selects SSE. OpenAI routes answer errors in the OpenAI envelope, Anthropic routes in the
-  Anthropic one.
+  `/v1/embeddings`, and Anthropic `/v1/messages` (JSON, SSE) and `/v1/messages/count_tokens`.
+  `"stream": true` in the body selects SSE. OpenAI routes answer errors in the OpenAI envelope,
+  Anthropic routes in the Anthropic one.
 - It runs an aiohttp server on 127.0.0.1 in its own thread and event loop, so sync tests and async tests
   (which own their loop) can both drive it. `start()` returns once the port listens; `stop()` wakes
   hanging handlers, closes every connection and joins the thread.
@@ -31,10 +31,12 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import re
 import shutil
+import struct
 import tempfile
 import threading
 import time
@@ -694,6 +696,37 @@ class _CountTokens:
         return {"input_tokens": reply.input_tokens}
 
 
+class _Embeddings:
+    """OpenAI's embeddings: one vector per input (a string, a token array, or a list of either), as
+    floats or, when `encoding_format` is "base64" (what the openai SDK asks for), as little-endian
+    float32 bytes in base64."""
+
+    DIMENSIONS = 8
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+
+    def _inputs(self) -> list[Any]:
+        value = self.call.body.get("input")
+        if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
+            return value
+        return [value]
+
+    def _vector(self, item: Any) -> list[float]:
+        digest = hashlib.sha256(json.dumps(item).encode()).digest()
+        return [b / 255 for b in digest[: self.DIMENSIONS]]
+
+    def json_body(self, reply: _Reply) -> JsonObject:
+        data = []
+        for index, item in enumerate(self._inputs()):
+            vector: Any = self._vector(item)
+            if self.call.body.get("encoding_format") == "base64":
+                vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": vector})
+        usage = {"prompt_tokens": reply.input_tokens, "total_tokens": reply.input_tokens}
+        return {"object": "list", "data": data, "model": self.call.model, "usage": usage}
+
+
 class _ModelList:
     def __init__(self, models: tuple[str, ...], owned_by: str) -> None:
         self.models = models
@@ -755,6 +788,7 @@ _ROUTES = {
     "/v1/responses/compact": _Route(_Compact),
     "/v1/messages": _Route(_Messages, anthropic=True, streams=True),
     "/v1/messages/count_tokens": _Route(_CountTokens, anthropic=True),
+    "/v1/embeddings": _Route(_Embeddings),
 }
 
 
@@ -890,8 +924,8 @@ class FakeUpstream:
         loop.run_forever()
         loop.close()
 
-    async def _listen(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> _Running:
-        app = web.Application(client_max_size=64 * 1024 * 1024)  # above the gateway's own body limit
+    def _add_routes(self, app: web.Application) -> None:
+        """The provider's paths; a fake of another provider (devkit.azure, devkit.bedrock...) overrides."""
         for path, route in _ROUTES.items():
             app.router.add_post(path, self._http_handler(route))
         app.router.add_get("/v1/responses", self._handle_websocket)
@@ -900,6 +934,10 @@ class FakeUpstream:
         app.router.add_get("/v1/files/{file_id}", self._handle_file)
         app.router.add_delete("/v1/files/{file_id}", self._handle_file)
         app.router.add_get("/v1/files/{file_id}/content", self._handle_file_content)
+
+    async def _listen(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> _Running:
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # above the gateway's own body limit
+        self._add_routes(app)
         # Handlers end promptly on `stopping`; the timeout only bounds a handler stuck elsewhere.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
@@ -1187,13 +1225,17 @@ class FakeUpstream:
 
     # -- HTTP -----------------------------------------------------------------------------------------
 
-    def _http_handler(self, route: _Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    def _http_handler(
+        self, route: _Route, model_in_path: Callable[[web.Request], str] | None = None
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """`model_in_path`: the model named by the URL rather than the body (an Azure deployment)."""
+
         def fail(status: int, err: ApiError) -> web.Response:
             return web.json_response(_error_envelope(status, err, anthropic=route.anthropic), status=status)
 
         async def handle(request: web.Request) -> web.StreamResponse:
             body = _parse_object(await request.read())
-            model = _model_of(body)
+            model = model_in_path(request) if model_in_path is not None else _model_of(body)
             stream = route.streams and body is not None and body.get("stream") is True
             self._record(request, model, body, "sse" if stream else "http")
             if not self._authorized(request):

@@ -1,0 +1,122 @@
+"""A fake Azure OpenAI resource: the OpenAI wire behind Azure's URLs, credential header and errors.
+
+Contract (as Azure OpenAI answers, checked against `openai.AzureOpenAI` in tests/providers):
+- Deployment URLs `/openai/deployments/{deployment}/chat/completions` and `.../embeddings` need the
+  `api-version` query parameter (without it: 404 `Resource not found`, Azure's own envelope); the model
+  served is the deployment's name, whatever the body says. A deployment not in `models` is Azure's 404
+  `DeploymentNotFound`.
+- The `/openai/v1/` surface (`chat/completions`, `responses`, `embeddings`, `models`) takes the model in
+  the body, as OpenAI does, and needs no `api-version`.
+- The key comes in `api-key` (or as an Entra ID bearer token); a wrong one is Azure's 401
+  (`{"error": {"code": "401", "message": ...}}`).
+- Everything else (scripts, hits, streams, compression) is `FakeUpstream`'s; `prompt_filtered()` is the
+  400 `content_filter` a prompt blocked by Azure's content filter gets, and `Refusal` the completion cut
+  with `finish_reason: "content_filter"`.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from devkit.upstream import _ROUTES, FakeUpstream, RawError, error
+
+# Azure's content filter verdict on a blocked prompt: every category, one of them filtered.
+_FILTER_RESULT = {
+    "hate": {"filtered": False, "severity": "safe"},
+    "jailbreak": {"filtered": True, "detected": True},
+    "self_harm": {"filtered": False, "severity": "safe"},
+    "sexual": {"filtered": False, "severity": "safe"},
+    "violence": {"filtered": False, "severity": "safe"},
+}
+
+
+def prompt_filtered() -> RawError:
+    """The 400 Azure answers when its content filter blocks the prompt."""
+    return error(
+        400,
+        {
+            "error": {
+                "message": "The response was filtered due to the prompt triggering Azure OpenAI's content "
+                "management policy.",
+                "type": None,
+                "param": "prompt",
+                "code": "content_filter",
+                "status": 400,
+                "innererror": {
+                    "code": "ResponsibleAIPolicyViolation",
+                    "content_filter_result": _FILTER_RESULT,
+                },
+            }
+        },
+    )
+
+
+def _azure_error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+class AzureFake(FakeUpstream):
+    """A fake Azure OpenAI resource on 127.0.0.1 (see the module docstring)."""
+
+    @property
+    def endpoint(self) -> str:
+        """What `openai.AzureOpenAI(azure_endpoint=...)` and an assignment's deployment URLs start with."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The `/openai/v1` API root (the surface that takes the model in the body)."""
+        return f"{self.endpoint}/openai/v1"
+
+    def _authorized(self, request: web.Request) -> bool:
+        bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
+        return self.require_key is None or self.require_key in (bearer, request.headers.get("api-key"))
+
+    def _add_routes(self, app: web.Application) -> None:
+        for name in ("chat/completions", "embeddings"):
+            app.router.add_post(f"/openai/deployments/{{deployment}}/{name}", self._deployment(name))
+        for name in ("chat/completions", "responses", "embeddings"):
+            app.router.add_post(f"/openai/v1/{name}", self._keyed(self._http_handler(_ROUTES[f"/v1/{name}"])))
+        app.router.add_get("/openai/v1/models", self._keyed(self._handle_models))
+
+    def _keyed(self, handler):
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if not self._authorized(request):
+                await request.read()
+                self._record(request, None, None, "http")
+                return _azure_error(
+                    401,
+                    "401",
+                    "Access denied due to invalid subscription key or wrong API endpoint. Make sure to "
+                    "provide a valid key for an active subscription and use a correct regional API endpoint "
+                    "for your resource.",
+                )
+            return await handler(request)
+
+        return handle
+
+    def _deployment(self, name: str):
+        served = self._http_handler(
+            _ROUTES[f"/v1/{name}"], model_in_path=lambda r: r.match_info["deployment"]
+        )
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if "api-version" not in request.query:
+                await request.read()
+                self._record(request, None, None, "http")
+                return _azure_error(404, "404", "Resource not found")
+            deployment = request.match_info["deployment"]
+            with self._lock:
+                scripted = deployment in self._scripts
+            if deployment not in self.models and not scripted:
+                await request.read()
+                self._record(request, deployment, None, "http")
+                return _azure_error(
+                    404,
+                    "DeploymentNotFound",
+                    "The API deployment for this resource does not exist. If you created the deployment "
+                    "within the last 5 minutes, please wait a moment and try again.",
+                )
+            return await served(request)
+
+        return self._keyed(handle)

@@ -1,0 +1,314 @@
+"""A fake Amazon Bedrock runtime: Converse and ConverseStream, SigV4-checked, streams in AWS event-stream
+framing, errors named the way botocore reads them.
+
+Contract (as Bedrock answers, checked against boto3's `bedrock-runtime` client in tests/providers):
+- `POST /model/{modelId}/converse` answers the Converse JSON (`output.message.content`, `stopReason`,
+  `usage.inputTokens/outputTokens/totalTokens`); `POST /model/{modelId}/converse-stream` answers
+  `application/vnd.amazon.eventstream` frames (`messageStart`, `contentBlockDelta`, `contentBlockStop`,
+  `messageStop`, `metadata` with the usage), an exception inside a 200 stream being a frame with
+  `:message-type: exception`. `GET /foundation-models` is the control plane's model listing.
+- Every request must carry a SigV4 signature (service `bedrock`, the fake's region) by the fake's access
+  key, checked by recomputing it with botocore's own signer over the headers the request says it signed:
+  a wrong secret is 403 `InvalidSignatureException`, an unknown key 403 `UnrecognizedClientException`, a
+  signature over five minutes old 403 `InvalidSignatureException`.
+- Errors: the status, `x-amzn-ErrorType: <Name>:<namespace>` and `{"message": ...}`; a model the account
+  cannot use is 400 `ValidationException`, as Bedrock answers for an unknown or not-enabled model.
+- Scripting, hits and the behaviours are `FakeUpstream`'s (`Serve`, `Refusal` as
+  `stopReason: content_filtered`, `Reject` with the exception's name as its `type`, `FailBeforeVisible`,
+  `FailAfterVisible`, `CutStream`, `Hang`); the frame *encoder* lives here only, decoding is botocore's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import struct
+import uuid
+import zlib
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from devkit.upstream import (
+    ApiError,
+    CutStream,
+    FailAfterVisible,
+    FailBeforeVisible,
+    FakeUpstream,
+    Hang,
+    RawError,
+    Refusal,
+    Reject,
+    Serve,
+    _drop,
+    _reply,
+)
+
+NAMESPACE = "http://internal.amazon.com/coral/com.amazon.bedrock/"
+_AUTHORIZATION = re.compile(
+    r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<date>\d{8})/(?P<region>[^/]+)/(?P<service>[^/]+)/"
+    r"aws4_request, ?SignedHeaders=(?P<signed>[^,]+), ?Signature=(?P<signature>[0-9a-f]{64})$"
+)
+_SKEW_S = 300
+
+
+def exception(status: int, name: str, message: str) -> Reject:
+    """A Bedrock exception `name` (e.g. ThrottlingException) with its status, before any output."""
+    return Reject(status, ApiError(name, message))
+
+
+def validation(message: str = "The provided model identifier is invalid.") -> Reject:
+    return exception(400, "ValidationException", message)
+
+
+def throttled() -> Reject:
+    return exception(429, "ThrottlingException", "Too many requests, please wait before trying again.")
+
+
+def access_denied() -> Reject:
+    return exception(
+        403, "AccessDeniedException", "You don't have access to the model with the specified model ID."
+    )
+
+
+def service_unavailable() -> Reject:
+    return exception(503, "ServiceUnavailableException", "Bedrock is unable to process your request.")
+
+
+def frame(headers: dict[str, str], payload: bytes) -> bytes:
+    """One AWS event-stream message: prelude (lengths + CRC32), string headers, payload, message CRC32."""
+    encoded = b"".join(
+        bytes([len(name)]) + name + b"\x07" + struct.pack(">H", len(value)) + value
+        for name, value in ((k.encode(), v.encode()) for k, v in headers.items())
+    )
+    prelude = struct.pack(">II", 12 + len(encoded) + len(payload) + 4, len(encoded))
+    message = prelude + struct.pack(">I", zlib.crc32(prelude)) + encoded + payload
+    return message + struct.pack(">I", zlib.crc32(message))
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    headers = {":event-type": name, ":content-type": "application/json", ":message-type": "event"}
+    return frame(headers, json.dumps(payload).encode())
+
+
+def _exception_frame(name: str, message: str) -> bytes:
+    # In a stream the exception's member name is lower camel case (throttlingException).
+    headers = {
+        ":exception-type": name[0].lower() + name[1:],
+        ":content-type": "application/json",
+        ":message-type": "exception",
+    }
+    return frame(headers, json.dumps({"message": message}).encode())
+
+
+def _error(status: int, name: str, message: str) -> web.Response:
+    return web.json_response(
+        {"message": message}, status=status, headers={"x-amzn-ErrorType": f"{name}:{NAMESPACE}"}
+    )
+
+
+class BedrockFake(FakeUpstream):
+    """A fake Bedrock runtime on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str = "bedrock",
+        models: tuple[str, ...] | list[str] = ("anthropic.claude-sonnet-4-5-v1:0",),
+        *,
+        region: str = "us-east-1",
+        access_key: str = "AKIDEXAMPLEFAKE00001",
+        secret_key: str = "fake-secret-key-for-the-bedrock-devkit",  # noqa: S107 (a fake's own)
+        **kw: Any,
+    ) -> None:
+        super().__init__(name, models, compression="identity", **kw)
+        self.region, self.access_key, self.secret_key = region, access_key, secret_key
+
+    @property
+    def endpoint(self) -> str:
+        """What `boto3.client("bedrock-runtime", endpoint_url=...)` and an assignment's base_url name."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.endpoint
+
+    def _behaviour_for(self, model: str):
+        with self._lock:
+            scripted = model in self._scripts
+        # Bedrock names an unknown or not-enabled model in a ValidationException, not a 404.
+        return super()._behaviour_for(model) if scripted or model in self.models else validation()
+
+    def _add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/model/{model_id}/converse", self._converse)
+        app.router.add_post("/model/{model_id}/converse-stream", self._converse)
+        app.router.add_get("/foundation-models", self._foundation_models)
+
+    def _signature_problem(self, request: web.Request, body: bytes) -> tuple[str, str] | None:
+        """None when the request is signed by this account for this region; else the AWS error."""
+        found = _AUTHORIZATION.match(request.headers.get("authorization", ""))
+        if found is None:
+            return "MissingAuthenticationTokenException", "Missing Authentication Token"
+        if found["key"] != self.access_key:
+            return "UnrecognizedClientException", "The security token included in the request is invalid."
+        amz_date = request.headers.get("x-amz-date", "")
+        try:
+            signed_at = datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            return "InvalidSignatureException", "Missing or malformed X-Amz-Date."
+        if abs((datetime.now(UTC) - signed_at).total_seconds()) > _SKEW_S:
+            return "InvalidSignatureException", "Signature expired."
+        names = found["signed"].split(";")
+        if "host" not in names or any(name not in request.headers for name in names):
+            return "InvalidSignatureException", "A signed header is missing."
+        aws = AWSRequest(
+            method=request.method,
+            url=f"http://{request.headers['host']}{request.raw_path}",
+            headers={name: request.headers[name] for name in names},
+            data=body,
+        )
+        aws.context["timestamp"] = amz_date
+        signer = SigV4Auth(Credentials(self.access_key, self.secret_key), found["service"], found["region"])
+        expected = signer.signature(signer.string_to_sign(aws, signer.canonical_request(aws)), aws)
+        if found["service"] != "bedrock" or found["region"] != self.region:
+            return "InvalidSignatureException", "Credential should be scoped to a valid region and service."
+        if not hmac.compare_digest(expected, found["signature"]):
+            return (
+                "InvalidSignatureException",
+                "The request signature we calculated does not match the signature you provided.",
+            )
+        return None
+
+    async def _foundation_models(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, None, None, "http")
+        problem = self._signature_problem(request, await request.read())
+        if problem is not None:
+            return _error(403, *problem)
+        summaries = [
+            {
+                "modelArn": f"arn:aws:bedrock:{self.region}::foundation-model/{model}",
+                "modelId": model,
+                "modelName": model,
+                "providerName": model.split(".", 1)[0],
+                "inputModalities": ["TEXT"],
+                "outputModalities": ["TEXT"],
+                "responseStreamingSupported": True,
+                "inferenceTypesSupported": ["ON_DEMAND"],
+                "modelLifecycle": {"status": "ACTIVE"},
+            }
+            for model in self.models
+        ]
+        return web.json_response({"modelSummaries": summaries})
+
+    async def _converse(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        model = request.match_info["model_id"]
+        stream = request.path.endswith("/converse-stream")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        self._record(request, model, body if isinstance(body, dict) else None, "sse" if stream else "http")
+        problem = self._signature_problem(request, raw)
+        if problem is not None:
+            return _error(403, *problem)
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _error(400, "ValidationException", "1 validation error detected: messages is required.")
+        behaviour = self._behaviour_for(model)
+        match behaviour:
+            case Reject(status=status, error=err, delay_s=delay):
+                if delay and await self._pause(delay):
+                    return _drop(request)
+                return _error(status, err.type, err.message)
+            case RawError(status=status, body=payload, headers=headers):
+                return web.json_response(dict(payload), status=status, headers=dict(headers))
+            case Hang(seconds=seconds):
+                await self._pause(seconds)
+                return _drop(request)
+        if not isinstance(behaviour, Serve | Refusal | FailBeforeVisible | FailAfterVisible | CutStream):
+            return _drop(request)
+        if not stream:
+            if not isinstance(behaviour, Serve | Refusal):
+                return _drop(request)
+            reply = _reply(behaviour, self.name)
+            if isinstance(behaviour, Serve) and behaviour.delay_s and await self._pause(behaviour.delay_s):
+                return _drop(request)
+            content = [] if reply.refused else [{"text": reply.text}]
+            return web.json_response(
+                {
+                    "output": {"message": {"role": "assistant", "content": content}},
+                    "stopReason": "content_filtered" if reply.refused else "end_turn",
+                    "usage": _usage(reply.input_tokens, reply.output_tokens),
+                    "metrics": {"latencyMs": 1},
+                },
+                headers={"x-amzn-RequestId": str(uuid.uuid4())},
+            )
+        return await self._stream(request, behaviour)
+
+    async def _stream(self, request: web.Request, behaviour: Any) -> web.StreamResponse:
+        reply = _reply(behaviour, self.name)
+        frames = [_event("messageStart", {"role": "assistant"})]
+        deltas = [
+            _event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": d}}) for d in reply.deltas
+        ]
+        tail = [
+            _event("contentBlockStop", {"contentBlockIndex": 0}),
+            _event("messageStop", {"stopReason": "content_filtered" if reply.refused else "end_turn"}),
+            _event(
+                "metadata",
+                {"usage": _usage(reply.input_tokens, reply.output_tokens), "metrics": {"latencyMs": 1}},
+            ),
+        ]
+        cut = False
+        match behaviour:
+            case FailBeforeVisible(terminal="overloaded"):
+                frames.append(
+                    _exception_frame(
+                        "ServiceUnavailableException", "Bedrock is unable to process your request."
+                    )
+                )
+            case FailBeforeVisible():
+                frames.append(
+                    _exception_frame("ValidationException", "The provided model identifier is invalid.")
+                )
+            case FailAfterVisible():
+                frames += [
+                    *deltas[:1],
+                    _exception_frame("ModelStreamErrorException", "The model failed mid-stream."),
+                ]
+            case CutStream(after_visible=after_visible, clean=clean):
+                frames += deltas[:1] if after_visible else []
+                cut = not clean
+            case _:
+                frames += [*([] if reply.refused else deltas), *tail]
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "application/vnd.amazon.eventstream",
+                "x-amzn-RequestId": str(uuid.uuid4()),
+            }
+        )
+        await response.prepare(request)
+        delay = behaviour.delay_s if isinstance(behaviour, Serve) else 0.0
+        try:
+            for data in frames:
+                if delay and await self._pause(delay):
+                    return _drop(request)
+                await response.write(data)
+        except ConnectionError:
+            return response
+        if cut:
+            return _drop(request)
+        await response.write_eof()
+        return response
+
+
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {
+        "inputTokens": input_tokens,
+        "outputTokens": output_tokens,
+        "totalTokens": input_tokens + output_tokens,
+    }

@@ -1,0 +1,271 @@
+"""A fake Google Gemini (Generative Language API): generateContent, streamGenerateContent over SSE, the
+model listing, Google's error envelope.
+
+Contract (as the API answers, checked against the `google-genai` client in tests/providers):
+- `POST /v1beta/models/{model}:generateContent` (and the same under `/v1`) answers a
+  GenerateContentResponse: `candidates[0]` with `content.parts[].text` and `finishReason`, and
+  `usageMetadata` (`promptTokenCount`, `candidatesTokenCount`, `totalTokenCount`).
+  `:streamGenerateContent?alt=sse` answers the same objects as SSE `data:` events separated by CRLF
+  blank lines, one text delta each, the last one with `finishReason` and the full usage.
+  `GET /v1beta/models` lists `models/{id}` with token limits.
+- The key comes in `x-goog-api-key` (or `?key=`); a wrong one is Google's 400 `INVALID_ARGUMENT` with
+  reason `API_KEY_INVALID` (not a 401). An unknown model is 404 `NOT_FOUND`.
+- Errors: `{"error": {"code", "message", "status"}}`; `Reject` renders its `type` as the `status`
+  (`RESOURCE_EXHAUSTED`, `UNAVAILABLE`...). `Refusal` is an answer cut with `finishReason: SAFETY` and
+  no content; `prompt_blocked()` a 200 with `promptFeedback.blockReason` and no candidates.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from devkit.upstream import (
+    ApiError,
+    Behaviour,
+    CutStream,
+    FailAfterVisible,
+    FailBeforeVisible,
+    FakeUpstream,
+    Hang,
+    RawError,
+    Refusal,
+    Reject,
+    Serve,
+    _drop,
+    _reply,
+)
+
+API_VERSION = "v1beta"
+API_VERSIONS = ("v1", "v1beta")  # the stable surface (google-genai's default) and the beta one
+_STATUS_CODES = {
+    "INVALID_ARGUMENT": 400,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "RESOURCE_EXHAUSTED": 429,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+}
+
+
+@dataclass(frozen=True)
+class PromptBlocked(Behaviour):
+    """A prompt the safety filters block: 200, `promptFeedback.blockReason`, no candidates."""
+
+    reason: str = "SAFETY"
+
+
+def prompt_blocked(reason: str = "SAFETY") -> PromptBlocked:
+    return PromptBlocked(reason)
+
+
+def status_error(status: str, message: str) -> Reject:
+    """Google's error `status` (e.g. RESOURCE_EXHAUSTED) with its HTTP code, before any output."""
+    return Reject(_STATUS_CODES[status], ApiError(status, message))
+
+
+def resource_exhausted() -> Reject:
+    return status_error("RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota).")
+
+
+def unavailable() -> Reject:
+    return status_error("UNAVAILABLE", "The model is overloaded. Please try again later.")
+
+
+def _error(code: int, status: str, message: str, details: list[Any] | None = None) -> web.Response:
+    error: dict[str, Any] = {"code": code, "message": message, "status": status}
+    if details is not None:
+        error["details"] = details
+    return web.json_response({"error": error}, status=code)
+
+
+class GeminiFake(FakeUpstream):
+    """A fake Gemini API on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(
+        self, name: str = "gemini", models: tuple[str, ...] | list[str] = ("gemini-2.5-flash",), **kw: Any
+    ):
+        super().__init__(name, models, compression="identity", **kw)
+
+    @property
+    def endpoint(self) -> str:
+        """What `genai.Client(http_options={"base_url": ...})` names."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The API root an assignment names: `.../v1beta`."""
+        return f"{self.endpoint}/{API_VERSION}"
+
+    def _add_routes(self, app: web.Application) -> None:
+        for version in API_VERSIONS:
+            app.router.add_post(f"/{version}/models/{{target}}", self._generate)
+            app.router.add_get(f"/{version}/models", self._list)
+
+    def _authorized(self, request: web.Request) -> bool:
+        given = request.headers.get("x-goog-api-key") or request.query.get("key")
+        return self.require_key is None or given == self.require_key
+
+    def _bad_key(self) -> web.Response:
+        info = {
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": "API_KEY_INVALID",
+            "domain": "googleapis.com",
+        }
+        return _error(400, "INVALID_ARGUMENT", "API key not valid. Please pass a valid API key.", [info])
+
+    async def _list(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, None, None, "http")
+        if not self._authorized(request):
+            return self._bad_key()
+        models = [
+            {
+                "name": f"models/{model}",
+                "version": "001",
+                "displayName": model,
+                "inputTokenLimit": 1048576,
+                "outputTokenLimit": 65536,
+                "supportedGenerationMethods": ["generateContent", "countTokens"],
+            }
+            for model in self.models
+        ]
+        return web.json_response({"models": models})
+
+    def _behaviour_for(self, model: str) -> Behaviour:
+        with self._lock:
+            scripted = model in self._scripts
+        if scripted or model in self.models:
+            return super()._behaviour_for(model)
+        return status_error(
+            "NOT_FOUND",
+            f"models/{model} is not found for API version {API_VERSION}, or is not supported for "
+            "generateContent. Call ListModels to see the list of available models and their supported "
+            "methods.",
+        )
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        model, _, method = request.match_info["target"].partition(":")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        stream = method == "streamGenerateContent"
+        self._record(request, model, body if isinstance(body, dict) else None, "sse" if stream else "http")
+        if not self._authorized(request):
+            return self._bad_key()
+        if method not in ("generateContent", "streamGenerateContent"):
+            return _error(404, "NOT_FOUND", "Method not found.")
+        if not isinstance(body, dict) or not isinstance(body.get("contents"), list):
+            return _error(
+                400, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: contents is not specified"
+            )
+        behaviour = self._behaviour_for(model)
+        match behaviour:
+            case Reject(status=status, error=err, delay_s=delay):
+                if delay and await self._pause(delay):
+                    return _drop(request)
+                return _error(status, err.type, err.message)
+            case RawError(status=status, body=payload, headers=headers):
+                return web.json_response(dict(payload), status=status, headers=dict(headers))
+            case Hang(seconds=seconds):
+                await self._pause(seconds)
+                return _drop(request)
+            case PromptBlocked(reason=reason):
+                return web.json_response(
+                    {
+                        "promptFeedback": {"blockReason": reason},
+                        "usageMetadata": _usage(10, 0),
+                        "modelVersion": model,
+                    }
+                )
+        answer = _Answer(model)
+        if not stream:
+            if not isinstance(behaviour, Serve | Refusal):
+                return _drop(request)
+            if isinstance(behaviour, Serve) and behaviour.delay_s and await self._pause(behaviour.delay_s):
+                return _drop(request)
+            reply = _reply(behaviour, self.name)
+            return web.json_response(answer.chunk(None if reply.refused else reply.text, reply, final=True))
+        return await self._stream(request, behaviour, answer)
+
+    async def _stream(
+        self, request: web.Request, behaviour: Behaviour, answer: _Answer
+    ) -> web.StreamResponse:
+        if request.query.get("alt") != "sse":
+            return _error(400, "INVALID_ARGUMENT", "This fake streams only with alt=sse.")
+        reply = _reply(behaviour, self.name)
+        if reply.refused:
+            chunks = [answer.chunk(None, reply, final=True)]
+        else:
+            last = len(reply.deltas) - 1
+            chunks = [answer.chunk(d, reply, final=i == last) for i, d in enumerate(reply.deltas)]
+        internal = {
+            "error": {"code": 500, "message": "An internal error has occurred.", "status": "INTERNAL"}
+        }
+        overloaded = {"error": {"code": 503, "message": "The model is overloaded.", "status": "UNAVAILABLE"}}
+        cut = False
+        match behaviour:
+            case FailBeforeVisible():
+                # Google reports a failure before any output as the HTTP error, not an event.
+                return _error(503, "UNAVAILABLE", "The model is overloaded. Please try again later.")
+            case FailAfterVisible():
+                chunks = [chunks[0], internal]
+            case CutStream(after_visible=after_visible, clean=clean):
+                chunks = chunks[:1] if after_visible else []
+                cut = not clean
+            case Serve() | Refusal():
+                pass
+            case _:
+                chunks = [overloaded]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        delay = behaviour.delay_s if isinstance(behaviour, Serve) else 0.0
+        try:
+            for chunk in chunks:
+                if delay and await self._pause(delay):
+                    return _drop(request)
+                await response.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
+        except ConnectionError:
+            return response
+        if cut:
+            return _drop(request)
+        await response.write_eof()
+        return response
+
+
+class _Answer:
+    """One answer's chunks, sharing its response id."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.id = uuid.uuid4().hex[:22]
+
+    def chunk(self, text: str | None, reply: Any, *, final: bool) -> dict[str, Any]:
+        candidate: dict[str, Any] = {"index": 0}
+        if text is not None:
+            candidate["content"] = {"parts": [{"text": text}], "role": "model"}
+        if final:
+            candidate["finishReason"] = "SAFETY" if reply.refused else "STOP"
+        if reply.refused:
+            candidate["safetyRatings"] = [
+                {"category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "HIGH", "blocked": True}
+            ]
+        usage = _usage(reply.input_tokens, reply.output_tokens if final else 0)
+        return {
+            "candidates": [candidate],
+            "usageMetadata": usage,
+            "modelVersion": self.model,
+            "responseId": self.id,
+        }
+
+
+def _usage(prompt: int, candidates: int) -> dict[str, int]:
+    usage = {"promptTokenCount": prompt, "totalTokenCount": prompt + candidates}
+    if candidates:
+        usage["candidatesTokenCount"] = candidates
+    return usage

@@ -1,0 +1,251 @@
+"""The provider fakes speak the real wire formats: each provider's official client library, pointed at its
+fake, reads what the fake answers (plain, streamed, rejected) as it reads the real service."""
+
+import boto3
+import botocore.exceptions
+import openai
+import pytest
+from botocore.config import Config
+from google import genai
+from google.genai import errors as genai_errors
+
+from devkit import bedrock, gemini
+from devkit.azure import AzureFake, prompt_filtered
+from devkit.bedrock import BedrockFake
+from devkit.gemini import GeminiFake
+from devkit.upstream import FakeUpstream, fail_after_visible, refusal
+
+API_VERSION = "2024-10-21"
+
+
+@pytest.fixture
+def azure():
+    with AzureFake("azure", ("gpt-4o",), require_key="azure-key-000") as fake:
+        yield fake
+
+
+@pytest.fixture
+def aws():
+    with BedrockFake() as fake:
+        yield fake
+
+
+@pytest.fixture
+def google():
+    with GeminiFake(require_key="gemini-key-000") as fake:
+        yield fake
+
+
+def _azure_client(fake: AzureFake, key: str = "azure-key-000") -> openai.AzureOpenAI:
+    return openai.AzureOpenAI(
+        azure_endpoint=fake.endpoint, api_key=key, api_version=API_VERSION, max_retries=0
+    )
+
+
+def _bedrock_client(fake: BedrockFake, secret: str | None = None):
+    return boto3.client(
+        "bedrock-runtime",
+        region_name=fake.region,
+        endpoint_url=fake.endpoint,
+        aws_access_key_id=fake.access_key,
+        aws_secret_access_key=secret or fake.secret_key,
+        config=Config(retries={"max_attempts": 1}),
+    )
+
+
+def _gemini_models(fake: GeminiFake, key: str = "gemini-key-000"):
+    # The Client closes its HTTP client when collected: it must outlive the call.
+    _clients.append(genai.Client(api_key=key, http_options={"base_url": fake.endpoint}))
+    return _clients[-1].models
+
+
+_clients: list[genai.Client] = []
+
+
+# -- Azure OpenAI ---------------------------------------------------------------------------------------
+
+
+def test_azure_sdk_reads_a_deployment_answer_sent_with_api_key_and_api_version(azure):
+    answer = _azure_client(azure).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.choices[0].message.content == "hello from azure"
+    hit = azure.hits[-1]
+    assert hit.path == "/openai/deployments/gpt-4o/chat/completions"
+    assert hit.headers["api-key"] == "azure-key-000"
+
+
+def test_azure_sdk_streams_a_deployment_answer(azure):
+    stream = _azure_client(azure).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "hello from azure"
+
+
+def test_azure_sdk_reads_embeddings_in_base64(azure):
+    answer = _azure_client(azure).embeddings.create(model="gpt-4o", input=["a", "b"])
+    assert [len(d.embedding) for d in answer.data] == [8, 8]
+    assert azure.hits[-1].body["encoding_format"] == "base64"  # the SDK asks for base64 and decodes it
+
+
+def test_azure_sdk_sees_a_wrong_key_unknown_deployment_and_content_filter(azure):
+    with pytest.raises(openai.AuthenticationError):
+        _azure_client(azure, key="wrong").chat.completions.create(model="gpt-4o", messages=[])
+    with pytest.raises(openai.NotFoundError) as missing:
+        _azure_client(azure).chat.completions.create(model="gpt-5", messages=[])
+    assert missing.value.code == "DeploymentNotFound"
+    azure.script("gpt-4o", prompt_filtered())
+    with pytest.raises(openai.BadRequestError) as filtered:
+        _azure_client(azure).chat.completions.create(model="gpt-4o", messages=[])
+    assert filtered.value.code == "content_filter"
+    azure.script("gpt-4o", refusal())
+    answer = _azure_client(azure).chat.completions.create(model="gpt-4o", messages=[])
+    assert answer.choices[0].finish_reason == "content_filter"
+
+
+def test_azure_v1_surface_takes_the_model_in_the_body(azure):
+    client = openai.OpenAI(base_url=azure.base_url, api_key="azure-key-000", max_retries=0)
+    assert client.responses.create(model="gpt-4o", input="hi").output_text == "hello from azure"
+    assert [m.id for m in client.models.list()] == ["gpt-4o"]
+
+
+def test_azure_deployment_url_without_api_version_is_not_found(azure):
+    client = openai.OpenAI(
+        base_url=f"{azure.endpoint}/openai/deployments/gpt-4o", api_key="azure-key-000", max_retries=0
+    )
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=[])
+
+
+# -- Amazon Bedrock -------------------------------------------------------------------------------------
+
+CLAUDE = "anthropic.claude-sonnet-4-5-v1:0"
+TURN = [{"role": "user", "content": [{"text": "hi"}]}]
+
+
+def test_boto3_reads_a_converse_answer_signed_with_sigv4(aws):
+    answer = _bedrock_client(aws).converse(modelId=CLAUDE, messages=TURN)
+    assert answer["output"]["message"]["content"] == [{"text": "hello from bedrock"}]
+    assert answer["usage"] == {"inputTokens": 10, "outputTokens": 3, "totalTokens": 13}
+    assert aws.hits[-1].headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKID")
+
+
+def test_boto3_decodes_the_converse_stream_event_frames(aws):
+    events = list(_bedrock_client(aws).converse_stream(modelId=CLAUDE, messages=TURN)["stream"])
+    names = [next(iter(e)) for e in events]
+    assert names == [
+        "messageStart",
+        *["contentBlockDelta"] * 3,
+        "contentBlockStop",
+        "messageStop",
+        "metadata",
+    ]
+    text = "".join(e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e)
+    assert text == "hello from bedrock"
+    assert events[-1]["metadata"]["usage"]["outputTokens"] == 3
+
+
+def test_boto3_sees_an_exception_frame_inside_a_200_stream(aws):
+    aws.script(CLAUDE, fail_after_visible())
+    stream = _bedrock_client(aws).converse_stream(modelId=CLAUDE, messages=TURN)["stream"]
+    with pytest.raises(botocore.exceptions.EventStreamError) as failed:
+        list(stream)
+    assert failed.value.response["Error"]["Code"] == "modelStreamErrorException"
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "code", "status"),
+    [
+        (bedrock.throttled(), "ThrottlingException", 429),
+        (bedrock.access_denied(), "AccessDeniedException", 403),
+        (bedrock.service_unavailable(), "ServiceUnavailableException", 503),
+        (bedrock.validation(), "ValidationException", 400),
+    ],
+)
+def test_boto3_reads_each_bedrock_exception_by_name(aws, behaviour, code, status):
+    aws.script(CLAUDE, behaviour)
+    with pytest.raises(botocore.exceptions.ClientError) as failed:
+        _bedrock_client(aws).converse(modelId=CLAUDE, messages=TURN)
+    assert failed.value.response["Error"]["Code"] == code
+    assert failed.value.response["ResponseMetadata"]["HTTPStatusCode"] == status
+
+
+def test_bedrock_fake_refuses_a_bad_signature_and_names_an_unknown_model_a_validation_error(aws):
+    with pytest.raises(botocore.exceptions.ClientError) as unsigned:
+        _bedrock_client(aws, secret="not-the-secret").converse(modelId=CLAUDE, messages=TURN)
+    assert unsigned.value.response["Error"]["Code"] == "InvalidSignatureException"
+    with pytest.raises(botocore.exceptions.ClientError) as unknown:
+        _bedrock_client(aws).converse(modelId="meta.unknown-v1:0", messages=TURN)
+    assert unknown.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_boto3_lists_the_foundation_models(aws):
+    client = boto3.client(
+        "bedrock",
+        region_name=aws.region,
+        endpoint_url=aws.endpoint,
+        aws_access_key_id=aws.access_key,
+        aws_secret_access_key=aws.secret_key,
+    )
+    assert [m["modelId"] for m in client.list_foundation_models()["modelSummaries"]] == [CLAUDE]
+
+
+def test_bedrock_refusal_is_a_content_filtered_stop(aws):
+    aws.script(CLAUDE, refusal())
+    assert _bedrock_client(aws).converse(modelId=CLAUDE, messages=TURN)["stopReason"] == "content_filtered"
+
+
+# -- Google Gemini --------------------------------------------------------------------------------------
+
+
+def test_genai_reads_a_generate_content_answer_sent_with_the_api_key(google):
+    answer = _gemini_models(google).generate_content(model="gemini-2.5-flash", contents="hi")
+    assert answer.text == "hello from gemini"
+    assert answer.usage_metadata.candidates_token_count == 3
+    assert google.hits[-1].headers["x-goog-api-key"] == "gemini-key-000"
+    assert google.hits[-1].path == "/v1/models/gemini-2.5-flash:generateContent"
+
+
+def test_genai_reads_a_streamed_answer_over_sse(google):
+    chunks = list(_gemini_models(google).generate_content_stream(model="gemini-2.5-flash", contents="hi"))
+    assert "".join(c.text for c in chunks) == "hello from gemini"
+    assert chunks[-1].candidates[0].finish_reason == "STOP"
+    assert chunks[-1].usage_metadata.total_token_count == 13
+
+
+def test_genai_sees_safety_blocks(google):
+    google.script("gemini-2.5-flash", refusal())
+    answer = _gemini_models(google).generate_content(model="gemini-2.5-flash", contents="hi")
+    assert answer.candidates[0].finish_reason == "SAFETY"
+    google.script("gemini-2.5-flash", gemini.prompt_blocked())
+    blocked = _gemini_models(google).generate_content(model="gemini-2.5-flash", contents="hi")
+    assert blocked.prompt_feedback.block_reason == "SAFETY"
+
+
+def test_genai_reads_google_errors(google):
+    google.script("gemini-2.5-flash", gemini.resource_exhausted())
+    with pytest.raises(genai_errors.ClientError) as exhausted:
+        _gemini_models(google).generate_content(model="gemini-2.5-flash", contents="hi")
+    assert (exhausted.value.code, exhausted.value.status) == (429, "RESOURCE_EXHAUSTED")
+    with pytest.raises(genai_errors.ClientError) as missing:
+        _gemini_models(google).generate_content(model="gemini-9", contents="hi")
+    assert (missing.value.code, missing.value.status) == (404, "NOT_FOUND")
+    with pytest.raises(genai_errors.ClientError) as bad_key:
+        _gemini_models(google, key="wrong").generate_content(model="gemini-2.5-flash", contents="hi")
+    assert (bad_key.value.code, bad_key.value.status) == (400, "INVALID_ARGUMENT")
+
+
+def test_genai_lists_the_models(google):
+    assert [m.name for m in _gemini_models(google).list()] == ["models/gemini-2.5-flash"]
+
+
+# -- OpenAI embeddings (the gateway's /v1/embeddings upstream) -------------------------------------------
+
+
+def test_openai_sdk_reads_embeddings_as_floats_and_base64(fake_upstream: FakeUpstream):
+    client = openai.OpenAI(base_url=fake_upstream.base_url, api_key="k", max_retries=0)
+    floats = client.embeddings.create(model="gpt-5", input="a", encoding_format="float").data[0].embedding
+    packed = client.embeddings.create(model="gpt-5", input="a").data[0].embedding
+    assert len(floats) == 8
+    assert packed == pytest.approx(floats)
+    assert fake_upstream.hits[-1].body["encoding_format"] == "base64"
