@@ -23,6 +23,7 @@ from catalog.models import CapabilityEvidence, CatalogEntry, Provenance
 from catalog.qualification import Verdict
 from pools import destinations
 from pools.models import Assignment
+from runtime.transport import transport_through
 
 logger = logging.getLogger("gateway")
 
@@ -88,14 +89,8 @@ class GuardedBackend(httpcore.SyncBackend):
 
 
 def guarded_client(timeout: httpx.Timeout | float) -> httpx.Client:
-    """A client for discovery whose connections go through GuardedBackend. httpx's transport takes no
-    network backend, so its pool is replaced by an equal one that has it (tests/catalog/test_sync.py
-    holds this to the httpx/httpcore versions in use)."""
-    transport = httpx.HTTPTransport(trust_env=False)
-    transport._pool = httpcore.ConnectionPool(
-        ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=GuardedBackend()
-    )
-    return httpx.Client(timeout=timeout, transport=transport, trust_env=False)
+    """A client for discovery whose connections go through GuardedBackend."""
+    return httpx.Client(timeout=timeout, transport=transport_through(GuardedBackend()), trust_env=False)
 
 
 def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:

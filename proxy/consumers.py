@@ -30,10 +30,10 @@ connection stays open.
 Closing either side closes the other: when the client goes, the response in flight is cancelled
 (ledger: `cancelled`) and the upstream connection closed before the consumer returns.
 
-The database is touched only through `proxy.db.run` (its own long-lived pool), so the per-message
-`aclose_old_connections` thread hop of Channels' dispatch is skipped, and no channel layer is used:
-nothing is ever sent to this connection from elsewhere, and an idle connection keeps no task of its
-own beyond the upstream watcher.
+The database is touched only through `proxy.db.run` (its own long-lived pool), so the consumer is a
+runtime.consumer.DirectConsumer: no per-message thread hop in Channels' dispatch, and no channel layer
+(nothing is ever sent to this connection from elsewhere, and an idle connection keeps no task of its
+own beyond the upstream watcher).
 """
 
 import asyncio
@@ -44,8 +44,6 @@ from collections import deque
 from contextlib import aclosing, suppress
 from datetime import UTC, datetime
 
-from channels.consumer import get_handler_name
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
@@ -60,6 +58,7 @@ from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute, Outcome
+from runtime.consumer import DirectConsumer
 
 log = logging.getLogger("gateway")
 
@@ -101,9 +100,7 @@ class BadFrame(RequestFailed):
         self.message = message
 
 
-class ResponsesConsumer(AsyncWebsocketConsumer):
-    channel_layer_alias = None  # no channel layer (module docstring)
-
+class ResponsesConsumer(DirectConsumer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.headers: dict[str, str] = {}
@@ -120,12 +117,6 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
         finally:
             # However the connection ends (disconnect, server shutdown), nothing outlives it.
             await settle(self._shutdown())
-
-    async def dispatch(self, message) -> None:
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
 
     # -- the client side --------------------------------------------------------------------------
 
@@ -327,7 +318,7 @@ class ResponsesConsumer(AsyncWebsocketConsumer):
         )
 
 
-class NoSuchRoute(AsyncWebsocketConsumer):
+class NoSuchRoute(DirectConsumer):
     """A websocket to any path but `/v1/responses`: refused at the handshake (the server answers 403),
     never a routing exception and a server error."""
 

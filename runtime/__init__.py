@@ -1,0 +1,18 @@
+"""Where the gateway steps around Django, Channels and httpx (STYLE.md, healthchecks: "when we step
+around Django, it lives in one package with a test that fails on the upgrade that breaks it").
+
+Each module here relies on internals of a library, not on its documented API, because the documented
+way was measured to cost more than the gateway's own work or could not do what the gateway needs. Each
+says which internals it relies on, and tests/runtime/ holds a contract test per module that checks them
+(they exist, with the signatures used, and behave as relied on), so an upgrade that breaks one fails
+there, by name, rather than as a slow or wrong request somewhere else:
+
+- `handler`: Django's ASGI handler without middleware, request signals or a per-request thread context
+  (the `/v1/` API; gatewaysite.asgi).
+- `consumer`: a Channels websocket consumer without the per-message database thread hop and with no
+  channel layer (the Responses websocket; proxy.consumers).
+- `transport`: an httpx transport whose connections go through a given httpcore network backend (catalog
+  discovery's checked destinations).
+
+This package imports no app of the project: every app may build on it.
+"""
