@@ -16,6 +16,9 @@ urlpatterns = [
     path("v1/messages", proxy.messages),
     path("v1/messages/count_tokens", proxy.messages_count_tokens),
     path("v1/models", proxy.models),
+    # A model id may hold slashes (OpenRouter's `openai/gpt-5`).
+    path("v1/models/<path:model_id>", proxy.model),
+    path("v1/embeddings", proxy.embeddings),
     # POST v1/files (the upload) is served at the ASGI edge before its body is read (gatewaysite.asgi).
     path("v1/files/<str:file_id>", files.file_object),
     path("v1/files/<str:file_id>/content", files.file_content),

@@ -25,7 +25,7 @@ OPERATIONS = {
     ClientRoute.RESPONSES: "chat",
     ClientRoute.RESPONSES_COMPACT: "chat",
     ClientRoute.MESSAGES: "chat",
-    "/v1/embeddings": "embeddings",
+    ClientRoute.EMBEDDINGS: "embeddings",
 }
 
 _tracer = None  # set by configure(): None means tracing is off and `record` costs one comparison

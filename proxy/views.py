@@ -25,6 +25,7 @@ from proxy.ingress import (
     operation_id,
     prepare,
     request_id_headers,
+    typed_response,
 )
 from proxy.ledger import record
 from proxy.relay import (
@@ -68,7 +69,8 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
         body, body_error = _parse_body(request), None
     except RequestFailed as failed:
         body, body_error = None, failed
-    streaming = body is not None and body.get("stream") is True
+    # Only the routes that stream (DIALECTS) do: an embeddings body's `stream` is the upstream's to judge.
+    streaming = body is not None and body.get("stream") is True and path in DIALECTS
     relay = await prepare(
         exchange,
         headers=request.headers,
@@ -117,6 +119,7 @@ responses = _proxied(ClientRoute.RESPONSES)
 responses_compact = _proxied(COMPACT)
 messages = _proxied(ClientRoute.MESSAGES)
 messages_count_tokens = _proxied(ClientRoute.COUNT_TOKENS)
+embeddings = _proxied(ClientRoute.EMBEDDINGS)
 
 
 def _models_for(key) -> list[str]:
@@ -126,8 +129,12 @@ def _models_for(key) -> list[str]:
     return sorted({m for m in models.values_list("model", flat=True) if is_allowed(m, key.allowed_models)})
 
 
-@require_GET
-async def models(request: HttpRequest) -> HttpResponse:
+def _model_object(model: str) -> dict:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "gateway"}
+
+
+async def _listed_models(request: HttpRequest) -> list[str] | HttpResponse:
+    """The models the key may see (SPEC §4), or the typed error that stops the listing."""
     try:
         authenticated = await db.run_within(READ_TIMEOUT_S, key_authenticate, bearer(request.headers))
     except DatabaseError:
@@ -144,6 +151,24 @@ async def models(request: HttpRequest) -> HttpResponse:
             code="invalid_api_key",
         )
         return HttpResponse(body, status=401, content_type="application/json")
-    ids = await db.run(_models_for, authenticated.key)
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "gateway"} for m in ids]
-    return JsonResponse({"object": "list", "data": data})
+    return await db.run(_models_for, authenticated.key)
+
+
+@require_GET
+async def models(request: HttpRequest) -> HttpResponse:
+    listed = await _listed_models(request)
+    if isinstance(listed, HttpResponse):
+        return listed
+    return JsonResponse({"object": "list", "data": [_model_object(m) for m in listed]})
+
+
+@require_GET
+async def model(request: HttpRequest, model_id: str) -> HttpResponse:
+    """One model of the listing; a model the key does not see is OpenAI's 404 `model_not_found`, the
+    same whether no pool has it or the key may not use it (the listing is the key's whole world)."""
+    listed = await _listed_models(request)
+    if isinstance(listed, HttpResponse):
+        return listed
+    if model_id not in listed:
+        return typed_response(ClientRoute.MODEL, "model_not_found", "model")
+    return JsonResponse(_model_object(model_id))

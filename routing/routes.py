@@ -1,6 +1,7 @@
 """Which upstream adapters can carry each client route (SPEC §4, §5.3).
 
-PURE. A Responses turn has no Anthropic form and count_tokens no OpenAI one; every other route is
+PURE. A Responses turn and an embeddings request have no Anthropic form and count_tokens no OpenAI
+one; every other route is
 carried by every adapter (as sent, or translated: `proxy.adapters.codec`). Eligibility reads this as
 `Requirements.adapters`, so the router, `auto` and `routing_explain` agree on it.
 """
@@ -17,6 +18,7 @@ CLIENT_ROUTES = (
     "/responses/compact",
     "/messages",
     "/messages/count_tokens",
+    "/embeddings",
 )
 
 # The Files API exists on OpenAI itself, not on OpenRouter or Anthropic-shaped accounts.
@@ -27,6 +29,8 @@ ROUTE_ADAPTERS: Mapping[str, frozenset[str]] = {
     "/responses": OPENAI_FAMILY,
     "/responses/compact": OPENAI_FAMILY,
     "/messages/count_tokens": ANTHROPIC_FAMILY,
+    # Anthropic has no embeddings API.
+    "/embeddings": OPENAI_FAMILY,
 }
 
 

@@ -129,6 +129,8 @@ class ClientRoute(enum.StrEnum):
     MESSAGES = "/v1/messages"
     COUNT_TOKENS = "/v1/messages/count_tokens"
     MODELS = "/v1/models"
+    MODEL = "/v1/models/{id}"
+    EMBEDDINGS = "/v1/embeddings"
     FILES = "/v1/files"
     FILE = "/v1/files/{id}"
     FILE_CONTENT = "/v1/files/{id}/content"

@@ -197,7 +197,7 @@ def test_every_client_url_is_a_client_route():
     from django.urls import get_resolver
 
     served = {
-        "/" + str(pattern.pattern).replace("<str:file_id>", "{id}")
+        "/" + str(pattern.pattern).replace("<str:file_id>", "{id}").replace("<path:model_id>", "{id}")
         for pattern in get_resolver().url_patterns
         if str(pattern.pattern).startswith("v1/")
     }

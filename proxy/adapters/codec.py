@@ -10,6 +10,7 @@ adapter) is decided here and nowhere else:
 | `/responses`, `/responses/compact` | as sent | not carried (no Anthropic form) |
 | `/messages` | translated to `/chat/completions` and back | as sent |
 | `/messages/count_tokens` | not carried (no OpenAI form) | as sent |
+| `/embeddings` | as sent (plain only) | not carried (no Anthropic form) |
 
 A route an adapter cannot carry is excluded by eligibility before dispatch (`routing.routes` becomes
 `Requirements.adapters`), so `upstream_call` never sees one. A request the translation refuses raises
