@@ -1,7 +1,7 @@
 """`make bench`: the gateway against direct upstream calls and the LiteLLM proxy, on loopback.
 
 What runs (everything on 127.0.0.1, everything stopped at exit):
-- two fast fake upstreams (bench/fast_upstream.py): `fast-a` rejects gpt-x with 404 model_not_found,
+- two fast fake upstreams (devkit/fast_upstream.py): `fast-a` rejects gpt-x with 404 model_not_found,
   `fast-b` serves it;
 - the LiteLLM proxy from its own venv (bench/.venv-litellm), started offline as
   /work/shared/peers/README.md describes, configured by bench/litellm_config.yaml;
@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import atexit
 import contextlib
-import ctypes
 import datetime as dt
 import hashlib
 import http.client
@@ -44,7 +43,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,9 +51,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ws
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import ws  # noqa: E402
+
+from devkit.harness import HOST, Processes, free_port, port_is_free, run_logged, tail  # noqa: E402
+from devkit.procfs import cpu_seconds  # noqa: E402
+
 BENCH = ROOT / "bench"
 OUT = BENCH / "out"
 LOGS = OUT / "logs"
@@ -67,7 +71,6 @@ RESULTS_MD = BENCH / "results.md"
 PROFILE_MD = BENCH / "profile.md"
 SOAK_MD = BENCH / "soak.md"  # written by the last full `make soak`
 
-HOST = "127.0.0.1"
 DEFAULT_UPSTREAM_PORTS = (19101, 19102)  # as written in bench/gateway_config.yaml
 GATEWAY_KEY = "sk-gw-bench-0000000000000000"
 UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_BENCH_KEY"
@@ -97,107 +100,6 @@ def chat_body(model: str, stream: bool) -> dict[str, Any]:
 
 
 CONTENT_RE = re.compile(rb'"content"\s*:\s*"[^"]')  # an SSE event that shows text to the user
-
-
-# --- processes ---------------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if this driver dies, even by SIGKILL (Linux prctl)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Processes:
-    """Every child this run starts, each in its own process group; all stopped at exit."""
-
-    def __init__(self) -> None:
-        self.children: list[tuple[str, subprocess.Popen]] = []
-        self._logs: list[Any] = []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None, cpus: str | None = None):
-        if cpus is not None:
-            cmd = ["taskset", "-c", cpus, *cmd]
-        log = open(LOGS / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop_all
-        self._logs.append(log)
-        proc = subprocess.Popen(  # noqa: S603 - fixed argv built here
-            cmd,
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # servers start before any thread exists in this process
-        )
-        self.children.append((name, proc))
-        return proc
-
-    def stop_all(self) -> None:
-        for _, proc in self.children:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 8
-        for _, proc in self.children:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for _, proc in self.children:
-            # the group too: a server may have left workers behind even if its leader exited
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=2)
-        self.children.clear()
-        for log in self._logs:
-            log.close()
-        self._logs.clear()
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers do not count
-        try:
-            s.bind((HOST, port))
-            s.listen()
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(line.strip() for line in text[-lines:])[:400]
-
-
-def run_logged(name: str, cmd: list[str], env: dict[str, str] | None, timeout: float) -> tuple[int, str]:
-    """Run to completion with output in bench/out/logs/NAME.log; (exit code, last lines)."""
-    log_path = LOGS / f"{name}.log"
-    with open(log_path, "wb") as log:
-        try:
-            rc = subprocess.run(  # noqa: S603
-                cmd,
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout,
-                check=False,
-                start_new_session=True,
-            ).returncode
-        except subprocess.TimeoutExpired:
-            return -1, f"timed out after {timeout:.0f} s"
-    return rc, tail(log_path)
 
 
 # --- HTTP helpers (stdlib; only for readiness and pre-flight checks) -------------------------
@@ -295,14 +197,6 @@ def throughput(concurrency: int, ok: int, requests: int, mean_s: float, seconds:
     if concurrency <= 1 or not requests or mean_s <= 0:
         return ok / seconds if seconds else 0.0
     return concurrency / mean_s * ok / requests
-
-
-def cpu_seconds(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def quiesce(target: Target, timeout: float = 20) -> None:
@@ -700,10 +594,10 @@ def ensure_wrk() -> str:
         return "wrk is not installed and this run cannot apt-get install it (not root or no apt-get)"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     log("installing wrk with apt-get ...")
-    rc, last = run_logged("apt-wrk", ["apt-get", "install", "-y", "-q", "wrk"], env, 300)
+    rc, last = run_logged(["apt-get", "install", "-y", "-q", "wrk"], env, LOGS / "apt-wrk.log", 300)
     if rc != 0:
-        run_logged("apt-update", ["apt-get", "update", "-q"], env, 300)
-        rc, last = run_logged("apt-wrk", ["apt-get", "install", "-y", "-q", "wrk"], env, 300)
+        run_logged(["apt-get", "update", "-q"], env, LOGS / "apt-update.log", 300)
+        rc, last = run_logged(["apt-get", "install", "-y", "-q", "wrk"], env, LOGS / "apt-wrk.log", 300)
     if rc != 0 or not shutil.which("wrk"):
         return f"apt-get install wrk failed (exit {rc}): {last}"
     return ""
@@ -718,7 +612,8 @@ def ensure_litellm() -> str:
     log("installing the LiteLLM proxy into bench/.venv-litellm (about a minute) ...")
     base_python = getattr(sys, "_base_executable", None) or shutil.which("python3") or sys.executable
     if not (LITELLM_VENV / "bin" / "python").exists():
-        rc, last = run_logged("litellm-venv", [base_python, "-m", "venv", str(LITELLM_VENV)], None, 120)
+        venv = [base_python, "-m", "venv", str(LITELLM_VENV)]
+        rc, last = run_logged(venv, None, LOGS / "litellm-venv.log", 120)
         if rc != 0:
             return f"could not create bench/.venv-litellm (exit {rc}): {last}"
     cmd = [
@@ -731,7 +626,7 @@ def ensure_litellm() -> str:
         "-r",
         str(LITELLM_REQUIREMENTS),
     ]
-    rc, last = run_logged("litellm-install", cmd, None, 900)
+    rc, last = run_logged(cmd, None, LOGS / "litellm-install.log", 900)
     if rc != 0:
         return f"pip install -r bench/requirements-litellm-proxy.txt failed (exit {rc}): {last}"
     for old in LITELLM_VENV.glob(".installed-*"):
@@ -742,11 +637,11 @@ def ensure_litellm() -> str:
 
 def start_upstreams(procs: Processes, ports: list[int]) -> None:
     py = str(VENV_BIN / "python")
-    script = str(BENCH / "fast_upstream.py")
+    script = [py, "-m", "devkit.fast_upstream"]
     procs.start(
-        "upstream-fast-a", [py, script, "--port", str(ports[0]), "--name", "fast-a", "--reject", "gpt-x"]
+        "upstream-fast-a", [*script, "--port", str(ports[0]), "--name", "fast-a", "--reject", "gpt-x"]
     )
-    procs.start("upstream-fast-b", [py, script, "--port", str(ports[1]), "--name", "fast-b"])
+    procs.start("upstream-fast-b", [*script, "--port", str(ports[1]), "--name", "fast-b"])
     for port in ports:
         why = wait_until(
             lambda p=port: (
@@ -840,7 +735,7 @@ def start_gateways(procs: Processes, ports: list[int], cpus: str | None) -> list
         ),
     ]
     for name, cmd, what in steps:
-        rc, last = run_logged(name, cmd, env, 300)
+        rc, last = run_logged(cmd, env, LOGS / f"{name}.log", 300)
         if rc != 0:
             for t in targets:
                 t.unavailable = f"gateway not started: `{what}` failed (exit {rc}): {last}"
@@ -1450,7 +1345,7 @@ def failover_share(m: dict[str, Any]) -> float | None:
 
 
 METHOD = """
-- **Upstreams**: `bench/fast_upstream.py` (asyncio + httptools on uvloop), two processes: `fast-a` serves
+- **Upstreams**: `devkit/fast_upstream.py` (asyncio + httptools on uvloop), two processes: `fast-a` serves
   gpt-5 and rejects gpt-x with 404 `{{"error": {{"code": "model_not_found", "param": "model", ...}}}}`,
   `fast-b` serves both. Fixed ~0.3 KB chat completion; a stream is 7 events written one by one.
 - **Direct**: the same requests sent straight to `fast-a`. Every "added" number is target minus direct,
@@ -1623,7 +1518,7 @@ def main(argv: list[str] | None = None) -> int:
     fd_soft, fd_hard = ws.raise_fd_limit()
     shutil.rmtree(LOGS, ignore_errors=True)  # this run's logs only
     LOGS.mkdir(parents=True, exist_ok=True)
-    procs = Processes()
+    procs = Processes(LOGS)
     atexit.register(procs.stop_all)
 
     def on_signal(signum, _frame):

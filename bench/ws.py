@@ -1,6 +1,6 @@
 """The websocket phase of `make bench` (SPEC §6.3, §12; issue #5): the memory an idle client websocket
 holds in the gateway, and the latency the relay adds to each event, for every gateway server this run
-started, against the fast upstream's own websocket (bench/fast_upstream.py) in the same run.
+started, against the fast upstream's own websocket (devkit/fast_upstream.py) in the same run.
 
 Memory. A client websocket is idle the way a real one is between turns: it has sent one
 `response.create` and read the whole response, so the gateway holds it and the live upstream

@@ -3,7 +3,7 @@ one PostgreSQL while nodes and the database fail, then the invariants an on-call
 before putting the nodes in front of paying traffic.
 
 What runs (loopback only; everything started here is stopped here):
-- a PostgreSQL server of the run's own (soak/processes.py `PostgresCluster`: initdb into a temporary
+- a PostgreSQL server of the run's own (devkit/gateway.py `PostgresCluster`: initdb into a temporary
   directory, a free port, trust on loopback, fsync off) and a fresh database on it;
 - `--nodes` gateway nodes, each `python -m gatewaysite.server --workers 2` (uvicorn's supervisor and
   two workers, as `make run` serves), all on that database;
@@ -60,17 +60,10 @@ from typing import Any
 
 import aiohttp
 
-from soak.processes import (
-    PYTHON,
-    Database,
-    GatewayNode,
-    Inventory,
-    PostgresCluster,
-    _libpq,
-    spawn,
-    stop,
-    tree_inventory,
-)
+from devkit.databases import Database, PostgresCluster, libpq_url
+from devkit.gateway import GatewayNode
+from devkit.harness import PYTHON, spawn, stop
+from devkit.procfs import Inventory, tree_inventory
 from soak.run import (
     BENCH_SOAK_MD,
     FULL_RUN_REQUESTS,
@@ -411,7 +404,8 @@ def start_upstreams(workdir: Path, args: argparse.Namespace) -> tuple[subprocess
     ready.unlink(missing_ok=True)
     cmd = [
         PYTHON,
-        str(ROOT / "soak" / "chaos_upstream.py"),
+        "-m",
+        "devkit.chaos_upstream",
         "--names",
         ",".join(UPSTREAM_NAMES),
         "--seed",
@@ -664,7 +658,7 @@ class CircuitPoller:
         while not self._stop.is_set():
             try:
                 if conn is None:
-                    conn = psycopg.connect(_libpq(self.database.url), autocommit=True, connect_timeout=2)
+                    conn = psycopg.connect(libpq_url(self.database.url), autocommit=True, connect_timeout=2)
                 rows = conn.execute(
                     "SELECT assignment_id, route_class, state, open_until, probes_in_flight "
                     "FROM routing_circuit"

@@ -1,10 +1,10 @@
 """`make soak`: a bounded, self-stopping soak of the gateway on loopback, then the invariants.
 
 What runs (everything on 127.0.0.1, everything stopped at the end):
-- four chaotic upstreams in one process (soak/chaos_upstream.py): each request is served, rejected
+- four chaotic upstreams in one process (devkit/chaos_upstream.py): each request is served, rejected
   with model_not_found, rate limited (429), failed with 503, hung past the client's deadline, dropped,
   or (on streams) cut or failed before or after visible output, or (websockets) closed;
-- the gateway as production runs it (soak/processes.py): `uvicorn gatewaysite.asgi:application`,
+- the gateway as production runs it (devkit/gateway.py): `uvicorn gatewaysite.asgi:application`,
   DJANGO_DEBUG=false, a generated secret, a fresh SQLite file (or a fresh PostgreSQL database on the
   server of DATABASE_URL when it is PostgreSQL), `manage.py migrate` and `load_gateway_config` of a
   generated YAML: one pool with the four assignments, one key;
@@ -61,18 +61,12 @@ if str(ROOT) not in sys.path:
 
 import aiohttp  # noqa: E402
 
+from devkit import chaos_upstream  # noqa: E402
+from devkit.databases import Database, LedgerStall  # noqa: E402
+from devkit.gateway import GatewayProcess  # noqa: E402
+from devkit.harness import PYTHON, spawn, stop  # noqa: E402
+from devkit.procfs import Inventory, inventory  # noqa: E402
 from devkit.sse_reader import read_sse  # noqa: E402
-from soak import chaos_upstream  # noqa: E402
-from soak.processes import (  # noqa: E402
-    PYTHON,
-    Database,
-    GatewayProcess,
-    Inventory,
-    LedgerStall,
-    inventory,
-    spawn,
-    stop,
-)
 
 UPSTREAM_NAMES = ("a", "b", "c", "d")
 UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_SOAK_KEY"
@@ -901,7 +895,8 @@ def start_upstreams(
     ready.unlink(missing_ok=True)
     cmd = [
         PYTHON,
-        str(ROOT / "soak" / "chaos_upstream.py"),
+        "-m",
+        "devkit.chaos_upstream",
         "--names",
         ",".join(UPSTREAM_NAMES),
         "--seed",
@@ -1226,7 +1221,7 @@ def latency_table(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
 
 
 def chaos_config(ports: dict[str, int], key: str) -> dict:
-    from soak.processes import gateway_config
+    from devkit.gateway import gateway_config
 
     urls = {name: f"http://127.0.0.1:{port}/v1" for name, port in ports.items()}
     return gateway_config(urls, key=key, key_env=UPSTREAM_KEY_ENV, circuit=CIRCUIT, retry=RETRY)

@@ -23,7 +23,7 @@ from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gatewaysite", "pools", "catalog", "routing", "proxy", "runtime", "soak", "bench")
+PACKAGES = ("gatewaysite", "pools", "catalog", "routing", "proxy", "runtime", "devkit", "soak", "bench")
 
 Graph = dict[str, dict[str, int]]
 

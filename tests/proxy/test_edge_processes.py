@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from soak.processes import Database, GatewayProcess, gateway_config, peak_rss_kb, peak_rss_reset
+from devkit.databases import Database
+from devkit.gateway import GatewayProcess, gateway_config
+from devkit.procfs import peak_rss_kb, peak_rss_reset
 from tests.proxy.fixtures_e2e import CHAT
 
 KEY = "sk-gw-edge-test-key-0123456789"

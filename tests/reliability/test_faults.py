@@ -28,8 +28,9 @@ import httpx
 import pytest
 from django.db import connection
 
+from devkit.databases import Database, LedgerStall
+from devkit.gateway import GatewayProcess, gateway_config
 from devkit.upstream import FakeUpstream, slow_stream
-from soak.processes import Database, GatewayProcess, LedgerStall, gateway_config
 from tests.proxy import conftest as proxy_conftest
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, attempts_of, error_events, record_of, sse_events
 

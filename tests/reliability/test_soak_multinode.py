@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from devkit.databases import postgres_available
 from soak.multinode import MULTINODE_CHECK_IDS
-from soak.processes import postgres_available
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 1200

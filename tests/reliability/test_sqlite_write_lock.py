@@ -18,8 +18,9 @@ import httpx
 import pytest
 from django.db import connection
 
+from devkit.databases import Database, LedgerStall
+from devkit.gateway import GatewayProcess, gateway_config
 from devkit.upstream import FakeUpstream
-from soak.processes import Database, GatewayProcess, LedgerStall, gateway_config
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "sqlite", reason="SQLite's database-wide write lock (the embedded default)"

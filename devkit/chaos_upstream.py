@@ -21,7 +21,7 @@ behaviour drawn, "a": arrival and "e": end (time.time(); the end is when the ans
 the gateway closed the connection, whichever came first: a hanging answer notices a disconnect
 within 50 ms)}. The multi-node soak counts replays and concurrent half-open probes from it.
 
-Usage: python soak/chaos_upstream.py --names a,b,c,d --ready-file F [--ports P1,P2,P3,P4]
+Usage: python -m devkit.chaos_upstream --names a,b,c,d --ready-file F [--ports P1,P2,P3,P4]
        [--stats-file F] [--arrivals-file F] [--seed N] [--hang-s 8].
 Writes {"ports": {name: port}} to the ready file once every upstream listens; stops on SIGTERM/SIGINT
 and then writes the per-upstream tallies to the stats file and the arrivals to the arrivals file.
@@ -41,11 +41,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from devkit import upstream as fake  # noqa: E402
+from devkit import upstream as fake
 
 MODEL = "gpt-5"
 

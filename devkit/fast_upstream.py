@@ -33,7 +33,7 @@ Routes:
 websockets). A request or websocket handshake without `Authorization` or `x-api-key` gets 401, so a
 proxy that forgets the upstream credential is noticed.
 
-Usage: python bench/fast_upstream.py --port 19101 [--reject gpt-x] [--delay-ms 50]
+Usage: python -m devkit.fast_upstream --port 19101 [--reject gpt-x] [--delay-ms 50]
 """
 
 from __future__ import annotations

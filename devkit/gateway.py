@@ -1,0 +1,261 @@
+"""The gateway as production runs it, started by the soak, the bench and the process tests.
+
+- `GatewayProcess`: `manage.py migrate` + `load_gateway_config` of a generated YAML, then
+  `uvicorn gatewaysite.asgi:application` with DJANGO_DEBUG=false and a generated secret, in its own
+  process group; `terminate` sends SIGTERM and waits for the graceful exit (the ledger is flushed at
+  interpreter exit).
+- `GatewayNode`: one node of several, `python -m gatewaysite.server --workers N` (uvicorn's
+  supervisor and its workers), which can be killed with SIGKILL and started again on its port.
+- `gateway_config(...)`: a SPEC §3 configuration of one pool over the given upstreams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from devkit.databases import Database
+from devkit.harness import HOST, PYTHON, ROOT, free_port, spawn, stop, tail
+
+
+def gateway_config(
+    upstream_urls: dict[str, str],
+    *,
+    key: str,
+    key_env: str,
+    circuit: dict | None = None,
+    retry: dict | None = None,
+    models: tuple[str, ...] = ("gpt-5",),
+) -> dict:
+    """A SPEC §3 configuration: one pool `soak` with one assignment per upstream, all for `models`,
+    and one key for the pool."""
+    assignments = [
+        {
+            "name": f"acct-{name}",
+            "adapter": "openai",
+            "base_url": url,
+            "api_key_env": key_env,
+            "tier": 0,
+            "weight": 1,
+            "discovery": False,
+            "models": [{"id": m} for m in models],
+        }
+        for name, url in upstream_urls.items()
+    ]
+    config: dict = {
+        "model_fallback_family": False,
+        "pools": [{"name": "soak", "assignments": assignments}],
+        "keys": [{"name": "soak", "key": key, "pools": ["soak"], "allowed_models": ["*"]}],
+    }
+    if circuit:
+        config["circuit"] = circuit
+    if retry:
+        config["retry"] = retry
+    return config
+
+
+@dataclass
+class GatewayProcess:
+    """One gateway served by uvicorn as production runs it."""
+
+    database: Database
+    workdir: Path
+    env_extra: dict[str, str] = field(default_factory=dict)
+    database_url: str = ""  # what the server connects to, when not `database.url` (e.g. via a proxy)
+    uvicorn_args: list[str] = field(default_factory=list)
+    # How the server is started: plain uvicorn, or e.g. ["-m", "gatewaysite.server"] (what `make run` runs).
+    launcher: list[str] = field(default_factory=lambda: ["-m", "uvicorn", "gatewaysite.asgi:application"])
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(50))
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "gateway.log"
+
+    def env(self) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("DJANGO_", "GATEWAY_", "DATABASE_", "PYTEST_"))
+            or k.startswith("GATEWAY_UPSTREAM_")
+        }
+        env.update(
+            {
+                "DJANGO_SETTINGS_MODULE": "gatewaysite.settings",
+                "DJANGO_DEBUG": "false",
+                "DJANGO_SECRET_KEY": self.secret,
+                "DATABASE_URL": self.database.url,
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.env_extra)
+        return env
+
+    def prepare(self, config: dict) -> None:
+        """Migrate the fresh database and load `config` (raises with the log tail on failure)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config_path = self.workdir / "gateway_config.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        env = self.env()
+        for step in (["migrate", "--noinput"], ["load_gateway_config", str(config_path)]):
+            log_path = self.workdir / f"manage-{step[0]}.log"
+            with open(log_path, "wb") as log:
+                rc = subprocess.run(  # noqa: S603
+                    [PYTHON, "manage.py", *step],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    timeout=300,
+                    check=False,
+                ).returncode
+            if rc != 0:
+                raise RuntimeError(f"manage.py {step[0]} failed ({rc}): {tail(log_path)}")
+
+    def start(self, ready_timeout: float = 60.0) -> None:
+        self.launch()
+        self.wait_ready(ready_timeout)
+
+    def launch(self) -> None:
+        """Start the server process (returns at once; `wait_ready` waits for /readyz). Call it from a
+        thread that outlives the server: the child's parent-death signal fires when the thread that
+        started it ends."""
+        self.port = self.port or free_port()
+        # Django logs an unhandled view exception only to `django.request` (mail_admins when DEBUG is
+        # off); a root handler for errors puts those tracebacks into the gateway's log.
+        log_config = self.workdir / "uvicorn-logging.json"
+        log_config.write_text(json.dumps(LOG_CONFIG))
+        cmd = [
+            PYTHON,
+            *self.launcher,
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--no-access-log",
+            "--log-config",
+            str(log_config),
+            *self.uvicorn_args,
+        ]
+        if self.launcher[:2] == ["-m", "daphne"]:  # daphne's own flags
+            cmd = [PYTHON, *self.launcher, "-b", HOST, "-p", str(self.port), "gatewaysite.asgi:application"]
+        env = self.env()
+        if self.database_url:
+            env["DATABASE_URL"] = self.database_url
+        self.proc = spawn(cmd, env, self.log_path)
+
+    def wait_ready(self, ready_timeout: float = 60.0) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + ready_timeout
+        last = "not asked"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}: {tail(self.log_path)}")
+            try:
+                answer = httpx.get(f"{self.url}/readyz", timeout=2)
+                if answer.status_code == 200:
+                    return
+                last = f"/readyz {answer.status_code}"
+            except httpx.TransportError as exc:
+                last = type(exc).__name__
+            time.sleep(0.1)
+        raise RuntimeError(f"gateway not ready after {ready_timeout:.0f} s ({last}): {tail(self.log_path)}")
+
+    def terminate(self, timeout: float = 60.0) -> tuple[int | None, float]:
+        """SIGTERM and wait for the graceful exit: (exit code or None if it had to be killed, seconds)."""
+        assert self.proc is not None
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = stop(self.proc, 1)
+            code = None
+        return code, time.monotonic() - started
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code once the process exits by itself; None (and killed) after `timeout`."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(max(timeout, 0.1))
+        except subprocess.TimeoutExpired:
+            stop(self.proc, 1)
+            return None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            stop(self.proc, 5)
+
+
+@dataclass
+class GatewayNode(GatewayProcess):
+    """One of several gateway nodes on one database: `python -m gatewaysite.server --workers N` (what
+    `make run` runs; the server module prepares prometheus-client's multiprocess directory for its
+    workers). Its port stays the same across restarts, as a node behind a load balancer keeps its
+    address; every start appends to the node's own log."""
+
+    index: int = 0
+    workers: int = 2
+    incarnation: int = 0
+
+    def __post_init__(self) -> None:
+        self.launcher = ["-m", "gatewaysite.server"]
+        self.uvicorn_args = ["--workers", str(self.workers), *self.uvicorn_args]
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"gateway-{self.index}.log"
+
+    def launch(self) -> None:
+        self.incarnation += 1
+        with open(self.log_path, "a") as log:
+            log.write(f"--- soak: start #{self.incarnation} of node {self.index}\n")
+        super().launch()
+
+    def sigkill(self) -> None:
+        """The node dies at once, supervisor and workers (a host or container lost): SIGKILL to its
+        process group, no graceful anything."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+LOG_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stderr"},
+        "errors": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "stream": "ext://sys.stderr",
+            "level": "ERROR",
+        },
+    },
+    "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False}},
+    "root": {"handlers": ["errors"], "level": "WARNING"},
+}
