@@ -8,7 +8,7 @@ requests waiting for the lock held every thread, and every other request's reads
 until their read timeout (503 gateway_unavailable after 5 s).
 
 The gateway is a real uvicorn process on a fresh SQLite file; the lock is SQLite's own (`BEGIN
-IMMEDIATE` on another connection, soak/processes.py LedgerStall). Nothing here measures time: the
+IMMEDIATE` on another connection, devkit/databases.py LedgerStall). Nothing here measures time: the
 test holds the lock until the chat requests are answered and checks the order of events."""
 
 import secrets
