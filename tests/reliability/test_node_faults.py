@@ -1,16 +1,23 @@
 """Faults the multi-node soak found (issue 21), each reproduced here on its own, small and fast:
 the soak (tests/reliability/test_soak_multinode.py) shows the invariant, these show the cause."""
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psycopg
 import pytest
 from django.db import connection, connections
 
 from pools.models import GatewayKey
+from proxy import ledger
+from proxy.models import RequestRecord
 from proxy.relay import Exchange
 from proxy.services import request_records_write
 from tests.factories import GatewayKeyFactory
@@ -22,7 +29,10 @@ postgres_only = pytest.mark.skipif(
 )
 
 
-def _exchange(key_id: int, reserved: int) -> Exchange:
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _exchange(key_id: int | None = None, reserved: int = 0) -> Exchange:
     now = datetime.now(UTC)
     return Exchange(
         request_id=uuid.uuid4().hex,
@@ -100,3 +110,49 @@ def test_two_nodes_settling_the_same_keys_never_deadlock():
         (0, 1),
         (0, 1),
     ]
+
+
+def _database_url() -> str:
+    """The test database, for a child process."""
+    db = connection.settings_dict
+    if connection.vendor == "postgresql":
+        return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+    return f"sqlite:///{db['NAME']}"
+
+
+# A node's ledger writer with a record still in memory: it lingers for company that never comes.
+NODE = """
+import sys, time, django
+django.setup()
+from proxy import ledger
+from tests.reliability.test_node_faults import _exchange
+ledger.LINGER_S = 3600
+exchange = _exchange()
+exchange.request_id = sys.argv[1]
+ledger.writer.submit(exchange)
+print("submitted", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_record_still_in_a_killed_nodes_memory_is_replayed_from_its_journal():
+    """Fault 1 (records_sigkill): a node answered, its record waited in the writer's batch, and a
+    SIGKILL took it. The record was journaled as it was submitted; the next writer replays it."""
+    request_id = uuid.uuid4().hex
+    env = {**os.environ, "DATABASE_URL": _database_url(), "DJANGO_SETTINGS_MODULE": "gatewaysite.settings"}
+    node = subprocess.Popen(
+        [sys.executable, "-c", NODE, request_id], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert node.stdout is not None and node.stdout.readline().strip() == "submitted"
+        time.sleep(0.2)  # the writer thread has taken it and lingers
+    finally:
+        node.send_signal(signal.SIGKILL)
+        node.wait(timeout=10)
+    assert not RequestRecord.objects.filter(request_id=request_id).exists()  # it was in memory only
+
+    writer = ledger.LedgerWriter()  # the restarted node's, or a surviving worker's
+    writer.submit(_exchange())
+    assert writer.flush(timeout=10)
+    assert RequestRecord.objects.filter(request_id=request_id).count() == 1
+    assert not writer.spool.pending()  # the dead node's journal is gone once replayed

@@ -9,8 +9,6 @@ binaries too. The run happens once per module, in a subprocess; each invariant i
 
 Some invariants are known not to hold today; each is an expected failure with its reason (not a
 skip: the case still runs, and its figure is in the report):
-- `records_sigkill`: a node's ledger writer holds finished records in memory for a moment (it
-  batches them); a SIGKILL loses those. A database outage does not (the writer retries).
 - `deadline_db`: a request that meets a stalled database waits for the gateway's database read
   timeout (5 s), longer than the client's deadline (3 s here) plus the margin.
 - `half_open_probes`: seen in about one short run in five, right after the database stall: requests
@@ -57,7 +55,6 @@ def _reserves_budgets() -> bool:
 
 
 KNOWN = {
-    "records_sigkill": "a SIGKILL loses the records a node's ledger writer still holds in memory",
     "deadline_db": "a stalled database holds a request for the 5 s database read timeout, past its deadline",
     "budget_reservations": "a killed node's reservations are never settled (they have no expiry)",
     "half_open_probes": "seen right after a database stall: requests released together reached a half-open "
