@@ -943,7 +943,7 @@ class ChatToAnthropicStream:
         self._started = True
         if self._message_id is None:
             self._message_id = _message_id(chunk_id)
-        message = {
+        message: dict[str, Any] = {
             "id": self._message_id,
             "type": "message",
             "role": "assistant",
