@@ -50,9 +50,9 @@ from django.db import DatabaseError
 from pools.selectors import key_authenticate
 from proxy import db
 from proxy.errors import TYPED_ERRORS
+from proxy.exchange import Exchange, Final, Stream, settle
 from proxy.ingress import READ_TIMEOUT_S, RequestFailed, bearer, decode_json, prepare, validate_body
 from proxy.ledger import record
-from proxy.relay import Exchange, Final, Stream, settle
 from proxy.sse import Dialect
 from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind

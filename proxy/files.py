@@ -44,6 +44,7 @@ from django.views.decorators.http import require_http_methods
 from pools.selectors import Authenticated, key_authenticate
 from proxy import db, edge, upstream
 from proxy.adapters.codec import UpstreamCall
+from proxy.exchange import AttemptLog, Exchange, Failure, Final, Memory, Stream, settle
 from proxy.ingress import (
     READ_TIMEOUT_S,
     RequestFailed,
@@ -55,7 +56,7 @@ from proxy.ingress import (
 )
 from proxy.ledger import record
 from proxy.limits import Finishing, guarded
-from proxy.relay import AttemptLog, Exchange, Failure, Final, HttpDispatch, Memory, Relay, Stream, settle
+from proxy.relay import HttpDispatch, Relay
 from proxy.upstream import TransportFailure
 from routing.eligibility import tighten
 from routing.failures import DispatchState, FailureClass, Observation

@@ -25,18 +25,11 @@ from proxy import db, limits
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
 from proxy.errors import TYPED_ERRORS, should_retry
+from proxy.exchange import Exchange, Lease, Memory
 from proxy.ledger import record
 from proxy.limits import Finishing, Ticket, guarded
-from proxy.relay import (
-    Dispatch,
-    Exchange,
-    HttpDispatch,
-    Lease,
-    Memory,
-    Relay,
-    error_body,
-    probe_circuit,
-)
+from proxy.payloads import error_body
+from proxy.relay import Dispatch, HttpDispatch, Relay, probe_circuit
 from proxy.sse import Dialect
 from routing import services
 from routing.auto import AutoError

@@ -34,8 +34,8 @@ from django.db import (
 )
 
 from proxy import tracing
+from proxy.exchange import Exchange
 from proxy.metrics import observe_exchange
-from proxy.relay import Exchange
 from proxy.spool import Journal, Spool
 
 log = logging.getLogger("gateway")

@@ -42,7 +42,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from proxy.errors import TYPED_ERRORS
-from proxy.relay import Exchange
+from proxy.exchange import Exchange
 from routing.failures import FailureClass
 from routing.models import Circuit
 from routing.sanitize import CANONICAL

@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Protocol
@@ -30,12 +30,13 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from pools.services import key_budget_reserve
-from proxy import db, shutdown, upstream
+from proxy import db, payloads, shutdown, upstream
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters.codec import COUNT_TOKENS, StreamTranslator, UpstreamCall, upstream_call
 from proxy.adapters.token_estimate import estimate_input_tokens
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.errors import TYPED_ERRORS, should_retry
+from proxy.exchange import AttemptLog, Exchange, Failure, Final, Lease, Memory, Stream, settle
 from proxy.sse import (
     Action,
     Block,
@@ -77,93 +78,10 @@ from routing.vocabulary import AttemptStatus, Outcome
 logger = logging.getLogger("gateway")
 
 
-@dataclass(slots=True)
-class AttemptLog:
-    ordinal: int
-    assignment_id: int
-    model: str
-    route_class: str
-    status: str
-    dispatch_state: str = DispatchState.NOT_SENT
-    failure_class: str = ""
-    ineligible_reason: str = ""
-    upstream_status: int | None = None
-    error_code: str = ""
-    elapsed_ms: int = 0
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost_micros: int | None = None
-    assignment: str = ""  # names, for the metrics' labels and traces (the ledger keeps the id)
-    pool: str = ""
-    adapter: str = ""  # the upstream API family (a trace's gen_ai.provider.name)
-    offset_ms: int = 0  # when the attempt began, from the request's start (a trace's span start)
-
-
-@dataclass(slots=True)
-class Exchange:
-    """What the ledger records of one client request: never content."""
-
-    request_id: str
-    key_id: int | None
-    route: str
-    transport: str
-    requested_model: str
-    started_at: datetime
-    served_model: str = ""
-    outcome: str = ""
-    status_code: int | None = None
-    retry_count: int = 0
-    attempts: list[AttemptLog] = field(default_factory=list)
-    finished_at: datetime | None = None
-    model_fallback: bool = False  # served by a cross-model candidate after a model_not_found
-    operation_id: str = ""  # the client's x-gateway-operation-id, else the request id
-    budget_period: str = ""  # the key's budget period, for its reservation and settlement
-    reserved_micros: int = 0  # what this request holds of its key's budget (settled by the ledger)
-    config_version: int | None = None  # the routing configuration its route was chosen under
-    fallback_reason: str = ""  # the requested model was substituted before routing: explicit | family
-    first_output_at: datetime | None = None  # streams: when the first visible output was released
-
-    @property
-    def attempts_made(self) -> int:
-        """Attempts sent (or tried) upstream: every candidate but the ineligible ones. What
-        x-gateway-attempts, the log line and the trace report, and what backoff grows with."""
-        return sum(1 for a in self.attempts if a.status != AttemptStatus.INELIGIBLE)
-
-
-@dataclass(frozen=True, slots=True)
-class Memory:
-    """Which affinities a success should record (SPEC §7.2)."""
-
-    response_ids: bool = False  # Responses routes: response id -> assignment, for previous_response_id
-    session: str | None = None  # x-gateway-session
-    session_seen: tuple[int | None, str] | None = None  # (assignment, model) already stored for it
-    file_upload: bool = False  # POST /v1/files: the answer's file id -> assignment (`Relay.file_id`)
-    file_deleted: str | None = None  # DELETE /v1/files/{id}: that file's affinity is over
-
-
 RESPONSE_AFFINITY_TTL = timedelta(days=30)  # as long as the providers keep stored responses
 SESSION_AFFINITY_TTL = timedelta(hours=1)
 # Uploaded files stay until deleted (OpenAI keeps them indefinitely); a year bounds a forgotten one.
 FILE_AFFINITY_TTL = timedelta(days=365)
-
-
-@dataclass(frozen=True, slots=True)
-class Final:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-    frames: tuple[bytes, ...] = ()  # websocket: the events to send, one per frame (`body` is unused)
-    should_retry: bool | None = None  # a typed error's `x-should-retry` (SPEC §4); None on an answer
-    retry_after: int | None = None  # a relayed 429's `retry-after`
-    headers: tuple[tuple[str, str], ...] = ()  # more response headers (the count_tokens estimate's)
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """The probe lease this request took before dispatch (§5.4): for `candidate`, on `circuit`."""
-
-    candidate: tuple[int, str]
-    circuit: CircuitKey
 
 
 def probe_circuit(
@@ -176,89 +94,6 @@ def probe_circuit(
     if wide:
         return CircuitKey.wide(pool_id, c.assignment_id), snapshot
     return CircuitKey(pool_id, c.assignment_id, c.model, route_class), snapshot
-
-
-@dataclass(slots=True)
-class Stream:
-    chunks: AsyncIterator[bytes]
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    failure: FailureClass
-    dispatch: DispatchState
-    status: int | None
-    error_type: str | None
-    code: str | None
-    param: str | None
-    withheld: tuple[bytes, ...] = ()  # the client output held back before the failure
-    final: bool = False  # the upstream answered, but not in a relayable form: returned as is, never replayed
-    retry_after: int | None = None  # a relayed 429's `retry-after`, whole seconds (bounded)
-
-
-def _usage(payload: object) -> tuple[int | None, int | None]:
-    if not isinstance(payload, dict):
-        return None, None
-    usage = payload.get("usage")
-    for holder in ("response", "message"):  # a Responses or Anthropic stream's opening event
-        if not isinstance(usage, dict) and isinstance(payload.get(holder), dict):
-            usage = payload[holder].get("usage")
-    if not isinstance(usage, dict):
-        return None, None
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-    completion = usage.get("completion_tokens", usage.get("output_tokens"))
-    return (
-        prompt if isinstance(prompt, int) else None,
-        completion if isinstance(completion, int) else None,
-    )
-
-
-def _usage_only_chunk(block: Block) -> bool:
-    """The Chat chunk that carries only usage (`choices: []`), sent because the gateway asked for it."""
-    if block.data is None or b'"usage"' not in block.raw or b'"choices"' not in block.raw:
-        return False
-    try:
-        payload = json.loads(block.data)
-    except ValueError:
-        return False
-    return (
-        isinstance(payload, dict) and payload.get("choices") == [] and isinstance(payload.get("usage"), dict)
-    )
-
-
-def _finish_reason(payload: object) -> str | None:
-    """finish_reason (chat), incomplete reason (Responses, plain or in a stream event), stop_reason."""
-    if not isinstance(payload, dict):
-        return None
-    if isinstance(payload.get("response"), dict):
-        payload = payload["response"]
-    for holder in (payload, payload.get("delta")):
-        if isinstance(holder, dict) and isinstance(holder.get("stop_reason"), str):
-            return holder["stop_reason"]
-    choices = payload.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        reason = choices[0].get("finish_reason")
-        return reason if isinstance(reason, str) else None
-    details = payload.get("incomplete_details")
-    if isinstance(details, dict) and isinstance(details.get("reason"), str):
-        return details["reason"]
-    return None
-
-
-def _response_id(payload: object) -> str | None:
-    """The id of a Responses object, plain (`{"id": "resp_..."}`) or in a stream event's `response`."""
-    if not isinstance(payload, dict):
-        return None
-    inner = payload.get("response")
-    source = inner if isinstance(inner, dict) else payload
-    if source.get("object") not in (None, "response"):
-        return None
-    value = source.get("id")
-    return value if isinstance(value, str) and 0 < len(value) <= 300 else None
-
-
-def error_body(*, message: str, type: str, code: str | None, param: str | None = None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type, "code": code, "param": param}}).encode()
 
 
 INTERRUPTED_MESSAGE = "The upstream stream ended abnormally after output began."
@@ -330,24 +165,12 @@ class Reading:
 
     def output(self, blocks: Iterable[Block]) -> list[bytes]:
         if self.translator is None:
-            return [b.raw for b in blocks if not (self.strip_usage and _usage_only_chunk(b))]
+            return [b.raw for b in blocks if not (self.strip_usage and payloads.usage_only_chunk(b))]
         return [out for out in map(self.translator.feed, blocks) if out]
 
     def finish(self) -> bytes:
         """At the upstream's end of stream: a translated stream's closing events, if it is owed them."""
         return self.translator.finish() if self.translator is not None else b""
-
-
-async def settle(work: Awaitable[None]) -> None:
-    """Run bookkeeping to its end even when the caller is cancelled meanwhile (a client that leaves
-    right after the last event must not lose the ledger row); the cancel is re-raised afterwards."""
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if not task.done():
-            await asyncio.wait([task])
-        raise
 
 
 class Relay:
@@ -368,7 +191,7 @@ class Relay:
         dialect: Dialect | None,
         on_finish: Callable[[Exchange], Awaitable[None]],
         single_attempt: bool = False,
-        memory: Memory = Memory(),
+        memory: Memory | None = None,
         dispatch: "Dispatch | None" = None,
         anthropic_beta: str | None = None,
         lease: Lease | None = None,
@@ -387,7 +210,7 @@ class Relay:
         self.dialect = dialect
         self.on_finish = on_finish
         self.single_attempt = single_attempt
-        self.memory = memory
+        self.memory = memory or Memory()
         self.dispatch: Dispatch = dispatch or HttpDispatch()
         self.anthropic_beta = anthropic_beta
         self.untranslatable: str | None = None  # the param a translation refused (a candidate passed over)
@@ -777,9 +600,9 @@ class Relay:
             parsed = None
         body = parsed if isinstance(parsed, dict) else None
         if 200 <= status < 300:
-            log.input_tokens, log.output_tokens = _usage(body)
+            log.input_tokens, log.output_tokens = payloads.usage(body)
             self._note_response_id(body)
-            failure = classify(Observation(status=status, finish_reason=_finish_reason(body)))
+            failure = classify(Observation(status=status, finish_reason=payloads.finish_reason(body)))
             if failure is FailureClass.SAFETY_REFUSAL:
                 log.failure_class = str(failure)
                 self.x.outcome = Outcome.TERMINAL_REFUSAL
@@ -790,7 +613,7 @@ class Relay:
                 # arguments that are not an object): a typed failure, never a guess, never a replay.
                 return self.unrelayable(status, "upstream_untranslatable")
         # A failed attempt is charged too when the upstream reported usage with its error.
-        log.input_tokens, log.output_tokens = _usage(body)
+        log.input_tokens, log.output_tokens = payloads.usage(body)
         observation = Observation(status=status, body=body, has_provenance=c.provenance is not None)
         return self.failure(observation, retry_after=retry_after)
 
@@ -1025,13 +848,13 @@ class Relay:
         """Whether the stream reached its end: a terminal event, or (Chat, whose `[DONE]` some
         compatible servers omit) a chunk carrying the finish reason."""
         if cls.visibility in TERMINAL or (
-            dialect is Dialect.CHAT and _finish_reason(cls.payload) is not None
+            dialect is Dialect.CHAT and payloads.finish_reason(cls.payload) is not None
         ):
             self.terminal_seen = True
 
     def _note_response_id(self, payload: object) -> None:
         if self.memory.response_ids and self.response_id is None:
-            self.response_id = _response_id(payload)
+            self.response_id = payloads.response_id(payload)
 
     def _inspect(self, log: AttemptLog, payload: object) -> None:
         """What a stream event tells the ledger: usage, the response id, a refusal. Never content."""
@@ -1040,12 +863,15 @@ class Relay:
         self._note_response_id(payload)
         # Streams report usage in parts (Anthropic: input in message_start, output in message_delta):
         # a later event updates what it names and keeps the rest.
-        prompt, completion = _usage(payload)
+        prompt, completion = payloads.usage(payload)
         if prompt is not None:
             log.input_tokens = prompt
         if completion is not None:
             log.output_tokens = completion
-        if classify(Observation(finish_reason=_finish_reason(payload))) is FailureClass.SAFETY_REFUSAL:
+        if (
+            classify(Observation(finish_reason=payloads.finish_reason(payload)))
+            is FailureClass.SAFETY_REFUSAL
+        ):
             log.failure_class = str(FailureClass.SAFETY_REFUSAL)
             self.x.outcome = Outcome.TERMINAL_REFUSAL
 
@@ -1317,7 +1143,7 @@ class HttpDispatch:
     ) -> Final:
         if self.anthropic:
             return Final(status, anthropic_adapter.error_body(self._type(type, code, status, param), message))
-        return Final(status, error_body(message=message, type=type, code=code, param=param))
+        return Final(status, payloads.error_body(message=message, type=type, code=code, param=param))
 
     def events_final(self, parts: list[bytes]) -> Final:
         return Final(200, b"".join(parts), content_type="text/event-stream")

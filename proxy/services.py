@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 from django.db import transaction
 
 from pools.services import key_budget_settle
+from proxy.exchange import AttemptLog, Exchange
 from proxy.models import Attempt, RequestRecord
-from proxy.relay import AttemptLog, Exchange
 
 
 @transaction.atomic

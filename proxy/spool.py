@@ -35,7 +35,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from proxy.relay import AttemptLog, Exchange
+from proxy.exchange import AttemptLog, Exchange
 
 log = logging.getLogger("gateway")
 

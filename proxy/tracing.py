@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 
-from proxy.relay import Exchange
+from proxy.exchange import Exchange
 from routing.vocabulary import AttemptStatus, ClientRoute, Outcome
 
 # The GenAI operation each client route performs (gen_ai.operation.name); other routes get a plain span.

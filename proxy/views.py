@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from pools.selectors import key_authenticate
 from proxy import db
 from proxy.errors import TYPED_ERRORS
+from proxy.exchange import Exchange, Final, Stream
 from proxy.ingress import (
     COMPACT,
     DIALECTS,
@@ -28,12 +29,7 @@ from proxy.ingress import (
     typed_response,
 )
 from proxy.ledger import record
-from proxy.relay import (
-    Exchange,
-    Final,
-    Stream,
-    error_body,
-)
+from proxy.payloads import error_body
 from routing.resolution import is_allowed
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute

@@ -23,7 +23,8 @@ from collections.abc import AsyncGenerator
 
 from proxy import upstream_ws
 from proxy.adapters.codec import UpstreamCall
-from proxy.relay import AttemptLog, Failure, Final, Relay, Stream
+from proxy.exchange import AttemptLog, Failure, Final, Stream
+from proxy.relay import Relay
 from proxy.sse import Block, Dialect, responses_error_event
 from proxy.upstream import TransportFailure
 from proxy.upstream_ws import HandshakeRejected, UpstreamSocket

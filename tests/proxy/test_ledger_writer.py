@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from proxy import ledger
+from proxy.exchange import AttemptLog, Exchange
 from proxy.models import RequestRecord
-from proxy.relay import AttemptLog, Exchange
 from routing import services
 from routing.models import Affinity, AffinityKind
 from tests.factories import GatewayKeyFactory

@@ -13,8 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import metrics
+from proxy.exchange import AttemptLog, Exchange
 from proxy.metrics import observe_exchange
-from proxy.relay import AttemptLog, Exchange
 from routing.models import Circuit, CircuitState
 from tests.factories import AssignmentFactory
 
@@ -257,8 +257,8 @@ def test_a_resolution_time_substitution_counts_its_reason():
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    from proxy.exchange import Exchange
     from proxy.metrics import REGISTRY, observe_exchange
-    from proxy.relay import Exchange
 
     def family_count():
         from prometheus_client import generate_latest

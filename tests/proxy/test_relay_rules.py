@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from proxy.relay import AttemptLog, Exchange, Final, HttpDispatch, Relay
+from proxy.exchange import AttemptLog, Exchange, Final
+from proxy.relay import HttpDispatch, Relay
 from routing import services
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.failures import FailureClass

@@ -95,7 +95,7 @@ def test_spans_reach_an_otlp_collector_over_http(monkeypatch):
 
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from proxy.relay import AttemptLog, Exchange
+    from proxy.exchange import AttemptLog, Exchange
 
     received: list[tuple[str, str, bytes]] = []
 

@@ -17,8 +17,8 @@ from django.db import connection, connections
 
 from pools.models import GatewayKey
 from proxy import ledger
+from proxy.exchange import Exchange
 from proxy.models import RequestRecord
-from proxy.relay import Exchange
 from proxy.services import request_records_write
 from tests.factories import GatewayKeyFactory
 
