@@ -4,7 +4,8 @@ gateway would break it."""
 
 from datetime import UTC, datetime
 
-from soak.multinode import CircuitPoller, half_open_check, replay_check, tracebacks
+from soak.circuits import CircuitPoller, half_open_check, replay_check
+from soak.nodes import tracebacks
 
 
 def arrival(upstream, sid, kind, at, end=None, transport="http"):
@@ -116,8 +117,8 @@ def test_tracebacks_are_read_with_their_message_and_last_exception():
 
 
 def test_a_request_cut_by_the_sigkill_is_the_one_allowed_exception_and_a_wrong_answer_is_not():
-    from soak.multinode import Fault, classify_killed
-    from soak.run import Outcome
+    from soak.faults import Fault, classify_killed
+    from soak.load import Outcome
 
     kill = Fault("sigkill", 1, at=100.0, wall=0.0, progress=0.2, incarnation=1)
     # A websocket frame starts after its connection was opened: later than the kill itself.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from soak.run import CHECK_IDS
+from soak.checks import CHECK_IDS
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 1500

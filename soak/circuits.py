@@ -1,0 +1,403 @@
+"""The multi-node soak's checks of shared state: the circuits polled during the run and the half-open
+probes across nodes from the upstreams' own log (soak/multinode.py's docstring says how), replays,
+budgets, the ledger's records against the clients', probe slots, and whether the nodes' circuits
+agree at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import json
+import math
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import aiohttp
+
+from devkit.databases import Database, libpq_url
+from devkit.gateway import GatewayNode
+from soak.checks import Check, examples
+from soak.faults import REJECTED, SERVED, Fault
+from soak.load import Outcome
+
+# --- the circuits, watched during the run --------------------------------------------------------
+
+
+class CircuitPoller:
+    """Reads the circuit rows every `interval` seconds on its own connection (reconnecting while the
+    database restarts or stalls): each observation is (time.time(), rows)."""
+
+    def __init__(self, database: Database, interval: float = 0.1) -> None:
+        self.database = database
+        self.interval = interval
+        self.observations: list[tuple[float, list[tuple]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="circuit-poller", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(15)
+
+    def _run(self) -> None:
+        import psycopg
+
+        conn = None
+        while not self._stop.is_set():
+            try:
+                if conn is None:
+                    conn = psycopg.connect(libpq_url(self.database.url), autocommit=True, connect_timeout=2)
+                rows = conn.execute(
+                    "SELECT assignment_id, route_class, state, open_until, probes_in_flight "
+                    "FROM routing_circuit"
+                ).fetchall()
+                self.observations.append((time.time(), rows))
+            except Exception:  # the database restarting or stalled: try again
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                conn = None
+            self._stop.wait(self.interval)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def windows(self) -> list[tuple[int, str, float, float]]:
+        """Half-open windows: (assignment id, route class, from open_until, to the first poll that
+        saw the circuit closed or opened again; the last poll if never)."""
+        found: dict[tuple[int, str, float], float] = {}
+        current: dict[tuple[int, str], float] = {}
+        last = self.observations[-1][0] if self.observations else 0.0
+        for t, rows in self.observations:
+            seen = set()
+            for assignment, route_class, state, open_until, _ in rows:
+                key = (assignment, route_class)
+                seen.add(key)
+                until = open_until.timestamp() if open_until is not None and state != "closed" else None
+                previous = current.get(key)
+                if previous is not None and until != previous:
+                    # Closed or opened again; before its open_until (a last-resort success closes an
+                    # open circuit) the window never opened: it ends before it starts.
+                    found[(*key, previous)] = t
+                if until is not None:
+                    current[key] = until
+                    found.setdefault((*key, until), math.inf)
+                else:
+                    current.pop(key, None)
+            for key in [k for k in current if k not in seen]:
+                found[(*key, current.pop(key))] = t
+        return [
+            (a, rc, start, min(end, last)) for (a, rc, start), end in found.items() if start < min(end, last)
+        ]
+
+
+def read_arrivals(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+def replay_check(arrivals: list[dict]) -> Check:
+    by_sid: dict[str, list[dict]] = defaultdict(list)
+    for a in arrivals:
+        if a.get("sid"):
+            by_sid[a["sid"]].append(a)
+    replays, unknown = [], 0
+    for sid, seen in by_sid.items():
+        seen.sort(key=lambda a: a["a"])
+        for n, a in enumerate(seen):
+            if a["k"] in REJECTED:
+                continue
+            unknown += a["k"] not in SERVED
+            if n + 1 < len(seen):
+                later = seen[n + 1]
+                replays.append(
+                    f"{sid}: {a['u']}/{a['t']} {a['k']}, then {later['u']}/{later['t']} {later['k']}"
+                )
+    handed = sum(1 for seen in by_sid.values() if len(seen) > 1)
+    return Check(
+        "no_replay",
+        "no upstream received a request again after a dispatch that was not known to be rejected",
+        bool(by_sid) and not replays,
+        f"{len(arrivals)} upstream arrivals of {len(by_sid)} requests; {handed} requests reached more "
+        f"than one upstream; {unknown} dispatches with an unknown outcome (hang, drop, cut, close); "
+        f"{len(replays)} replays",
+        examples(replays),
+    )
+
+
+def half_open_check(arrivals: list[dict], poller: CircuitPoller, database: Database) -> Check:
+    """See the module docstring. SPEC §5.4 keeps an open or half-open assignment at the end of a
+    plan for availability: a request that does not hold the probe lease may still reach it, but
+    only after every assignment whose circuit was closed. Such a last-resort arrival holds no probe
+    slot; every other arrival in a half-open window is in a probe's position and counts."""
+    names = {
+        pk: name.removeprefix("acct-") for pk, name in database.query("SELECT id, name FROM pools_assignment")
+    }
+    rows = database.query("SELECT half_open_probes FROM pools_gatewaysettings WHERE id = 1")
+    limit = rows[0][0] if rows else 1
+    by_lane: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    by_sid: dict[str, list[dict]] = defaultdict(list)
+    for a in arrivals:
+        by_lane[(a["u"], a["t"])].append(a)
+        if a.get("sid"):
+            by_sid[a["sid"]].append(a)
+    for lane in by_lane.values():
+        lane.sort(key=lambda a: a["a"])
+    times = [t for t, _ in poller.observations]
+
+    def last_resort(a: dict) -> bool:
+        """Every assignment whose circuit (this route class) was closed at the last poll before the
+        arrival was tried earlier by the same request."""
+        at = bisect.bisect_right(times, a["a"]) - 1
+        if at < 0:
+            return False
+        not_closed = {
+            names.get(assignment)
+            for assignment, route_class, state, _, _ in poller.observations[at][1]
+            if route_class == a["t"] and state != "closed"
+        }
+        tried = {b["u"] for b in by_sid.get(a.get("sid") or "", []) if b["a"] < a["a"]}
+        return all(name in tried for name in set(names.values()) - not_closed - {a["u"]})
+
+    windows = poller.windows()
+    violations, examined, max_seen, resort = [], 0, 0, 0
+    for assignment, route_class, start, end in windows:
+        lane = by_lane.get((names.get(assignment, "?"), route_class), [])
+        inside = [a for a in lane if start <= a["a"] < end]
+        first_served = next((a for a in inside if a["k"] in SERVED), None)
+        if first_served is not None:
+            inside = [a for a in inside if a["a"] < first_served.get("e", math.inf)]
+        probes = []
+        for a in inside:
+            if last_resort(a):
+                resort += 1
+                continue
+            in_flight = sum(1 for b in probes if b.get("e", math.inf) > a["a"])
+            probes.append(a)
+            max_seen = max(max_seen, in_flight + 1)
+            if in_flight >= limit:
+                violations.append(
+                    f"{names.get(assignment)}/{route_class} half-open from {start:.3f}: "
+                    f"{a['sid']} arrived at "
+                    f"{a['a']:.3f} ({a['k']}) with {in_flight} probe(s) in flight"
+                )
+        examined += 1 if probes else 0
+    return Check(
+        "half_open_probes",
+        f"at most half_open_probes ({limit}) probes at once per half-open circuit across nodes",
+        bool(poller.observations) and not violations,
+        f"{len(windows)} half-open windows seen in {len(poller.observations)} circuit polls, "
+        f"{examined} with probes; at most {max_seen} probe(s) at once; {resort} last-resort arrivals "
+        f"(every closed assignment tried first); {len(violations)} violations",
+        examples(violations),
+    )
+
+
+def budget_checks(
+    database: Database, max_reservation: int, outcomes: list[Outcome], faults: list[Fault]
+) -> list[Check]:
+    """SPEC §7.4: concurrent requests on any number of nodes never pass a budget by more than one
+    request's reservation. Where the gateway reserves (a `reserved_micros` column), nothing should
+    still be reserved once every node has stopped: a reservation no one settles shrinks the budget
+    for good."""
+    reserves = bool(
+        database.query(
+            "SELECT 1 FROM information_schema.columns "
+            "WHERE table_name = 'pools_gatewaykey' AND column_name = 'reserved_micros'"
+        )
+    )
+    reserved = "reserved_micros" if reserves else "0"
+    rows = database.query(
+        f"SELECT name, budget_micros, spent_micros, {reserved} FROM pools_gatewaykey "  # noqa: S608 - fixed text
+        "WHERE budget_micros IS NOT NULL"
+    )
+    over = [
+        f"{name}: spent {spent} of {budget} micros (+{spent - budget} > one reservation {max_reservation})"
+        for name, budget, spent, _ in rows
+        if spent > budget + max_reservation
+    ]
+    held = [f"{name}: {left} micros still reserved" for name, _, _, left in rows if left]
+    killed = {(f.node, f.incarnation) for f in faults if f.name == "sigkill"}
+    died = sum(1 for o in outcomes if o.key == "budget" and (o.node, o.incarnation) in killed)
+    return [
+        Check(
+            "budget",
+            "no budget overspent by more than one reservation",
+            bool(rows) and not over,
+            "; ".join(f"{name}: spent {spent} of {budget} micros" for name, budget, spent, _ in rows)
+            + f"; one reservation is at most {max_reservation} micros"
+            + ("" if reserves else "; the gateway keeps no reservations"),
+            examples(over),
+        ),
+        Check(
+            "budget_reservations",
+            "no budget reservation left once every node has stopped",
+            reserves and not held,
+            ("; ".join(held) or "nothing reserved")
+            + f" ({died} requests with the budgeted key were served by the node that was killed)"
+            if reserves
+            else "the gateway keeps no reservations (no reserved_micros)",
+            examples(held),
+        ),
+    ]
+
+
+def records_checks(outcomes: list[Outcome], faults: list[Fault], db: Database) -> list[Check]:
+    """Exactly one RequestRecord per answered request (by `x-gateway-request-id`; websocket frames by
+    count), in two parts: `records` for every request, except those a killed node had answered
+    just before its SIGKILL, which `records_sigkill` counts on its own: a node's ledger writer holds
+    records in memory for a moment (it batches), and a SIGKILL takes them with it."""
+    # The circuits_agree requests (for GONE_MODEL) come after the load and are not the client's.
+    rows = db.query(
+        "SELECT request_id, transport FROM proxy_requestrecord WHERE requested_model <> %s", (GONE_MODEL,)
+    )
+    stored = {rid for rid, _ in rows}
+    killed = {(f.node, f.incarnation): f for f in faults if f.name == "sigkill"}
+
+    def before_kill(o: Outcome) -> Fault | None:
+        """The SIGKILL of the node start that answered the request: it answered before dying (the
+        client may read the answer a moment after the kill, from its socket's buffer)."""
+        return killed.get((o.node, o.incarnation))
+
+    http = [o for o in outcomes if o.transport != "websocket"]
+    answered = [o for o in http if o.request_id and not o.killed]
+    unknown = sum(1 for o in http if not o.request_id or o.killed)
+    lost_to_kill = [o for o in answered if o.request_id not in stored and before_kill(o)]
+    missing = [o for o in answered if o.request_id not in stored and not before_kill(o)]
+    stored_http = sum(1 for _, t in rows if t in ("http", "sse"))
+    frames = [
+        o for o in outcomes if o.transport == "websocket" and o.code not in ("not_sent", "ws_connect_failed")
+    ]
+    uncertain = [o for o in frames if o.code.startswith("closed_") or o.killed or before_kill(o)]
+    stored_ws = sum(1 for _, t in rows if t == "websocket")
+    count_ok = len(answered) - len(lost_to_kill) <= stored_http <= len(answered) + unknown
+    ws_ok = len(frames) - len(uncertain) <= stored_ws <= len(frames)
+    ages = [f"{max(f.at - o.done_at, 0) * 1000:.0f} ms" for o in lost_to_kill if (f := before_kill(o))]
+    return [
+        Check(
+            "records",
+            "every answered request has exactly one RequestRecord (through restarts, stalls and drains)",
+            not missing and count_ok and ws_ok,
+            f"{len(missing)} missing by request id; HTTP/SSE: {stored_http} records for {len(answered)} "
+            f"answered requests (+{unknown} unanswered or cut by the SIGKILL, {len(lost_to_kill)} lost to "
+            f"the SIGKILL); websocket: {stored_ws} records for {len(frames)} frames ({len(uncertain)} "
+            "closed, or on the killed "
+            "node: may or may not be recorded)",
+            examples([f"#{o.index} {o.kind} {o.status} node {o.node} rid={o.request_id}" for o in missing]),
+        ),
+        Check(
+            "records_sigkill",
+            "requests answered by a node just before its SIGKILL keep their RequestRecord",
+            bool(killed) and not lost_to_kill,
+            f"{len(lost_to_kill)} answered requests without a record, answered "
+            f"{', '.join(ages[:8]) or '-'} before the SIGKILL",
+            examples(
+                [f"#{o.index} {o.kind} {o.status} node {o.node} rid={o.request_id}" for o in lost_to_kill]
+            ),
+        ),
+    ]
+
+
+def probes_check(database: Database) -> Check:
+    """Across nodes a probe slot can outlive its request: the node holding it was killed, or its
+    release was a write lost while the database was unreachable. The lease (`probe_lease_seconds`)
+    frees such a slot on its own; what must never be is a slot held with no lease, or a lease longer
+    than the setting (held for good)."""
+    rows = database.query("SELECT probe_lease_seconds FROM pools_gatewaysettings WHERE id = 1")
+    lease_s = rows[0][0] if rows else 60
+    held = database.query(
+        "SELECT assignment_id, route_class, probes_in_flight, "
+        "EXTRACT(EPOCH FROM probe_lease_expires_at - now()) FROM routing_circuit WHERE probes_in_flight > 0"
+    )
+    forever = [
+        f"circuit a{a}/{rc}: {n} probe(s) held, lease {'none' if left is None else f'{float(left):.0f} s'}"
+        for a, rc, n, left in held
+        if left is None or float(left) > lease_s
+    ]
+    return Check(
+        "probes",
+        "no probe slot held for good once no request is in flight (a lease frees what a dead holder kept)",
+        not forever,
+        f"{len(held)} circuits with a probe slot still held at exit, each freed by its lease within "
+        f"{lease_s} s (holders killed with a node, or releases lost to a database fault)"
+        if held and not forever
+        else f"{len(held)} circuits with a held probe, {len(forever)} without a lease that frees it",
+        examples(forever),
+    )
+
+
+def split_deadline(checks: list[Check], outcomes: list[Outcome]) -> list[Check]:
+    """The deadline check in two: requests that met no database fault, and those that did."""
+    late = [f"#{o.index} {o.kind}: {p}" for o in outcomes for p in o.problems if "within" in p]
+    during = [x for x in late if "(during the db_" in x]
+    others = [x for x in late if x not in during]
+    checks = [c for c in checks if c.id != "deadline"]
+    checks += [
+        Check(
+            "deadline",
+            "every request that met no database fault answered within deadline + margin",
+            not others,
+            f"{len(others)} late or unanswered",
+            examples(others),
+        ),
+        Check(
+            "deadline_db",
+            "requests that met a database restart or stall answered within deadline + margin",
+            not during,
+            f"{len(during)} late or unanswered while the database restarted or stalled",
+            examples(during),
+        ),
+    ]
+    return checks
+
+
+GONE_MODEL = "gpt-5-gone"  # configured on every assignment; every upstream answers model_not_found
+
+
+async def circuits_agree(nodes: list[GatewayNode], key: str, args: argparse.Namespace) -> Check:
+    """A model every upstream has withdrawn (404 model_not_found): requests for it, sent round-robin
+    over the nodes, open its circuits (reason upstream_model_unavailable, which makes the assignment
+    ineligible until its probe) until one node dispatches nothing; then every node is asked at once
+    and must answer the same, dispatching nothing: circuits opened through any node are open for all
+    (no process-local health state)."""
+    headers = {"authorization": f"Bearer {key}", "x-gateway-deadline-ms": str(args.deadline_ms)}
+    body = {"model": GONE_MODEL, "messages": [{"role": "user", "content": "soak: circuits"}]}
+
+    async def ask(session: aiohttp.ClientSession, node: GatewayNode) -> tuple[int, str, str]:
+        async with session.post(f"{node.url}/v1/chat/completions", json=body, headers=headers) as resp:
+            data = await resp.json(content_type=None)
+            code = (data.get("error") or {}).get("code") if isinstance(data, dict) else None
+            return resp.status, str(code), resp.headers.get("x-gateway-attempts", "?")
+
+    answers: list[tuple[int, str, str]] = []
+    asked: list[tuple[int, str, str]] = []
+    async with aiohttp.ClientSession() as session:
+        for n in range(12):
+            asked.append(await ask(session, nodes[n % len(nodes)]))
+            if asked[-1][2] == "0":
+                answers = list(await asyncio.gather(*(ask(session, node) for node in nodes)))
+                break
+    ok = bool(answers) and len(set(answers)) == 1 and answers[0][2] == "0"
+    return Check(
+        "circuits_agree",
+        "circuits opened through any node are open on every node at once",
+        ok,
+        (
+            f"{len(asked)} requests for {GONE_MODEL} (round-robin) until one node dispatched nothing; then "
+            + "; ".join(
+                f"node {n.index}: {s} {c}, {a} attempts" for n, (s, c, a) in zip(nodes, answers, strict=True)
+            )
+        )
+        if answers
+        else f"no node stopped dispatching: {Counter(asked).most_common(4)}",
+    )
