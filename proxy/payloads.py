@@ -21,6 +21,8 @@ def usage(payload: object) -> tuple[int | None, int | None]:
         return None, None
     prompt = found.get("prompt_tokens", found.get("input_tokens"))
     completion = found.get("completion_tokens", found.get("output_tokens"))
+    if completion is None and isinstance(prompt, int) and found.get("total_tokens") == prompt:
+        completion = 0  # an embeddings answer: its whole usage is input, so its cost is known
     return (
         prompt if isinstance(prompt, int) else None,
         completion if isinstance(completion, int) else None,

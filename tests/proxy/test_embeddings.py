@@ -19,8 +19,8 @@ def _client(gateway: str, key: str = GATEWAY_KEY) -> openai.OpenAI:
 
 
 @pytest.mark.parametrize("rejection", [rate_limited(), unavailable()], ids=["429", "503"])
-def test_an_embeddings_request_fails_over_before_any_output(gateway, two_assignments, rejection):
-    a, b, _ = two_assignments
+def test_an_embeddings_request_fails_over_before_any_output(gateway, priced, rejection):
+    a, b, _ = priced
     a.script("gpt-5", rejection)
     b.script("gpt-5", serve(input_tokens=7))
     answer = _client(gateway).embeddings.with_raw_response.create(model="gpt-5", input=["one", "two"])
@@ -34,7 +34,16 @@ def test_an_embeddings_request_fails_over_before_any_output(gateway, two_assignm
     assert (record.route, record.outcome, record.retry_count) == ("/v1/embeddings", "ok", 1)
     attempts = Attempt.objects.filter(request=record).order_by("ordinal")
     assert [x.status for x in attempts] == ["retryable_failed", "succeeded"]
-    assert attempts[1].input_tokens == 7
+    assert (attempts[1].input_tokens, attempts[1].output_tokens) == (7, 0)
+    assert attempts[1].cost_micros == 7  # 7 tokens at 1 $/Mtok: an embedding's cost is known
+
+
+@pytest.fixture
+def priced(two_assignments):
+    from catalog.models import CatalogEntry
+
+    CatalogEntry.objects.update(input_per_mtok_micros=1_000_000, output_per_mtok_micros=0)
+    return two_assignments
 
 
 def test_embeddings_ignore_a_stream_flag_and_stay_plain(gateway, two_assignments):
