@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from catalog.models import CapabilityEvidence, CatalogEntry
-from gatewaysite.admin import PoolScopedAdmin, ReadOnlyAdmin
+from pools.scoping import PoolScopedAdmin, ReadOnlyAdmin
 
 
 @admin.register(CatalogEntry)

@@ -1,13 +1,11 @@
-"""Admin building blocks shared by the apps, and the gateway's admin site."""
+"""The gateway's admin site. The apps' admins build on `pools.scoping` (read-only and pool-scoped
+pages), and register their site-level pages here with `register_page`: this module imports no app."""
 
 from typing import ClassVar, Protocol
 
 from django.contrib import admin
 from django.db import models
 from django.urls import NoReverseMatch, URLPattern, reverse
-
-from pools.models import Assignment, GatewayKey, Pool
-from pools.selectors import keys_visible_to, pools_visible_to
 
 
 class OperatorPage(Protocol):
@@ -81,85 +79,3 @@ class GatewayAdminSite(admin.AdminSite):
             "models": pages,
         }
         return [operations, *apps]
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """For state and ledger rows: operators may look, only the gateway writes."""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-
-class PoolScopedAdmin(admin.ModelAdmin):
-    """The one scoping mechanism of the admin (SPEC §9): a non-superuser sees, searches, filters, picks
-    (autocomplete, raw id popups, foreign-key choices) and opens (change, history, delete) only rows of
-    the pools granted to one of their groups (`pools.selectors.pools_visible_to`), the same rule as
-    /admin/upstreams/. Every view of a ModelAdmin goes through `get_queryset`, so scoping it scopes
-    them all; tests/admin/test_scoping.py walks every registered ModelAdmin to hold that.
-
-    `pool_path` is the lookup from this model to its Pool. `key_path` (instead) is the lookup to a
-    GatewayKey, for rows that belong to a key: visible when the key's pools are all granted
-    (`pools.selectors.keys_visible_to`)."""
-
-    pool_path: str | None = "pool"
-    key_path: str | None = None
-
-    def scope(self, queryset, user):
-        if user.is_superuser:
-            return queryset
-        if self.key_path is not None:
-            return queryset.filter(**{_in(self.key_path): keys_visible_to(user)})
-        assert self.pool_path is not None
-        return queryset.filter(**{_in(self.pool_path): pools_visible_to(user)})
-
-    def get_queryset(self, request):
-        return self.scope(super().get_queryset(request), request.user)
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        choices = scoped_choices(db_field.related_model, request.user)
-        if choices is not None:
-            kwargs["queryset"] = choices
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
-    def formfield_for_manytomany(self, db_field, request, **kwargs):
-        choices = scoped_choices(db_field.related_model, request.user)
-        if choices is not None:
-            kwargs["queryset"] = choices
-        return super().formfield_for_manytomany(db_field, request, **kwargs)
-
-
-def _in(path: str) -> str:
-    return "pk__in" if path == "pk" else f"{path}__in"
-
-
-def scoped_choices(model, user):
-    """What a form may offer `user` for a relation to `model`, or None (Django's default) for a model
-    that holds no pool data."""
-    if user.is_superuser:
-        return None
-    if model is Pool:
-        return pools_visible_to(user)
-    if model is Assignment:
-        return Assignment.objects.filter(pool__in=pools_visible_to(user))
-    if model is GatewayKey:
-        return keys_visible_to(user)
-    return None
-
-
-class PoolScopedInline(admin.TabularInline):
-    """An inline of a scoped page: its rows are scoped by `pool_path` too (a request's attempts on
-    another pool's assignment are not shown)."""
-
-    pool_path = "assignment__pool"
-
-    def get_queryset(self, request):
-        queryset = super().get_queryset(request)
-        if request.user.is_superuser:
-            return queryset
-        return queryset.filter(**{_in(self.pool_path): pools_visible_to(request.user)})

@@ -1,7 +1,6 @@
 from django import forms
 from django.contrib import admin
 
-from gatewaysite.admin import PoolScopedAdmin
 from pools import credentials
 from pools.models import (
     MIN_KEY_LENGTH,
@@ -12,6 +11,7 @@ from pools.models import (
     ModelFallback,
     Pool,
 )
+from pools.scoping import PoolScopedAdmin
 
 # Only a superuser sets where an assignment sends requests and with which credential (SPEC §9): a pool
 # operator who could would send another pool's credential, or any variable, to a host of their choosing.

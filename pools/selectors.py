@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from gatewaysite import rawsql
 from pools.models import ConfigVersion, GatewayKey, Pool, hash_key
 from routing.budget import period_start, spent_in_period
 from routing.route import KeyPolicy
 from routing.types import Requirements
+from runtime import rawsql
 
 
 def budget_left(key: GatewayKey, now: datetime) -> int | None:
@@ -89,7 +89,7 @@ def _key_params(digest: str) -> list[object]:
 
 def key_authenticate(raw: str) -> Authenticated | None:
     """The enabled key whose secret is `raw` with its pools and the config version, in ONE query
-    (a row per pool; hand-written SQL, see gatewaysite.rawsql); None for a missing, wrong or
+    (a row per pool; hand-written SQL, see runtime.rawsql); None for a missing, wrong or
     disabled key."""
     if not raw:
         return None

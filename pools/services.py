@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 from django.db import connection, models, transaction
 
 from catalog.models import CatalogEntry, Provenance
-from gatewaysite import rawsql
 from pools import credentials
 from pools.config import (
     ConfigIssue,
@@ -34,6 +33,7 @@ from pools.models import (
     new_key_secret,
 )
 from routing.budget import period_start
+from runtime import rawsql
 
 M = TypeVar("M", bound=models.Model)
 

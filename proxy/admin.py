@@ -2,7 +2,7 @@ from datetime import UTC
 
 from django.contrib import admin
 
-from gatewaysite.admin import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin
+from pools.scoping import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin
 from proxy import ledger_admin
 from proxy.models import Attempt, RequestRecord
 from proxy.spend import SpendPage

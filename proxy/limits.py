@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from gatewaysite import rawsql
 from pools.models import KeyLimitSlot, KeyLimitWindow
 from pools.selectors import KeyLimits
 from proxy import db
+from runtime import rawsql
 
 log = logging.getLogger("gateway")
 

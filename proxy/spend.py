@@ -6,7 +6,7 @@ configured or bundled; a failed attempt that reported usage included), by the da
 An attempt whose price was unknown has no cost (NULL): it is counted apart as "unpriced", never as $0.
 
 Scoping is the request list's: the page reads the request records through the RequestRecord
-ModelAdmin's own `get_queryset` (the one admin scoping mechanism, `gatewaysite.admin.PoolScopedAdmin`),
+ModelAdmin's own `get_queryset` (the one admin scoping mechanism, `pools.scoping.PoolScopedAdmin`),
 so an operator sees exactly the spend of the records they may open, nothing of another pool. One
 aggregate query, whatever the number of keys, models and days; reads only.
 """

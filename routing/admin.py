@@ -18,8 +18,8 @@ from django.utils import timezone
 from catalog.models import CatalogEntry
 from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
-from gatewaysite.admin import PoolScopedAdmin, ReadOnlyAdmin
 from pools.models import Assignment, GatewaySettings
+from pools.scoping import PoolScopedAdmin, ReadOnlyAdmin
 from pools.selectors import pools_visible_to
 from proxy.models import Attempt, AttemptStatus
 from routing import panel

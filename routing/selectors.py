@@ -18,7 +18,6 @@ from django.db.models import Q
 from catalog.models import CatalogEntry
 from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
-from gatewaysite import rawsql
 from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback, Pool
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
@@ -41,6 +40,7 @@ from routing.types import (
     ToolRepresentation,
     TriState,
 )
+from runtime import rawsql
 
 CACHE_LIMIT = 512
 # The model of an account-wide candidate (a route with no model, the Files API): its circuits are
@@ -212,7 +212,7 @@ class HealthState:
 
 def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime) -> HealthState:
     """Circuits of the route class, assignment-wide circuits and active demotions, in ONE query
-    (hand-written SQL, see gatewaysite.rawsql)."""
+    (hand-written SQL, see runtime.rawsql)."""
     found: dict[tuple[int, str], CircuitSnapshot] = {}
     wide: dict[int, CircuitSnapshot] = {}
     demoted: set[tuple[int, str]] = set()

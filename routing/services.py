@@ -13,12 +13,12 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from gatewaysite import rawsql
 from pools.models import GatewaySettings
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
 from routing.types import ASSIGNMENT_WIDE, CircuitReason, CircuitState
+from runtime import rawsql
 
 CAS_TRIES = 5
 
@@ -128,7 +128,7 @@ def _sql_value(value: object) -> object:
 def _guarded_update(key: CircuitKey, current: CircuitSnapshot, new: CircuitSnapshot) -> bool:
     """UPDATE the circuit to `new` only if it still holds exactly `current` (the compare-and-swap).
 
-    Hand-written (see gatewaysite.rawsql): every failover writes it, and the ORM's query building
+    Hand-written (see runtime.rawsql): every failover writes it, and the ORM's query building
     was most of that write's cost. NULL columns are matched with IS NULL, as the ORM does."""
     q = connection.ops.quote_name
     old, values = _columns(current), _columns(new)
@@ -191,7 +191,7 @@ def circuit_release_probe(*, key: CircuitKey, seen: Seen | None = None) -> None:
 def demotion_record(*, assignment_id: int, model: str, reason: CircuitReason, until: datetime) -> None:
     # One INSERT .. ON CONFLICT UPDATE: concurrent demotions of one pair cannot race into the
     # unique constraint, as a read-then-write would. Hand-written like the circuit's CAS: every
-    # failover writes it (gatewaysite.rawsql).
+    # failover writes it (runtime.rawsql).
     q = connection.ops.quote_name
     sql = (
         f"INSERT INTO {q(Demotion._meta.db_table)} "  # noqa: S608 (names only; values are parameters)

@@ -13,6 +13,8 @@ there, by name, rather than as a slow or wrong request somewhere else:
   channel layer (the Responses websocket; proxy.consumers).
 - `transport`: an httpx transport whose connections go through a given httpcore network backend (catalog
   discovery's checked destinations).
+- `rawsql`: hand-written SQL for the few statements every request or hand-off runs, on the documented
+  cursor API but around the ORM (measured: the ORM's query building cost more than the statement).
 
 This package imports no app of the project: every app may build on it.
 """

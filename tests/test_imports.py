@@ -226,3 +226,74 @@ def test_no_ingress_imports_another():
         if other in graph[ingress]
     ]
     assert crossing == [], "use the shared request path, proxy.ingress:\n" + "\n".join(crossing)
+
+
+# The apps in layers, lowest first (issue 16 point 5): a module imports its own layer and the layers below,
+# never one above, so no two apps depend on each other. The pure core (the files mypy type-checks, held pure
+# by tests/test_architecture.py) is a layer of its own under every app wherever its files sit: pools and
+# catalog build on routing's policy modules while routing's ORM layer builds on their models. The project
+# package (settings, URLs, ASGI, the admin site) wires the apps together; the dev tools sit on top.
+LAYERS = ("core", "runtime", "pools", "catalog", "routing", "proxy", "gatewaysite", "devkit", "soak", "bench")
+# The imports that still go up, each with what it needs; none may be added, and an entry that is gone fails
+# the test until it is struck from here, so the list only shrinks.
+KNOWN_UPWARD = {
+    # The YAML configuration (SPEC §3) declares catalog entries besides pools' rows.
+    ("pools.config", "catalog.models"),
+    ("pools.config_schema", "catalog.models"),
+    ("pools.services", "catalog.models"),
+    # `manage.py qualify` replays its corpus through the proxy's upstream client and codecs.
+    ("catalog.qualification", "proxy.upstream"),
+    ("catalog.qualification", "proxy.adapters.codec"),
+    ("catalog.management.commands.qualify", "proxy.upstream"),
+    # The Upstreams panel shows the ledger's usage beside the circuits.
+    ("routing.admin", "proxy.models"),
+}
+
+
+def layer_of(module: str, pure: set[str]) -> str:
+    return "core" if module in pure else module.split(".")[0]
+
+
+def upward_imports(
+    graph: Graph, pure: set[str], layers: tuple[str, ...] = LAYERS
+) -> dict[tuple[str, str], str]:
+    """(importer, imported) -> "importer:line imports imported (layer -> higher layer)", for every import
+    that goes up a layer."""
+    found = {}
+    for module, edges in graph.items():
+        for target, line in edges.items():
+            low, high = layer_of(module, pure), layer_of(target, pure)
+            if layers.index(high) > layers.index(low):
+                found[(module, target)] = f"{module}:{line} imports {target} ({low} -> {high})"
+    return found
+
+
+def test_no_app_imports_a_layer_above_it():
+    from tests.test_architecture import pure_modules
+
+    assert set(PACKAGES) | {"core"} == set(LAYERS)
+    upward = upward_imports(import_graph(ROOT, PACKAGES), pure_modules())
+    new = [upward[edge] for edge in sorted(upward.keys() - KNOWN_UPWARD)]
+    assert new == [], "an import goes up a layer (see LAYERS):\n" + "\n".join(new)
+    gone = sorted(KNOWN_UPWARD - upward.keys())
+    assert gone == [], f"no longer imported: strike {gone} from KNOWN_UPWARD"
+
+
+def test_an_import_up_a_layer_is_found_even_inside_a_function_and_the_core_is_below_all(tmp_path):
+    graph = _tree(
+        tmp_path,
+        {
+            "app/__init__.py": "",
+            "app/policy.py": "import enum\n",
+            "app/models.py": "from other.models import Row\n\ndef later():\n    from other import views\n",
+            "other/__init__.py": "",
+            "other/models.py": "from app import models, policy\n",
+            "other/views.py": "",
+            "other/policy.py": "",
+        },
+    )
+    upward = upward_imports(graph, {"app.policy", "other.policy"}, ("core", "app", "other"))
+    assert upward == {
+        ("app.models", "other.models"): "app.models:1 imports other.models (app -> other)",
+        ("app.models", "other.views"): "app.models:4 imports other.views (app -> other)",
+    }

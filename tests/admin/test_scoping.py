@@ -18,8 +18,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from catalog.models import CapabilityEvidence, CatalogEntry, Provenance
-from gatewaysite.admin import PoolScopedAdmin
 from pools.models import Assignment, GatewayKey, Pool
+from pools.scoping import PoolScopedAdmin
 from proxy.models import Attempt, RequestRecord
 from routing.models import Affinity, Circuit, Demotion
 from tests.admin.conftest import make_user
