@@ -24,12 +24,7 @@ from websockets.sync.client import connect
 from pools.models import Assignment, GatewayKey, Pool
 from proxy.relay import Relay
 from tests.admin.conftest import PASSWORD
-from tests.proxy import conftest as proxy_conftest
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, TIMEOUT, ledger_settled
-
-# The shared end-to-end fixtures: the live gateway and pool `main` with acct-a and acct-b for gpt-5.
-gateway = proxy_conftest.gateway
-two_assignments = proxy_conftest.two_assignments
 
 LOGIN = "/admin/login/"
 INTERNAL = "internal-detail-canary-4d8e2a"  # an exception message a gateway bug might carry

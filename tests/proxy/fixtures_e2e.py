@@ -13,21 +13,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
-import pytest
 from django.db import OperationalError
 
-from catalog.models import Provenance
 from devkit.sse_reader import read_sse
 from devkit.upstream import FakeUpstream
-from pools.models import Assignment, GatewaySettings
 from proxy import ledger
 from proxy.models import Attempt, RequestRecord
-from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
-UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_E2E_KEY"
-UPSTREAM_KEY = "sk-upstream-credential-canary-42"
 TIMEOUT = httpx.Timeout(15.0)
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES = {"model": "gpt-5", "input": "hi"}
@@ -137,38 +131,3 @@ def error_events(events: list[SSEEvent]) -> list[dict]:
         for e in events
         if isinstance(e.data, dict) and isinstance(e.data.get("error"), dict) and e.type != "response.failed"
     ]
-
-
-@pytest.fixture
-def build_assignments(transactional_db, fake_upstream_factory, monkeypatch):
-    """`build(n)`: pool `main` with n assignments `acct-a`, `acct-b`, ... (tiers 0..n-1) on their own
-    fakes, all configured for gpt-5, and the e2e key. Returns (fakes, assignments)."""
-
-    def build(count: int) -> tuple[list[FakeUpstream], list[Assignment]]:
-        monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
-        GatewaySettings.objects.update_or_create(pk=1, defaults={"backoff_base_ms": 0})
-        pool = PoolFactory(name="main")
-        fakes, rows = [], []
-        for tier in range(count):
-            letter = "abcdefgh"[tier]
-            fake = fake_upstream_factory(letter, models=("gpt-5",))
-            assignment = AssignmentFactory(
-                pool=pool,
-                name=f"acct-{letter}",
-                base_url=fake.base_url,
-                tier=tier,
-                api_key_env=UPSTREAM_KEY_ENV,
-            )
-            CatalogEntryFactory(assignment=assignment, model="gpt-5", provenance=Provenance.CONFIGURED)
-            fakes.append(fake)
-            rows.append(assignment)
-        GatewayKeyFactory(name="e2e", raw_key=GATEWAY_KEY, pools=[pool])
-        return fakes, rows
-
-    return build
-
-
-@pytest.fixture
-def three_assignments(build_assignments):
-    """Pool `main`: `acct-a`, `acct-b`, `acct-c` (tiers 0, 1, 2), each on its own fake, all for gpt-5."""
-    return build_assignments(3)

@@ -10,9 +10,9 @@ from catalog.models import Provenance
 from devkit.upstream import serve, unavailable
 from routing.models import Affinity
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
+from tests.gateway_fixtures import UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import (
     RESPONSES,
-    UPSTREAM_KEY_ENV,
     ledger_settled,
     post,
     wait_for,

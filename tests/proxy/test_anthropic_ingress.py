@@ -22,11 +22,9 @@ from devkit.upstream import (
 )
 from pools.models import Adapter, Assignment, GatewaySettings, ModelFallback, Pool
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY, UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import (
     TIMEOUT,
-    UPSTREAM_KEY,
-    UPSTREAM_KEY_ENV,
     attempt_statuses,
     attempts_of,
     post,

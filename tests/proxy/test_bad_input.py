@@ -5,9 +5,8 @@ import json
 
 from proxy.models import Attempt, RequestRecord
 from routing.models import Affinity, Circuit, Demotion
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY
 from tests.proxy.fixtures_e2e import (
-    UPSTREAM_KEY,
     assert_hits,
     post,
     record_of,

@@ -15,7 +15,7 @@ from proxy.ledger import writer
 from proxy.models import Attempt
 from routing.pricing import cost_micros
 from routing.types import Price, PriceSource
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}

@@ -24,7 +24,6 @@ from devkit.upstream import (
 )
 from pools.models import GatewaySettings
 from routing.models import Affinity, Circuit, Demotion
-from tests.proxy import fixtures_e2e as e2e
 from tests.proxy.fixtures_e2e import (
     AUTH,
     CHAT,
@@ -41,9 +40,6 @@ from tests.proxy.fixtures_e2e import (
     sse_events,
     wait_for,
 )
-
-three_assignments = e2e.three_assignments
-build_assignments = e2e.build_assignments
 
 # The fakes' own words; the gateway must answer in its own (SPEC §4).
 FAKE_MODEL_NOT_FOUND = "The model does not exist or you do not have access to it."

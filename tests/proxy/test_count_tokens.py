@@ -6,7 +6,7 @@ import pytest
 
 from devkit.upstream import serve
 from proxy.adapters.token_estimate import estimate_input_tokens
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import attempts_of, post, record_of
 
 WEATHER_TOOL = {
@@ -71,7 +71,7 @@ def test_an_anthropic_account_counts_for_itself(gateway, two_assignments, fake_u
     from catalog.models import Provenance
     from pools.models import Assignment
     from tests.factories import AssignmentFactory, CatalogEntryFactory
-    from tests.proxy.fixtures_e2e import UPSTREAM_KEY_ENV
+    from tests.gateway_fixtures import UPSTREAM_KEY_ENV
 
     claude = fake_upstream_factory("claude", models=("gpt-5",))
     claude.script("gpt-5", serve(input_tokens=77))

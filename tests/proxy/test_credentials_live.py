@@ -14,7 +14,12 @@ from django.urls import reverse
 from devkit.upstream import serve
 from pools.models import Assignment
 from proxy.models import Attempt, RequestRecord
-from tests.proxy.fixtures_e2e import CHAT, UPSTREAM_KEY, ledger_settled, post
+from tests.gateway_fixtures import UPSTREAM_KEY
+from tests.proxy.fixtures_e2e import (
+    CHAT,
+    ledger_settled,
+    post,
+)
 
 CANARY = "sk-live-canary-credential-Q7v3Xe"
 

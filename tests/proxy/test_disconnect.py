@@ -10,7 +10,7 @@ from devkit.upstream import hang, slow_stream
 from proxy.ledger import writer
 from proxy.models import Attempt
 from routing.models import Circuit
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "one two three four five six"}]}

@@ -11,7 +11,7 @@ from pools.models import Adapter
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 
 def _client(gateway: str, key: str = GATEWAY_KEY) -> openai.OpenAI:

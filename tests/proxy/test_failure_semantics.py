@@ -35,14 +35,11 @@ from devkit.upstream import (
 from pools.models import GatewaySettings
 from routing.models import Circuit, Demotion
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.proxy import fixtures_e2e as e2e
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY, UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import (
     AUTH,
     CHAT,
     RESPONSES,
-    UPSTREAM_KEY,
-    UPSTREAM_KEY_ENV,
     assert_hits,
     attempts_of,
     chat_text,
@@ -53,9 +50,6 @@ from tests.proxy.fixtures_e2e import (
     sse_events,
     wait_for,
 )
-
-build_assignments = e2e.build_assignments
-three_assignments = e2e.three_assignments
 
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
 

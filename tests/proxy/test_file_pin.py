@@ -13,7 +13,7 @@ from devkit.upstream import serve, unavailable
 from pools.models import Assignment
 from routing.models import Affinity
 from tests.factories import GatewayKeyFactory, PoolFactory
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, TIMEOUT, ledger_settled, post, record_of, sse_events, wait_for
 from tests.proxy.test_websocket import read_response, ws_url
 

@@ -13,7 +13,7 @@ from pools.models import Assignment
 from proxy.models import Attempt, RequestRecord
 from routing.models import Affinity
 from tests.factories import GatewayKeyFactory, PoolFactory
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, TIMEOUT, attempt_statuses, ledger_settled, record_of, wait_for
 
 OTHER_KEY = "sk-gw-e2e-files-other-key-5555"

@@ -7,7 +7,7 @@ from devkit.upstream import model_not_found, serve
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord
 from routing.models import Circuit, Demotion
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}

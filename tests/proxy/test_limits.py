@@ -22,7 +22,7 @@ from pools.models import GatewayKey, KeyLimitSlot, KeyLimitWindow
 from pools.selectors import KeyLimits, key_authenticate
 from proxy import limits
 from proxy.models import RequestRecord
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, CHAT, ledger_settled, record_of
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -19,7 +19,7 @@ from django.db import connection, connections
 from pools.models import GatewayKey, KeyLimitSlot
 from pools.selectors import KeyLimits
 from proxy import limits
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

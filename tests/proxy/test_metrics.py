@@ -384,7 +384,7 @@ def test_a_served_stream_is_labelled_by_its_pool_and_assignment_and_times_its_fi
     import httpx
 
     from proxy import ledger
-    from tests.proxy.conftest import GATEWAY_KEY
+    from tests.gateway_fixtures import GATEWAY_KEY
 
     def live() -> Samples:
         body = httpx.get(f"{gateway}/metrics").text

@@ -14,7 +14,7 @@ from django.db import connection
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gatewaysite.server import workers
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from devkit.upstream import Serve, model_not_found, serve, unavailable
 from routing.models import Circuit
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

@@ -14,7 +14,7 @@ from devkit.model_upstream import ModelUpstream
 from pools.models import GatewaySettings
 from proxy.models import Attempt
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import TIMEOUT, ledger_settled, record_of
 
 TOOLS = [

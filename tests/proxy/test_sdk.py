@@ -5,7 +5,7 @@ import openai
 import pytest
 
 from devkit.upstream import model_not_found, serve
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import assert_hits
 
 SERVED = "served by b"

@@ -5,7 +5,7 @@ import httpx
 
 from devkit.upstream import serve, unavailable
 from routing.models import Affinity
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
 

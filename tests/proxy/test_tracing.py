@@ -8,7 +8,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from devkit.upstream import model_not_found, serve
 from proxy import ledger, tracing
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 
 PROMPT_CANARY = "prompt-canary-5b1d-never-in-a-span"
 ANSWER_CANARY = "answer-canary-77ae-never-in-a-span"

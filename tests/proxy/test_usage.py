@@ -10,10 +10,10 @@ from catalog.models import CatalogEntry, Provenance
 from devkit.upstream import serve
 from pools.models import Assignment
 from tests.factories import AssignmentFactory, CatalogEntryFactory
+from tests.gateway_fixtures import UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import (
     CHAT,
     RESPONSES,
-    UPSTREAM_KEY_ENV,
     attempts_of,
     post,
     record_of,

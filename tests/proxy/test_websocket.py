@@ -20,7 +20,7 @@ from devkit.upstream import (
 )
 from proxy.models import Attempt, RequestRecord
 from routing.models import Affinity, Circuit, Demotion
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, ledger_settled, post, wait_for
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}

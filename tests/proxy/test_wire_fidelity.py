@@ -13,7 +13,7 @@ from proxy.ingress import typed_response
 from proxy.ledger import writer
 from proxy.models import RequestRecord
 from proxy.upstream import retry_after_s
-from tests.proxy.conftest import GATEWAY_KEY
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import CHAT, assert_hits, attempts_of, post, record_of
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

@@ -31,11 +31,7 @@ from django.db import connection
 from devkit.databases import Database, LedgerStall
 from devkit.gateway import GatewayProcess, gateway_config
 from devkit.upstream import FakeUpstream, slow_stream
-from tests.proxy import conftest as proxy_conftest
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, attempts_of, error_events, record_of, sse_events
-
-gateway = proxy_conftest.gateway
-two_assignments = proxy_conftest.two_assignments
 
 KEY = "sk-gw-faults-0123456789abcdef"
 UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_FAULTS_KEY"

@@ -2,7 +2,7 @@
 a typed error in the `{"error": {...}}` shape or a well-formed answer, never a 500, and stays up (a
 normal request right after each example is served).
 
-The gateway is the real ASGI app under uvicorn on a loopback socket (tests/proxy/conftest.py), in
+The gateway is the real ASGI app under uvicorn on a loopback socket (tests/gateway_fixtures.py), in
 front of two fake upstreams. Header injection and oversized headers go over a raw socket, since HTTP
 clients refuse to send them.
 """
@@ -21,13 +21,9 @@ from hypothesis import strategies as st
 from devkit.upstream import serve
 from proxy import ledger
 from proxy.models import RequestRecord
-from tests.proxy import conftest as proxy_conftest
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, ledger_settled, sse_events, wait_for
 from tests.reliability.fuzzing import fuzz_settings
-
-# The shared end-to-end fixtures: the live gateway and pool `main` with acct-a and acct-b for gpt-5.
-gateway = proxy_conftest.gateway
-two_assignments = proxy_conftest.two_assignments
 
 CHAT_PATH, RESPONSES_PATH = "/v1/chat/completions", "/v1/responses"
 FUZZ = fuzz_settings(max_examples=50)
@@ -327,7 +323,7 @@ def _head(path: str, extra: list[bytes], body: bytes) -> bytes:
     lines = [
         f"POST {path} HTTP/1.1".encode(),
         b"host: 127.0.0.1",
-        f"authorization: Bearer {proxy_conftest.GATEWAY_KEY}".encode(),
+        f"authorization: Bearer {GATEWAY_KEY}".encode(),
         b"content-type: application/json",
         f"content-length: {len(body)}".encode(),
         b"connection: close",

@@ -5,7 +5,7 @@ defines; never a crash (1011), never an upstream call for a bad frame, and never
 other clients: a well-behaved "bystander" client, connected to the same gateway for the whole test,
 has a response in flight across every example and must get it completed.
 
-The gateway is the real ASGI app under uvicorn on a loopback socket (tests/proxy/conftest.py), in
+The gateway is the real ASGI app under uvicorn on a loopback socket (tests/gateway_fixtures.py), in
 front of two fake upstreams. Frames go through the `websockets` client library; handshakes whose
 bytes no client library sends (CRLF in a header value, oversized headers) go over a raw socket, with
 the library's sans-I/O protocol doing the framing once the connection is upgraded.
@@ -39,13 +39,9 @@ from proxy.consumers import MAX_PENDING
 from proxy.models import RequestRecord
 from routing.models import Circuit, Demotion
 from tests.factories import GatewayKeyFactory
-from tests.proxy import conftest as proxy_conftest
+from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, wait_for
 from tests.reliability.fuzzing import fuzz_settings
-
-# The shared end-to-end fixtures: the live gateway and pool `main` with acct-a and acct-b for gpt-5.
-gateway = proxy_conftest.gateway
-two_assignments = proxy_conftest.two_assignments
 
 FUZZ = fuzz_settings(max_examples=20)
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -653,7 +649,7 @@ def raw_conversation(
             protocol.receive_data(chunk)
 
 
-AUTH_LINE = f"authorization: Bearer {proxy_conftest.GATEWAY_KEY}".encode()
+AUTH_LINE = f"authorization: Bearer {GATEWAY_KEY}".encode()
 GATEWAY_HEADERS = [
     "x-gateway-session",
     "x-gateway-requirements",
@@ -672,7 +668,7 @@ header_values = st.one_of(
             "abc\r\n\r\n" + json.dumps(VALID),
             "abc\nx-injected: 1",
             "abc\rx-injected: 1",
-            f"Bearer {proxy_conftest.GATEWAY_KEY}\r\nx-injected: 1",
+            f"Bearer {GATEWAY_KEY}\r\nx-injected: 1",
             "a\x00b",
             "-5",
             "9" * 5000,
@@ -725,7 +721,7 @@ def test_header_injection_in_the_handshake(edge, name, value):
             "authorization": st.text(max_size=60) | st.builds("Bearer {}".format, st.text(max_size=60)),
             "x-api-key": st.text(max_size=60),
         },
-    ).filter(lambda h: not any(proxy_conftest.GATEWAY_KEY in v for v in h.values())),
+    ).filter(lambda h: not any(GATEWAY_KEY in v for v in h.values())),
 )
 def test_a_missing_or_wrong_key_is_closed_with_4401_and_nothing_relayed(edge, headers):
     lines = [name.encode() + b": " + value.encode() for name, value in headers.items()]

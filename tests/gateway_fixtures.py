@@ -1,0 +1,99 @@
+"""Pytest fixtures for end-to-end tests: the gateway's ASGI app served on a real loopback socket
+(uvicorn in a thread, sharing the test database), and pools of assignments on fake upstreams with the
+e2e key. Registered for the whole suite by tests/conftest.py, so tests in any directory request them
+by name."""
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from catalog.models import Provenance
+from devkit.upstream import FakeUpstream
+from pools.models import Assignment, GatewaySettings
+from proxy import ledger, upstream
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
+
+GATEWAY_KEY = "sk-gw-e2e-test-key-0123456789"
+UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_E2E_KEY"
+UPSTREAM_KEY = "sk-upstream-credential-canary-42"
+
+
+class _Server(uvicorn.Server):
+    def install_signal_handlers(self) -> None:  # not the main thread
+        pass
+
+
+@pytest.fixture
+def gateway(transactional_db):
+    """Base URL of a live gateway sharing the test database."""
+    from gatewaysite.asgi import application
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = _Server(
+        uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        finally:
+            await upstream.close_client()
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    ledger.writer.flush()  # before the test database is emptied under it
+
+
+@pytest.fixture
+def build_assignments(transactional_db, fake_upstream_factory, monkeypatch):
+    """`build(n)`: pool `main` with n assignments `acct-a`, `acct-b`, ... (tiers 0..n-1) on their own
+    fakes, all configured for gpt-5, and the e2e key. Returns (fakes, assignments)."""
+
+    def build(count: int) -> tuple[list[FakeUpstream], list[Assignment]]:
+        monkeypatch.setenv(UPSTREAM_KEY_ENV, UPSTREAM_KEY)
+        GatewaySettings.objects.update_or_create(pk=1, defaults={"backoff_base_ms": 0})
+        pool = PoolFactory(name="main")
+        fakes, rows = [], []
+        for tier in range(count):
+            letter = "abcdefgh"[tier]
+            fake = fake_upstream_factory(letter, models=("gpt-5",))
+            assignment = AssignmentFactory(
+                pool=pool,
+                name=f"acct-{letter}",
+                base_url=fake.base_url,
+                tier=tier,
+                api_key_env=UPSTREAM_KEY_ENV,
+            )
+            CatalogEntryFactory(assignment=assignment, model="gpt-5", provenance=Provenance.CONFIGURED)
+            fakes.append(fake)
+            rows.append(assignment)
+        GatewayKeyFactory(name="e2e", raw_key=GATEWAY_KEY, pools=[pool])
+        return fakes, rows
+
+    return build
+
+
+@pytest.fixture
+def two_assignments(build_assignments):
+    """Pool `main`: `acct-a` (tier 0) and `acct-b` (tier 1), both configured for gpt-5: (a, b, rows)."""
+    (a, b), rows = build_assignments(2)
+    return a, b, rows
+
+
+@pytest.fixture
+def three_assignments(build_assignments):
+    """Pool `main`: `acct-a`, `acct-b`, `acct-c` (tiers 0, 1, 2), each on its own fake, all for gpt-5."""
+    return build_assignments(3)
