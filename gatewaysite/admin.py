@@ -25,16 +25,15 @@ class GatewayAdminSite(admin.AdminSite):
     """Django's admin plus the site-level operator pages. Installed as the default site by
     `gatewaysite.apps.GatewayAdminConfig`, so `admin.site` and every `@admin.register` keep working
     unchanged. Each app's admin module registers its pages with `register_page`, as it registers its
-    ModelAdmins, so this site imports no app's admin (that import was a cycle: the apps' admins build on
-    the classes below)."""
+    ModelAdmins, so this site imports no app (the apps' admins build on `pools.scoping`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._pages: list[type[OperatorPage]] = []
 
     def register_page(self, page: type[OperatorPage]) -> type[OperatorPage]:
-        """Add `page` (usable as a class decorator). Pages are listed in registration order, which
-        autodiscovery makes INSTALLED_APPS order: Upstreams (routing), then Spend (proxy)."""
+        """Add `page` (usable as a class decorator). Pages are listed in registration order: Upstreams,
+        then Spend (both registered by proxy.admin)."""
         if page not in self._pages:
             self._pages.append(page)
         return page

@@ -6,6 +6,7 @@ from pools.scoping import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin
 from proxy import ledger_admin
 from proxy.models import Attempt, RequestRecord
 from proxy.spend import SpendPage
+from proxy.upstreams import UpstreamsPanel
 
 
 class AttemptInline(PoolScopedInline):
@@ -121,4 +122,6 @@ class AttemptAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     list_select_related = ("request", "assignment")
 
 
+# Listed in this order under Operations.
+admin.site.register_page(UpstreamsPanel)
 admin.site.register_page(SpendPage)

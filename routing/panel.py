@@ -1,6 +1,6 @@
 """What the operator Routing panel shows (SPEC §9), data in, data out.
 
-Contract: the loader (`routing.admin.upstreams_panel_load`) reads rows and hands this module plain
+Contract: the loader (`proxy.upstreams.upstreams_panel_load`) reads rows and hands this module plain
 values (circuit snapshots, catalog facts, demotions, usage counts) and a fixed `now`; this module returns
 frozen values that the template renders. A serving signal comes from `breaker.health`, the function the
 router itself calls, so what an operator sees is what the router does. Nothing is inferred: a capability

@@ -245,8 +245,6 @@ KNOWN_UPWARD = {
     ("catalog.qualification", "proxy.upstream"),
     ("catalog.qualification", "proxy.adapters.codec"),
     ("catalog.management.commands.qualify", "proxy.upstream"),
-    # The Upstreams panel shows the ledger's usage beside the circuits.
-    ("routing.admin", "proxy.models"),
 }
 
 
