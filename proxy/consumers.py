@@ -30,7 +30,7 @@ connection stays open.
 Closing either side closes the other: when the client goes, the response in flight is cancelled
 (ledger: `cancelled`) and the upstream connection closed before the consumer returns.
 
-The database is touched only through `proxy.db.run` (its own long-lived pool), so the consumer is a
+The database is touched only through `runtime.db.run` (its own long-lived pool), so the consumer is a
 runtime.consumer.DirectConsumer: no per-message thread hop in Channels' dispatch, and no channel layer
 (nothing is ever sent to this connection from elsewhere, and an idle connection keeps no task of its
 own beyond the upstream watcher).
@@ -48,7 +48,6 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from pools.selectors import key_authenticate
-from proxy import db
 from proxy.errors import TYPED_ERRORS
 from proxy.exchange import Exchange, Final, Stream, settle
 from proxy.ingress import READ_TIMEOUT_S, RequestFailed, bearer, decode_json, prepare, validate_body
@@ -58,6 +57,7 @@ from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute, Outcome
+from runtime import db
 from runtime.consumer import DirectConsumer
 
 log = logging.getLogger("gateway")

@@ -21,8 +21,8 @@ from django.db import DatabaseError
 
 from pools.models import hash_key
 from pools.selectors import key_known
-from proxy import db
 from routing.vocabulary import ClientRoute
+from runtime import db
 
 Receive = Callable[[], Awaitable[dict]]
 

@@ -42,7 +42,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.http import require_http_methods
 
 from pools.selectors import Authenticated, key_authenticate
-from proxy import db, edge, upstream
+from proxy import edge, upstream
 from proxy.adapters.codec import UpstreamCall
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Memory, Stream, settle
 from proxy.ingress import (
@@ -67,6 +67,7 @@ from routing.route import RoutingView
 from routing.selectors import RouteSettings, affinity_get, routing_view_load
 from routing.types import Candidate, RouteClass
 from routing.vocabulary import ClientRoute, Outcome
+from runtime import db
 
 logger = logging.getLogger("gateway")
 

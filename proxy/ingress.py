@@ -21,7 +21,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 
 from pools.selectors import Authenticated, key_authenticate
-from proxy import db, limits
+from proxy import limits
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
 from proxy.errors import TYPED_ERRORS, should_retry
@@ -50,6 +50,7 @@ from routing.selectors import RouteSettings, RoutingInputs, routing_inputs_load
 from routing.services import Seen
 from routing.types import Candidate, Requirements, RouteClass
 from routing.vocabulary import ClientRoute
+from runtime import db
 
 DIALECTS = {
     ClientRoute.CHAT_COMPLETIONS: Dialect.CHAT,

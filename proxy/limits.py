@@ -34,8 +34,7 @@ from django.db import DatabaseError, connection
 
 from pools.models import KeyLimitSlot, KeyLimitWindow
 from pools.selectors import KeyLimits
-from proxy import db
-from runtime import rawsql
+from runtime import db, rawsql
 
 log = logging.getLogger("gateway")
 

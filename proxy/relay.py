@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from pools.services import key_budget_reserve
-from proxy import db, payloads, shutdown, upstream
+from proxy import payloads, shutdown, upstream
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters.codec import COUNT_TOKENS, StreamTranslator, UpstreamCall, upstream_call
 from proxy.adapters.token_estimate import estimate_input_tokens
@@ -74,6 +74,7 @@ from routing.sanitize import sanitized
 from routing.services import CircuitKey, Seen
 from routing.types import Candidate, CircuitReason, Health, IneligibleReason, Requirements, RouteClass
 from routing.vocabulary import AttemptStatus, Outcome
+from runtime import db
 
 logger = logging.getLogger("gateway")
 

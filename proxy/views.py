@@ -12,7 +12,6 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from pools.selectors import key_authenticate
-from proxy import db
 from proxy.errors import TYPED_ERRORS
 from proxy.exchange import Exchange, Final, Stream
 from proxy.ingress import (
@@ -33,6 +32,7 @@ from proxy.payloads import error_body
 from routing.resolution import is_allowed
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute
+from runtime import db
 
 
 async def _proxy(request: HttpRequest, path: str) -> HttpResponse:

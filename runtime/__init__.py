@@ -11,6 +11,8 @@ there, by name, rather than as a slow or wrong request somewhere else:
   (the `/v1/` API; gatewaysite.asgi).
 - `consumer`: a Channels websocket consumer without the per-message database thread hop and with no
   channel layer (the Responses websocket; proxy.consumers).
+- `db`: the request path's way into the database, two small pools of long-lived threads that keep
+  their connections (instead of Django's thread per request and its connection).
 - `transport`: an httpx transport whose connections go through a given httpcore network backend (catalog
   discovery's checked destinations).
 - `rawsql`: hand-written SQL for the few statements every request or hand-off runs, on the documented

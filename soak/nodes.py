@@ -126,7 +126,7 @@ DATABASE_GONE = (
     "django.db.utils.InterfaceError",
     "psycopg.OperationalError",
     "psycopg.errors.",
-    "proxy.db.DatabaseTimeout",
+    "runtime.db.DatabaseTimeout",
 )
 
 

@@ -10,6 +10,9 @@ Reads and writes have a pool each. A write can wait on a lock (SQLite has one wr
 PostgreSQL row may be locked); in a shared pool, a few writes stuck behind a long lock would hold
 every thread, and the reads of every other request (authentication, the routing view) would queue
 behind them and time out. With a pool of their own, a held write lock delays only the writes.
+
+Relied on (tests/runtime/test_db.py): asgiref's `sync_to_async(thread_sensitive=False, executor=)`,
+Django's one connection per thread, aged by `close_old_connections` as CONN_MAX_AGE says.
 """
 
 import asyncio

@@ -1,0 +1,79 @@
+"""The request path's database executor (runtime.db) and what it relies on: asgiref runs a sync call on
+a given executor when it is not thread-sensitive, and Django keeps one connection per thread, aged by
+`close_old_connections` as CONN_MAX_AGE says; reads and writes run on pools of their own."""
+
+import asyncio
+import inspect
+import threading
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
+
+from runtime import db
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def where() -> tuple[str, object]:
+    """The calling thread's name and its driver connection."""
+    connection.ensure_connection()
+    return threading.current_thread().name, connection.connection
+
+
+async def close_on_every_read_thread() -> None:
+    """Each of the read pool's threads closes its connection (all busy at once, so each takes one)."""
+    threads = db._executor._max_workers
+    barrier = threading.Barrier(threads, timeout=10)
+
+    def close() -> None:
+        barrier.wait()
+        connection.close()
+
+    await asyncio.gather(*(db.run(close) for _ in range(threads)))
+
+
+@pytest.fixture
+async def fresh_connections():
+    """Connections opened under the test's CONN_MAX_AGE, and none left open for the database's drop."""
+    await close_on_every_read_thread()
+    yield
+    await close_on_every_read_thread()
+
+
+def test_asgiref_takes_an_executor_for_a_call_that_is_not_thread_sensitive():
+    assert {"thread_sensitive", "executor"} <= set(inspect.signature(sync_to_async).parameters)
+
+
+async def test_reads_and_writes_run_on_threads_of_their_own():
+    read, _ = await db.run(where)
+    write, _ = await db.write(where)
+    assert read.startswith("gateway-db_")
+    assert write.startswith("gateway-db-write_")
+
+
+@pytest.mark.usefixtures("fresh_connections")
+async def test_a_thread_keeps_its_connection_between_calls_while_conn_max_age_allows(monkeypatch):
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 300)
+    calls = [await db.run(where) for _ in range(12)]  # (the connections are kept alive here)
+    by_thread: dict[str, set[int]] = {}
+    for thread, raw in calls:
+        by_thread.setdefault(thread, set()).add(id(raw))
+    assert all(len(raws) == 1 for raws in by_thread.values()), by_thread
+
+
+def closed(raw) -> bool:
+    """Whether a driver connection (sqlite3 or psycopg) was closed."""
+    try:
+        raw.cursor().close()
+    except Exception:
+        return True
+    return False
+
+
+@pytest.mark.usefixtures("fresh_connections")
+async def test_a_connection_is_closed_after_each_call_when_conn_max_age_is_zero(monkeypatch):
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 0)
+
+    _, raw = await db.run(where)
+    assert closed(raw)
