@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import ws
+from bench.accounting import backend_cpu, backend_cpu_spent, tree_cpu_seconds
 from bench.figures import fmt
 from bench.targets import (
     BENCH,
@@ -67,9 +68,9 @@ def quiesce(target: Target, timeout: float = 20) -> None:
 def quiesce_pid(pid: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        before = cpu_seconds(pid)
+        before = tree_cpu_seconds(pid)
         time.sleep(0.25)
-        after = cpu_seconds(pid)
+        after = tree_cpu_seconds(pid)
         if before is None or after is None or (after - before) / 0.25 < 0.05:
             return
 
@@ -343,18 +344,23 @@ def run_scenarios(
             sc.results[t.name] = {"reps": []}
         for rep in range(args.reps):
             for t in active:
-                cpu_before = cpu_seconds(t.pid) if t.pid else None
+                cpu_before = tree_cpu_seconds(t.pid) if t.pid else None
+                db_before = backend_cpu(t.database_url, t.application) if t.application else None
                 up_before = upstream_stats(upstream_ports)
                 r = measure(t, sc, body_file, args.duration, use_wrk)
-                cpu_after = cpu_seconds(t.pid) if t.pid else None
+                cpu_after = tree_cpu_seconds(t.pid) if t.pid else None
+                db_after = backend_cpu(t.database_url, t.application) if t.application else None
                 up_after = upstream_stats(upstream_ports)
                 if up_before and up_after and r.get("ok"):
                     # new upstream connections per 100 answered requests: ~0 when the target keeps a pool
                     r["upstream_conns_per_100"] = (up_after[0] - up_before[0]) * 100 / r["ok"]
                 if cpu_before is not None and cpu_after is not None and r.get("ok"):
-                    # the server's own CPU time per answered request: comparable between servers even when
-                    # other processes on a shared machine take CPU away from them
+                    # the server's own CPU time per answered request (every worker): comparable between
+                    # servers even when other processes on a shared machine take CPU away from them
                     r["cpu_ms_per_req"] = (cpu_after - cpu_before) * 1000 / r["ok"]
+                db_spent = backend_cpu_spent(db_before, db_after)
+                if db_spent is not None and r.get("ok"):
+                    r["db_cpu_ms_per_req"] = db_spent * 1000 / r["ok"]
                 quiesce(t)
                 if "error" in r:
                     log(f"  {sc.name} {t.name} rep {rep + 1}: {r['error']}")
@@ -376,8 +382,9 @@ def run_scenarios(
 
 
 def run_websocket_phase(targets: list[Target], args: argparse.Namespace, ports: list[int]) -> dict[str, Any]:
-    """Memory per idle websocket and relay latency per event (bench/ws.py) for every gateway."""
-    gws = [t for t in targets if t.kind == "gateway" and not t.unavailable]
+    """Memory per idle websocket and relay latency per event (bench/ws.py) for every one-worker gateway
+    (the memory per connection is read from that one process's RSS)."""
+    gws = [t for t in targets if t.kind == "gateway" and not t.unavailable and t.workers == 1]
     if not gws:
         return {"skipped": "no gateway to measure"}
     direct = next(t for t in targets if t.kind == "direct")

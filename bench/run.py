@@ -5,10 +5,13 @@ What runs (everything on 127.0.0.1, everything stopped at exit):
   `fast-b` serves it;
 - the LiteLLM proxy from its own venv (bench/.venv-litellm), started offline as
   /work/shared/peers/README.md describes, configured by bench/litellm_config.yaml;
-- the gateway, as production runs it, twice side by side: daphne and uvicorn (uvloop + httptools),
-  DJANGO_DEBUG=false, a generated secret, a throwaway SQLite database under bench/out/, migrated and
-  loaded with bench/gateway_config.yaml. Or, with --gateway-url/--gateway-key, a gateway someone
-  else started (configured with bench/gateway_config.yaml against the upstream ports above).
+- the gateway, as production runs it (`python -m gatewaysite.server`: uvicorn, uvloop, httptools),
+  DJANGO_DEBUG=false, a generated secret, three times side by side: on a PostgreSQL database the run
+  creates afresh (the primary row), on a throwaway SQLite database under bench/out/, and on the same
+  PostgreSQL with two workers; each database migrated and loaded with bench/gateway_config.yaml.
+  With --baseline DIR, another checkout's gateway beside them (A/B in one run). Or, with
+  --gateway-url/--gateway-key, a gateway someone else started (configured with
+  bench/gateway_config.yaml against the upstream ports above).
 
 Load: wrk (installed with apt-get when missing) with bench/wrk_post.lua for non-streaming requests
 (latency percentiles from wrk's histogram, throughput, failover); a small asyncio/aiohttp client for
@@ -20,7 +23,7 @@ the relay latency added per event (upstream send stamp to client read, gateway m
 
 Each scenario warms every target up, then runs `--reps` repetitions, the targets interleaved inside
 each repetition so drift on this shared machine hits them alike; the report gives medians.
-The system under test (gateway or LiteLLM, one process each) is pinned to one CPU, the upstreams and
+The system under test (gateway or LiteLLM) is pinned to one CPU, the upstreams and
 the load generators to the others, when the machine has at least two.
 
 Writes bench/results.md (and bench/out/results.json); logs in bench/out/logs/.
@@ -47,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import ws  # noqa: E402
+from bench import accounting, ws  # noqa: E402
 from bench.load import build_scenarios, run_scenarios, run_websocket_phase  # noqa: E402
 from bench.report import build_report  # noqa: E402
 from bench.targets import (  # noqa: E402
@@ -59,6 +62,7 @@ from bench.targets import (  # noqa: E402
     RESULTS_MD,
     Target,
     ensure_wrk,
+    git_commit,
     log,
     start_gateways,
     start_litellm,
@@ -86,9 +90,6 @@ def machine_busy_share(seconds: float = 1.0) -> float | None:
     return 1 - (second[0] - first[0]) / (second[1] - first[1])
 
 
-GIT_RUN: dict[str, Any] = {"cwd": ROOT, "capture_output": True, "text": True, "check": True}
-
-
 def machine_context(args: argparse.Namespace) -> dict[str, Any]:
     cpu_model = "unknown CPU"
     with contextlib.suppress(OSError):
@@ -96,17 +97,11 @@ def machine_context(args: argparse.Namespace) -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
-    commit = "unknown"
-    git = shutil.which("git")
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        if git:
-            head = subprocess.run([git, "rev-parse", "--short", "HEAD"], **GIT_RUN).stdout.strip()  # noqa: S603
-            dirty = subprocess.run([git, "status", "--porcelain"], **GIT_RUN).stdout.strip()  # noqa: S603
-            commit = head + (" with uncommitted changes" if dirty else "")
+    commit = git_commit(ROOT)
     versions: dict[str, str] = {}
     from importlib import metadata
 
-    for pkg in ("django", "daphne", "uvicorn"):
+    for pkg in ("django", "uvicorn"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
     busy = machine_busy_share()
@@ -152,6 +147,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--gateway-key",
         default=os.environ.get("BENCH_GATEWAY_KEY", GATEWAY_KEY),
         help="key for --gateway-url (env BENCH_GATEWAY_KEY)",
+    )
+    p.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gateway_bench"),
+        help="the PostgreSQL database the gateway runs on; dropped and created afresh by every run "
+        "(env BENCH_DATABASE_URL)",
+    )
+    p.add_argument("--no-postgres", action="store_true", help="measure the gateway on SQLite only")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of the project (e.g. `git worktree add --detach DIR main`): its gateway is "
+        "measured on PostgreSQL too, in the same run, for an A/B comparison",
     )
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--output", type=Path, default=RESULTS_MD)
@@ -251,11 +259,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.no_gateway:
             targets.append(
-                Target("gw-daphne", "gateway (daphne)", "gateway", unavailable="skipped (--no-gateway)")
+                Target("gw-pg", "gateway (PostgreSQL)", "gateway", unavailable="skipped (--no-gateway)")
             )
         else:
-            log("preparing the gateway (migrate, load_gateway_config, daphne + uvicorn) ...")
-            targets.extend(start_gateways(procs, ports, sut_cpus))
+            log("preparing the gateways (PostgreSQL and SQLite: migrate, load_gateway_config) ...")
+            database_url = "" if args.no_postgres else args.database_url
+            targets.extend(start_gateways(procs, ports, sut_cpus, database_url, args.baseline))
+        pg = next((t for t in targets if t.database_url), None)
+        if pg is not None:
+            ctx["versions"]["postgresql"] = accounting.server_version(pg.database_url)
         for t in targets:
             log(f"target {t.name}: {t.unavailable or t.base_url}")
         with contextlib.suppress(Exception):

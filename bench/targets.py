@@ -1,11 +1,12 @@
 """What `make bench` measures and how each is started: the paths and keys of the run, the request
 body, readiness probes over the standard library, `Target` and `Scenario`, and the setup of the fast
-upstreams (devkit/fast_upstream.py), the LiteLLM proxy and the gateway (their processes started and
-stopped by devkit/harness.py).
+upstreams (devkit/fast_upstream.py), the LiteLLM proxy and the gateways on PostgreSQL and SQLite
+(their processes started and stopped by devkit/harness.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import accounting
 from devkit.harness import HOST, Processes, free_port, run_logged, tail
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,6 +135,10 @@ class Target:
     key: str = ""
     unavailable: str = ""  # why this target could not be measured at all
     pid: int | None = None  # the server process this run started, if any (to wait until it is idle)
+    database: str = ""  # a gateway's: postgres | sqlite
+    workers: int = 1  # a gateway's uvicorn worker processes
+    database_url: str = ""  # PostgreSQL: where to find the backends that serve it ...
+    application: str = ""  # ... by the application_name it connects with
 
     @property
     def chat_url(self) -> str:
@@ -286,73 +292,109 @@ def gateway_config_file(ports: list[int]) -> Path:
     return path
 
 
-def start_gateways(procs: Processes, ports: list[int], cpus: str | None) -> list[Target]:
-    daphne = Target("gw-daphne", "gateway (daphne)", "gateway", key=GATEWAY_KEY)
-    uvicorn = Target("gw-uvicorn", "gateway (uvicorn, uvloop+httptools)", "gateway", key=GATEWAY_KEY)
-    targets = [daphne, uvicorn]
-    db = OUT / "gateway.sqlite3"
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    env = {
-        **os.environ,
-        "DJANGO_DEBUG": "false",
-        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-        "DATABASE_URL": f"sqlite:///{db}",
-        UPSTREAM_KEY_ENV: UPSTREAM_KEY,
-    }
-    env.pop("GATEWAY_CONFIG", None)
-    py = str(VENV_BIN / "python")
-    config = gateway_config_file(ports)
+# The gateways measured side by side: PostgreSQL (production's database, the primary row) and SQLite
+# (`make run`'s), served as production serves them (`python -m gatewaysite.server`: uvicorn with
+# uvloop and httptools); and PostgreSQL with two workers on the same CPU as the one worker.
+GATEWAYS = (
+    ("gw-pg", "gateway (PostgreSQL)", "postgres", 1),
+    ("gw-sqlite", "gateway (SQLite)", "sqlite", 1),
+    ("gw-pg-2w", "gateway (PostgreSQL, 2 workers)", "postgres", 2),
+)
+
+
+def git_commit(tree: Path) -> str:
+    """The short commit checked out in `tree`, and whether it has uncommitted changes."""
+    git = shutil.which("git")
+    run: dict[str, Any] = {"cwd": tree, "capture_output": True, "text": True, "check": True}
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        if git:
+            head = subprocess.run([git, "rev-parse", "--short", "HEAD"], **run).stdout.strip()  # noqa: S603
+            dirty = subprocess.run([git, "status", "--porcelain"], **run).stdout.strip()  # noqa: S603
+            return head + (" with uncommitted changes" if dirty else "")
+    return "unknown"
+
+
+def prepare_database(name: str, env: dict[str, str], config: Path, tree: Path) -> str:
+    """migrate and load_gateway_config into env's DATABASE_URL with the code of `tree`; "" when done,
+    else why not."""
+    manage = [str(VENV_BIN / "python"), str(tree / "manage.py")]  # its directory first on sys.path
     steps = [
-        ("gateway-migrate", [py, "manage.py", "migrate", "--noinput"], "manage.py migrate"),
+        (f"{name}-migrate", [*manage, "migrate", "--noinput"], "manage.py migrate"),
         (
-            "gateway-load-config",
-            [py, "manage.py", "load_gateway_config", str(config)],
+            f"{name}-load-config",
+            [*manage, "load_gateway_config", str(config)],
             f"manage.py load_gateway_config {config.relative_to(ROOT)}",
         ),
     ]
-    for name, cmd, what in steps:
-        rc, last = run_logged(cmd, env, LOGS / f"{name}.log", 300)
+    for step, cmd, what in steps:
+        rc, last = run_logged(cmd, env, LOGS / f"{step}.log", 300)
         if rc != 0:
-            for t in targets:
-                t.unavailable = f"gateway not started: `{what}` failed (exit {rc}): {last}"
-            return targets
-    d_port, u_port = free_port(), free_port()
-    while u_port == d_port:
-        u_port = free_port()
-    daphne.base_url = f"http://{HOST}:{d_port}/v1"
-    uvicorn.base_url = f"http://{HOST}:{u_port}/v1"
-    # As scripts/run.sh serves it (daphne's defaults, access log to stdout -> the log file) ...
-    d_proc = procs.start(
-        "gateway-daphne",
-        [str(VENV_BIN / "daphne"), "-b", HOST, "-p", str(d_port), "gatewaysite.asgi:application"],
-        env,
-        cpus,
-    )
-    # ... and as `uvicorn gatewaysite.asgi:application` with its fast loop and parser (SPEC §2).
-    u_proc = procs.start(
-        "gateway-uvicorn",
-        [
-            str(VENV_BIN / "uvicorn"),
-            "gatewaysite.asgi:application",
-            "--host",
-            HOST,
-            "--port",
-            str(u_port),
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-        ],
-        env,
-        cpus,
-    )
-    for t, proc, logname in ((daphne, d_proc, "gateway-daphne"), (uvicorn, u_proc, "gateway-uvicorn")):
+            return f"`{what}` failed (exit {rc}): {last}"
+    return ""
+
+
+def start_gateways(
+    procs: Processes, ports: list[int], cpus: str | None, database_url: str, baseline: Path | None
+) -> list[Target]:
+    """The gateways of GATEWAYS (without PostgreSQL when `database_url` is empty) and, with `baseline`
+    (another checkout of the project), that code on PostgreSQL too, on a database of its own."""
+    sqlite = OUT / "gateway.sqlite3"
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{sqlite}{suffix}").unlink(missing_ok=True)
+    # target, database URL, source tree
+    planned = [
+        (
+            Target(name, label, "gateway", key=GATEWAY_KEY, database=database, workers=workers),
+            database_url if database == "postgres" else f"sqlite:///{sqlite}",
+            ROOT,
+        )
+        for name, label, database, workers in GATEWAYS
+        if database_url or database != "postgres"
+    ]
+    if baseline is not None and database_url:
+        label = f"gateway (PostgreSQL, baseline {git_commit(baseline)})"
+        base = Target("gw-pg-base", label, "gateway", key=GATEWAY_KEY, database="postgres")
+        planned.append((base, accounting.baseline_database(database_url), baseline))
+    base_env = {
+        **os.environ,
+        "DJANGO_DEBUG": "false",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        UPSTREAM_KEY_ENV: UPSTREAM_KEY,
+    }
+    for name in ("GATEWAY_CONFIG", "PROMETHEUS_MULTIPROC_DIR", "WEB_CONCURRENCY", "PGAPPNAME"):
+        base_env.pop(name, None)
+    config = gateway_config_file(ports)
+    problems: dict[tuple[str, Path], str] = {}
+    for t, url, tree in planned:
+        if (url, tree) not in problems:
+            why = accounting.fresh_database(url) if t.database == "postgres" else ""
+            env = {**base_env, "DATABASE_URL": url}
+            problems[url, tree] = why or prepare_database(f"{t.name}-{t.database}", env, config, tree)
+    started: list[tuple[Target, subprocess.Popen]] = []
+    for t, url, tree in planned:
+        if problems[url, tree]:
+            t.unavailable = f"gateway not started: {problems[url, tree]}"
+            continue
+        env = {**base_env, "DATABASE_URL": url}
+        if t.database == "postgres":
+            t.database_url, t.application = url, f"bench-{t.name}"
+            env["PGAPPNAME"] = t.application
+        port = free_port()
+        t.base_url = f"http://{HOST}:{port}/v1"
+        # `-m` puts the working directory first on sys.path: a baseline tree's code shadows this one's.
+        cmd = [
+            *(("env", "-C", str(tree)) if tree != ROOT else ()),
+            str(VENV_BIN / "python"),
+            *("-m", "gatewaysite.server", "--host", HOST, "--port", str(port), "--loop", "uvloop"),
+            *(("--workers", str(t.workers)) if t.workers > 1 else ()),
+        ]
+        started.append((t, procs.start(t.name, cmd, env, cpus)))
+    for t, proc in started:
         t.pid = proc.pid
         root = t.base_url.removesuffix("/v1")
         why = wait_until(
             lambda r=root: "" if http_request(f"{r}/healthz").status == 200 else "no /healthz yet", 60, proc
         )
         if why:
-            t.unavailable = f"gateway did not come up: {why}; log: {tail(LOGS / f'{logname}.log')}"
-    return targets
+            t.unavailable = f"gateway did not come up: {why}; log: {tail(LOGS / f'{t.name}.log')}"
+    return [t for t, _, _ in planned]

@@ -34,6 +34,8 @@ def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             parts = list(path.relative_to(root).with_suffix("").parts)
+            if any(part.startswith(".") for part in parts):
+                continue  # a hidden directory: a venv of its own (make bench's bench/.venv-litellm)
             if parts[-1] == "__init__":
                 parts.pop()
             modules[".".join(parts)] = path
