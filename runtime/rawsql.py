@@ -5,6 +5,9 @@ The ORM costs about 0.4 ms of Python per query here against 0.03 ms for the same
 a cursor, and these run on every request or every hand-off; everything else uses the ORM. Statements are
 built from the models' table and column names, run on SQLite and PostgreSQL alike, and their values
 are normalised here (SQLite returns datetimes and JSON as text and booleans as integers).
+
+Relied on (tests/runtime/test_rawsql.py): what each backend's cursor returns for these columns, and
+`connection.ops.adapt_datetimefield_value` comparing as the ORM's parameters do.
 """
 
 import json
