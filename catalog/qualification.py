@@ -4,7 +4,7 @@ Contract:
 - The corpus is `catalog/corpus/qualification-1.json`, in the repository. Its recorded version is the
   file's own `version` plus the first 12 hex digits of the file's SHA-256, so any edit of the text is a
   new corpus version in the evidence, with or without a version bump.
-- Each probe is a Chat Completions request and goes through `proxy.adapters.codec.upstream_call`, the
+- Each probe is a Chat Completions request and goes through `proxy.providers.registry.upstream_call`, the
   function the router's attempt loop calls, once per client API a coding agent may use: as a Chat client
   (`/chat/completions`) and as an Anthropic Messages client (`/messages`, the probe in its Messages form).
   An `openai`/`openrouter` route receives the Chat request as sent and the Messages one translated; an
@@ -37,14 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pools.credentials import credential_of
 from proxy import upstream
-from proxy.adapters.codec import UpstreamCall, upstream_call
 from proxy.adapters.translate import (
     RequestTranslationError,
     ResponseTranslationError,
     anthropic_to_chat_response,
     chat_to_anthropic_request,
 )
+from proxy.providers.base import UpstreamCall
+from proxy.providers.registry import upstream_call
 from proxy.sse import Dialect
 from proxy.upstream import ResponseTooLarge, TransportFailure
 from routing.capabilities import Capability
@@ -462,7 +464,14 @@ async def replay(
             label = probe.id if path == CLIENT_ROUTE else f"{probe.id}@messages"
             try:
                 client_body = body if path == CLIENT_ROUTE else chat_to_anthropic_request(body)
-                call = upstream_call(path, target, client_body, model=model, requirements=Requirements())
+                call = upstream_call(
+                    path,
+                    target,
+                    client_body,
+                    model=model,
+                    requirements=Requirements(),
+                    credential=credential_of(target),
+                )
             except RequestTranslationError:
                 outcome = Outcome(label, False, UNTRANSLATABLE)
                 break

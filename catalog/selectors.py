@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from catalog.models import CapabilityEvidence, CatalogEntry
-from pools.models import ANTHROPIC_VERSION, Adapter, Assignment
+from pools.models import Assignment
+from proxy.providers.registry import provider
 from routing.capabilities import Capability, Effective, Evidence, effective_all, latest, route_config_hash
 from routing.eligibility import overlay
 from routing.types import TriState
@@ -19,8 +20,9 @@ RouteKey = tuple[int, str]  # (assignment id, model)
 
 def route_hash(*, adapter: str, base_url: str, model: str) -> str:
     """The route's configuration hash: whatever changes what the upstream receives for the corpus
-    (adapter, base_url, model, and the protocol version the adapter sends) invalidates its evidence."""
-    settings = {"anthropic-version": ANTHROPIC_VERSION} if adapter == Adapter.ANTHROPIC else {}
+    (adapter, base_url, model, and the protocol settings its provider sends, such as an API version)
+    invalidates its evidence."""
+    settings = provider(adapter).protocol
     return route_config_hash(adapter=adapter, base_url=base_url, model=model, settings=settings)
 
 

@@ -22,7 +22,9 @@ from django.utils import timezone
 from catalog.models import CapabilityEvidence, CatalogEntry, Provenance
 from catalog.qualification import Verdict
 from pools import destinations
+from pools.credentials import credential_of
 from pools.models import Assignment
+from proxy.providers.registry import provider
 from runtime.transport import transport_through
 
 logger = logging.getLogger("gateway")
@@ -57,21 +59,6 @@ class SyncSummary:
         return [r for r in self.results if not r.ok]
 
 
-def _model_ids(payload: object) -> tuple[list[str], str | None]:
-    """Model ids of one `/models` page and the cursor of the next page, if any.
-
-    OpenAI and OpenRouter answer `{"data": [{"id": ...}]}`; Anthropic adds `has_more`/`last_id`."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-        raise DiscoveryError("malformed model list")
-    ids = []
-    for item in payload["data"]:
-        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
-            raise DiscoveryError("malformed model list")
-        ids.append(item["id"])
-    cursor = payload.get("last_id") if payload.get("has_more") is True else None
-    return ids, cursor if isinstance(cursor, str) and cursor else None
-
-
 class GuardedBackend(httpcore.SyncBackend):
     """httpcore's sockets, connected only to an address checked after resolution (SPEC §11: never a
     link-local or metadata address; the address checked is the one connected to). TLS still verifies
@@ -94,12 +81,15 @@ def guarded_client(timeout: httpx.Timeout | float) -> httpx.Client:
 
 
 def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:
-    url = f"{assignment.base_url.rstrip('/')}/models"
+    """Every model id the assignment's provider lists, page after page (its own listing format)."""
+    listing = provider(assignment.adapter)
+    url = listing.models_url(assignment.base_url)
+    headers = listing.auth_headers(credential_of(assignment))
     params: dict[str, str] = {}
     found: set[str] = set()
     for _ in range(MAX_PAGES):
         try:
-            response = client.get(url, headers=assignment.auth_headers(), params=params)
+            response = client.get(url, headers=headers, params=params)
         except httpx.TimeoutException as exc:
             raise DiscoveryError("timed out") from exc
         except httpx.HTTPError as exc:
@@ -107,14 +97,13 @@ def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:
         if response.status_code != 200:
             raise DiscoveryError(f"HTTP {response.status_code}")
         try:
-            payload = response.json()
+            page = listing.model_page(response.json())
         except ValueError as exc:
             raise DiscoveryError("malformed model list") from exc
-        ids, cursor = _model_ids(payload)
-        found.update(ids)
-        if cursor is None:
+        found.update(page.ids)
+        if page.next_query is None:
             return found
-        params = {"after_id": cursor}
+        params = page.next_query
     raise DiscoveryError("too many pages")
 
 

@@ -16,6 +16,7 @@ to an upstream.
 import functools
 import logging
 import os
+from typing import Protocol
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -98,3 +99,21 @@ def credential_for(*, stored: str, api_key_env: str, assignment: str) -> str:
         logger.error("assignment %r names a variable outside %s*: not read", assignment, ENV_PREFIX)
         return ""
     return os.environ.get(api_key_env, "")
+
+
+class Account(Protocol):
+    """An assignment as the ORM has it, or as the router's `Target` carries it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def api_key_env(self) -> str: ...
+
+    @property
+    def credential(self) -> str: ...  # encrypted
+
+
+def credential_of(account: Account) -> str:
+    """`credential_for` an assignment or a router `Target`."""
+    return credential_for(stored=account.credential, api_key_env=account.api_key_env, assignment=account.name)

@@ -51,9 +51,6 @@ class Adapter(models.TextChoices):
     OPENROUTER = "openrouter"
 
 
-ANTHROPIC_VERSION = "2023-06-01"
-
-
 class GatewaySettings(models.Model):
     """The singleton of circuit, retry and fallback settings (`circuit:`, `retry:` and
     `model_fallback_family` in the YAML file). Always row 1."""
@@ -259,22 +256,6 @@ class Assignment(models.Model):
 
     def clear_credential(self) -> None:
         self.credential = self.credential_hint = ""
-
-    def auth_headers(self) -> dict[str, str]:
-        return upstream_auth_headers(self.adapter, self.api_key_env, self.credential, self.name)
-
-
-def upstream_auth_headers(
-    adapter: str, api_key_env: str, stored: str = "", assignment: str = ""
-) -> dict[str, str]:
-    """The upstream credential, decrypted or read from the environment at call time."""
-    credential = credentials.credential_for(stored=stored, api_key_env=api_key_env, assignment=assignment)
-    if adapter == Adapter.ANTHROPIC:
-        headers = {"anthropic-version": ANTHROPIC_VERSION}
-        if credential:
-            headers["x-api-key"] = credential
-        return headers
-    return {"authorization": f"Bearer {credential}"} if credential else {}
 
 
 def hash_key(raw: str) -> str:

@@ -43,7 +43,6 @@ from django.views.decorators.http import require_http_methods
 
 from pools.selectors import Authenticated, key_authenticate
 from proxy import edge, upstream
-from proxy.adapters.codec import UpstreamCall
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Memory, Stream, settle
 from proxy.ingress import (
     READ_TIMEOUT_S,
@@ -56,6 +55,8 @@ from proxy.ingress import (
 )
 from proxy.ledger import record
 from proxy.limits import Finishing, guarded
+from proxy.providers.base import FILES, UpstreamCall
+from proxy.providers.registry import carriers
 from proxy.relay import HttpDispatch, Relay
 from proxy.upstream import TransportFailure
 from routing.eligibility import tighten
@@ -326,7 +327,9 @@ async def _relay(
         raise RequestFailed("file_not_found", "id")
     extra, deadline_ms = headers_requirements(headers, loaded.settings.default_deadline_ms)
     pin = HardPin(PinKind.FILE, loaded.affinity.assignment_id) if loaded.affinity is not None else None
-    plan = files_plan(loaded.view, tighten(key.requirements, extra), pin=pin)
+    plan = files_plan(
+        loaded.view, tighten(key.requirements, extra), adapters=carriers(FILES) or frozenset(), pin=pin
+    )
     if isinstance(plan, PlanError):
         raise RequestFailed(str(plan.code))
     if replayable is not None:

@@ -29,6 +29,7 @@ from proxy.exchange import Exchange, Lease, Memory
 from proxy.ledger import record
 from proxy.limits import Finishing, Ticket, guarded
 from proxy.payloads import error_body
+from proxy.providers.registry import carriers
 from proxy.relay import Dispatch, HttpDispatch, Relay, probe_circuit
 from proxy.sse import Dialect
 from routing import services
@@ -44,7 +45,6 @@ from routing.route import (
     lease_candidate,
     parse_requirements_header,
 )
-from routing.routes import carriers
 from routing.sanitize import valid as valid_field
 from routing.selectors import RouteSettings, RoutingInputs, routing_inputs_load
 from routing.services import Seen

@@ -29,14 +29,16 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
+from pools.credentials import credential_of
 from pools.services import key_budget_reserve
 from proxy import payloads, shutdown, upstream
 from proxy.adapters import anthropic as anthropic_adapter
-from proxy.adapters.codec import COUNT_TOKENS, StreamTranslator, UpstreamCall, upstream_call
 from proxy.adapters.token_estimate import estimate_input_tokens
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Lease, Memory, Stream, settle
+from proxy.providers.base import COUNT_TOKENS, StreamTranslator, UpstreamCall
+from proxy.providers.registry import upstream_call
 from proxy.sse import (
     Action,
     Block,
@@ -544,6 +546,7 @@ class Relay:
                 self.body,
                 model=c.model,
                 requirements=self.requirements,
+                credential=credential_of(self.view.targets[c.assignment_id]),
                 anthropic_beta=self.anthropic_beta,
             )
         except RequestTranslationError as refused:

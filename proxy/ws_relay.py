@@ -22,8 +22,8 @@ import json
 from collections.abc import AsyncGenerator
 
 from proxy import upstream_ws
-from proxy.adapters.codec import UpstreamCall
 from proxy.exchange import AttemptLog, Failure, Final, Stream
+from proxy.providers.base import UpstreamCall
 from proxy.relay import Relay
 from proxy.sse import Block, Dialect, responses_error_event
 from proxy.upstream import TransportFailure

@@ -2,7 +2,7 @@
 
 Contract: a Files request names no model. `files_plan` plans over the view's accounts (one candidate
 per enabled assignment of the key's pools, model ""), through the same `plan.build_plan` as every
-other route: eligibility by adapter (only `openai` accounts have a Files API), privacy, region,
+other route: eligibility by adapter (`adapters`: the providers with a Files API), privacy, region,
 router, quality and health (the account's own circuits, kept apart from every model's); an upload
 has no token price, so a key's budget does not gate it. `pin` is the assignment that holds the file
 (GET, content, DELETE): the plan is that account or a `file_assignment_conflict`, never another.
@@ -20,7 +20,6 @@ from dataclasses import replace
 from routing.plan import HardPin, PinKind, Plan, PlanError, build_plan
 from routing.resolution import WILDCARD
 from routing.route import RoutingView
-from routing.routes import FILES_ADAPTERS
 from routing.types import Requirements
 
 MAX_FILE_IDS = 64  # distinct file ids one request may reference (more is an invalid request)
@@ -32,11 +31,16 @@ class TooManyFiles(ValueError):
 
 
 def files_plan(
-    view: RoutingView, requirements: Requirements, *, pin: HardPin | None = None
+    view: RoutingView,
+    requirements: Requirements,
+    *,
+    adapters: frozenset[str],
+    pin: HardPin | None = None,
 ) -> Plan | PlanError:
+    """`adapters`: the providers that have a Files API (`proxy.providers`)."""
     return build_plan(
         primary=view.accounts,
-        requirements=replace(requirements, adapters=FILES_ADAPTERS, budget_remaining_micros=None),
+        requirements=replace(requirements, adapters=adapters, budget_remaining_micros=None),
         allowed_models=(WILDCARD,),
         max_attempts=view.max_attempts,
         pins=(pin,) if pin is not None else (),

@@ -245,7 +245,6 @@ KNOWN_UPWARD = {
     ("pools.services", "catalog.models"),
     # `manage.py qualify` replays its corpus through the proxy's upstream client and codecs.
     ("catalog.qualification", "proxy.upstream"),
-    ("catalog.qualification", "proxy.adapters.codec"),
     ("catalog.management.commands.qualify", "proxy.upstream"),
 }
 

@@ -1,12 +1,8 @@
-"""Anthropic upstreams (`anthropic`): request building for the Messages routes, the turn's requirements
-from a Messages body, and the Anthropic error envelope.
+"""The Anthropic Messages client API: the turn's requirements from a Messages body, and the Anthropic error
+envelope.
 
 Contract:
 
-- `build_request` is the pass-through for a client that already speaks Anthropic Messages: the body is
-  forwarded as sent with only `model` set to the candidate's model (the same model on every same-model
-  hop). Only the two Messages operations exist (`/messages`, `/messages/count_tokens`); any other path
-  is a caller bug. The credential header comes from the environment at call time.
 - `turn_requirements` is SPEC §5.3 for a Messages body, the counterpart of the OpenAI adapter's.
 - `error_body` builds `{"type": "error", "error": {"type", "message"}}` (SPEC §4); the message must be the
   gateway's own words. `error_type` maps the gateway's typed codes, and an upstream's sanitized status,
@@ -17,11 +13,7 @@ Contract:
 import json
 from collections.abc import Mapping
 
-from pools.models import upstream_auth_headers
-from routing.route import Target
 from routing.types import Requirements
-
-MESSAGES_PATHS = frozenset({"/messages", "/messages/count_tokens"})
 
 # The gateway's typed codes (SPEC §4, `proxy.errors.TYPED_ERRORS`) -> Anthropic error types. Anthropic
 # has no conflict type, so a 409 reads as a request the client must change; `upstream_dispatch_unknown`
@@ -72,33 +64,6 @@ ERROR_TYPE_NAMES = frozenset(
 # condition (capability, privacy, region, budget...) does not heal by retrying, so it is a plain
 # `api_error` rather than an invitation to hammer the gateway.
 _CIRCUIT_OPEN = "circuit_open"
-
-
-def build_request(
-    target: Target,
-    path: str,
-    body: dict,
-    *,
-    model: str,
-    requirements: Requirements,
-    anthropic_beta: str | None = None,
-) -> tuple[str, dict[str, str], dict]:
-    """URL, headers and payload for an Anthropic Messages upstream.
-
-    `requirements` is accepted for the adapters' common signature: Anthropic has no per-request privacy
-    routing block to add (zero retention is an assignment property, checked by eligibility).
-    `anthropic_beta` is the client's `anthropic-beta` header, forwarded as sent when given: beta
-    features change the request's meaning, so they travel with the body they describe.
-    """
-    del requirements
-    if path not in MESSAGES_PATHS:
-        raise ValueError(f"not an Anthropic Messages operation: {path!r}")
-    payload = {**body, "model": model}
-    headers = upstream_auth_headers(target.adapter, target.api_key_env, target.credential, target.name)
-    headers["content-type"] = "application/json"
-    if anthropic_beta:
-        headers["anthropic-beta"] = anthropic_beta
-    return f"{target.base_url.rstrip('/')}{path}", headers, payload
 
 
 def _blocks(message: object) -> list[dict]:

@@ -1,35 +1,6 @@
-"""OpenAI-shaped upstreams (`openai`, `openrouter`): request building for the OpenAI routes.
+"""OpenAI-shaped client APIs (Chat Completions, Responses): the turn's requirements from the body."""
 
-The client's body is forwarded as sent, with only `model` set to the candidate's model (the same
-model on every same-model hop). OpenRouter gets its privacy routing block whenever the turn
-requires zero retention: a route that cannot honour privacy is ineligible, never stripped of it.
-"""
-
-from pools.models import Adapter, upstream_auth_headers
-from routing.route import Target
 from routing.types import Requirements
-
-OPENROUTER_PRIVACY = {"data_collection": "deny", "zdr": True, "require_parameters": True}
-
-
-def build_request(
-    target: Target, path: str, body: dict, *, model: str, requirements: Requirements
-) -> tuple[str, dict[str, str], dict]:
-    payload = {**body, "model": model}
-    if target.adapter == Adapter.OPENROUTER and requirements.zero_retention:
-        provider = payload.get("provider")
-        payload["provider"] = {**(provider if isinstance(provider, dict) else {}), **OPENROUTER_PRIVACY}
-    headers = upstream_auth_headers(target.adapter, target.api_key_env, target.credential, target.name)
-    headers["content-type"] = "application/json"
-    return f"{target.base_url.rstrip('/')}{path}", headers, payload
-
-
-def files_request(target: Target, path: str) -> tuple[str, dict[str, str]]:
-    """A Files API request (`/files`, `/files/{id}`, `/files/{id}/content`): the URL and the
-    credential; the body (an upload's multipart) and its content type are the client's, as sent."""
-    return f"{target.base_url.rstrip('/')}{path}", upstream_auth_headers(
-        target.adapter, target.api_key_env, target.credential, target.name
-    )
 
 
 def _has_image(value: object) -> bool:

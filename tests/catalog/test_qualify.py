@@ -239,9 +239,9 @@ def test_the_request_as_sent_is_judged_too_a_translation_that_flattens_tool_resu
     """On an openai route an Anthropic client's turn goes through the Messages -> Chat translation. A
     translation that turned tool results into user text would send the forged label as a user turn:
     the fixture fails on the request as sent, whatever the upstream answers."""
-    from proxy.adapters import codec
+    from proxy.providers import openai
 
-    real = codec.anthropic_to_chat_request
+    real = openai.anthropic_to_chat_request
 
     def flattening(body):
         chat = real(body)
@@ -251,7 +251,7 @@ def test_the_request_as_sent_is_judged_too_a_translation_that_flattens_tool_resu
         ]
         return chat
 
-    monkeypatch.setattr(codec, "anthropic_to_chat_request", flattening)
+    monkeypatch.setattr(openai, "anthropic_to_chat_request", flattening)
     with ModelUpstream("faithful") as fake:
         assignment = route(fake)
         qualify()

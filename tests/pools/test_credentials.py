@@ -16,7 +16,9 @@ from django.db import connection
 
 from pools import credentials
 from pools.config import IssueCode, parse_config
-from pools.models import Assignment, ConfigVersion, upstream_auth_headers
+from pools.credentials import credential_of
+from pools.models import Assignment, ConfigVersion
+from proxy.providers.registry import provider
 from tests.factories import AssignmentFactory, PoolFactory
 
 SECRET = "sk-upstream-canary-credential-7Qx9"
@@ -28,6 +30,15 @@ def _stored(pk: int) -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT credential FROM pools_assignment WHERE id = %s", [pk])
         return cursor.fetchone()[0]
+
+
+def auth_headers(account: Assignment) -> dict[str, str]:
+    """The headers the gateway sends this assignment's provider."""
+    return provider(account.adapter).auth_headers(credential_of(account))
+
+
+def upstream_auth_headers(adapter: str, api_key_env: str, stored: str = "", name: str = "") -> dict[str, str]:
+    return auth_headers(Assignment(name=name, adapter=adapter, api_key_env=api_key_env, credential=stored))
 
 
 def _version() -> int:
@@ -241,7 +252,7 @@ def test_yaml_api_key_from_env_is_read_once_and_stored_encrypted(tmp_path, monke
     a = Assignment.objects.get(name="acct-a")
     assert SECRET not in _stored(a.pk) and a.api_key_env == ""
     monkeypatch.delenv("GATEWAY_UPSTREAM_LOADED")  # read once: the variable is no longer needed
-    assert a.auth_headers() == {"authorization": f"Bearer {SECRET}"}
+    assert auth_headers(a) == {"authorization": f"Bearer {SECRET}"}
 
     monkeypatch.setenv("GATEWAY_UPSTREAM_LOADED", SECRET)
     token, before = _stored(a.pk), _version()
@@ -250,7 +261,7 @@ def test_yaml_api_key_from_env_is_read_once_and_stored_encrypted(tmp_path, monke
 
     monkeypatch.setenv("GATEWAY_UPSTREAM_LOADED", "sk-rotated-by-the-provider-0000")
     assert "assignments: 0 created, 1 updated" in _load(tmp_path, text)
-    assert Assignment.objects.get(pk=a.pk).auth_headers() == {
+    assert auth_headers(Assignment.objects.get(pk=a.pk)) == {
         "authorization": "Bearer sk-rotated-by-the-provider-0000"
     }
     assert _version() > before
@@ -268,7 +279,7 @@ def test_a_dump_never_prints_a_credential_and_reloading_it_keeps_the_stored_one(
     monkeypatch.delenv("GATEWAY_UPSTREAM_LOADED")
     (tmp_path / "dumped.yaml").write_text(dumped)
     call_command("load_gateway_config", str(tmp_path / "dumped.yaml"), stdout=StringIO(), stderr=StringIO())
-    assert Assignment.objects.get(name="acct-a").auth_headers() == {"authorization": f"Bearer {SECRET}"}
+    assert auth_headers(Assignment.objects.get(name="acct-a")) == {"authorization": f"Bearer {SECRET}"}
 
 
 @pytest.mark.django_db
@@ -279,7 +290,7 @@ def test_switching_a_file_to_api_key_env_drops_the_stored_credential(tmp_path, m
     _load(tmp_path, _file("        api_key_env: GATEWAY_UPSTREAM_ENV"))
     a = Assignment.objects.get(name="acct-a")
     assert (a.credential, a.credential_hint) == ("", "")
-    assert a.auth_headers() == {"authorization": "Bearer from-env"}
+    assert auth_headers(a) == {"authorization": "Bearer from-env"}
 
 
 @pytest.mark.django_db

@@ -1,8 +1,7 @@
-"""proxy/adapters/anthropic.py: Messages pass-through requests, the turn's requirements, error envelopes."""
+"""proxy/adapters/anthropic.py: the Messages turn's requirements, error envelopes."""
 
 from __future__ import annotations
 
-import copy
 import json
 import typing
 from typing import Any
@@ -13,89 +12,9 @@ import pytest
 from anthropic.types.shared.error_type import ErrorType
 
 from proxy.adapters import anthropic as adapter
-from proxy.adapters import openai as openai_adapter
 from proxy.errors import TYPED_ERRORS
-from routing.route import Target
 from routing.types import Requirements
-from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL, CHAT_ADVERSARIAL, FORGED, INSTRUCTION
-
-KEY_ENV = "GATEWAY_UPSTREAM_TEST_ANTHROPIC_ADAPTER"
-
-
-def target(adapter_name: str = "anthropic", base_url: str = "http://127.0.0.1:9101/v1/") -> Target:
-    return Target(
-        assignment_id=1, name="acct", pool_id=1, adapter=adapter_name, base_url=base_url, api_key_env=KEY_ENV
-    )
-
-
-# ---------------------------------------------------------------------------------------------------
-# build_request
-
-
-@pytest.mark.parametrize("path", ["/messages", "/messages/count_tokens"])
-def test_build_request_replaces_only_the_model(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(KEY_ENV, "sk-ant-test")
-    body = {"model": "claude-opus-5", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
-    before = copy.deepcopy(body)
-
-    url, headers, payload = adapter.build_request(
-        target(), path, body, model="claude-opus-4-8", requirements=Requirements()
-    )
-
-    assert url == f"http://127.0.0.1:9101/v1{path}"
-    assert headers == {
-        "x-api-key": "sk-ant-test",
-        "anthropic-version": "2023-06-01",
-        "content-type": "application/json",
-    }
-    assert payload == {**before, "model": "claude-opus-4-8"}
-    assert body == before  # the client's body is not modified in place
-
-
-def test_build_request_without_credential_and_with_beta(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(KEY_ENV, raising=False)
-    _, headers, _ = adapter.build_request(
-        target(),
-        "/messages",
-        {"model": "m"},
-        model="m",
-        requirements=Requirements(zero_retention=True),
-        anthropic_beta="context-1m-2025-08-07",
-    )
-    assert headers == {
-        "anthropic-version": "2023-06-01",
-        "content-type": "application/json",
-        "anthropic-beta": "context-1m-2025-08-07",
-    }
-
-
-@pytest.mark.parametrize("path", ["/chat/completions", "/v1/messages", "/messages/batches", ""])
-def test_build_request_refuses_other_operations(path: str) -> None:
-    with pytest.raises(ValueError):
-        adapter.build_request(target(), path, {"model": "m"}, model="m", requirements=Requirements())
-
-
-def test_pass_through_routes_carry_the_adversarial_fixture_unchanged() -> None:
-    # Same-API routes are the other two directions of seed 002's fixture: nothing but the model moves.
-    _, _, payload = adapter.build_request(
-        target(), "/messages", ANTHROPIC_ADVERSARIAL, model="claude-served", requirements=Requirements()
-    )
-    assert payload == {**ANTHROPIC_ADVERSARIAL, "model": "claude-served"}
-    assert payload["system"] == INSTRUCTION
-    assert payload["messages"][2]["content"] == [
-        {"type": "tool_result", "tool_use_id": "toolu_01", "content": FORGED}
-    ]
-
-    _, _, payload = openai_adapter.build_request(
-        target("openai"),
-        "/chat/completions",
-        CHAT_ADVERSARIAL,
-        model="gpt-served",
-        requirements=Requirements(),
-    )
-    assert payload == {**CHAT_ADVERSARIAL, "model": "gpt-served"}
-    assert [m["role"] for m in payload["messages"]] == ["system", "user", "assistant", "tool"]
-
+from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL
 
 # ---------------------------------------------------------------------------------------------------
 # turn_requirements

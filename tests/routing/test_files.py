@@ -14,6 +14,9 @@ def account(aid: int, **fields) -> Candidate:
     return Candidate(assignment_id=aid, model="", assignment=f"acct-{aid}", **fields)
 
 
+OPENAI = frozenset({"openai"})  # the providers with a Files API (proxy.providers)
+
+
 def view(*accounts: Candidate, max_attempts: int = 3) -> RoutingView:
     return RoutingView(policy=ModelPolicy(), max_attempts=max_attempts, routes={}, accounts=accounts)
 
@@ -28,6 +31,7 @@ def test_an_upload_plans_over_openai_accounts_by_preference_and_health():
             account(5, tier=2, health=Health.COOLING),
         ),
         Requirements(),
+        adapters=OPENAI,
     )
     assert isinstance(result, Plan)
     assert [c.assignment_id for c in result.order] == [4, 1, 5]
@@ -42,6 +46,7 @@ def test_privacy_and_region_gate_an_upload_but_a_budget_does_not():
     result = files_plan(
         view(account(2, region="eu"), private, account(3, region="us")),
         Requirements(zero_retention=True, regions=frozenset({"eu"}), budget_remaining_micros=0),
+        adapters=OPENAI,
     )
     assert isinstance(result, Plan)
     assert [c.assignment_id for c in result.order] == [1]
@@ -50,10 +55,10 @@ def test_privacy_and_region_gate_an_upload_but_a_budget_does_not():
 
 def test_a_file_pin_keeps_only_its_assignment_and_never_escapes():
     accounts = view(account(1), account(2, health=Health.COOLING))
-    pinned = files_plan(accounts, Requirements(), pin=HardPin(PinKind.FILE, 2))
+    pinned = files_plan(accounts, Requirements(), adapters=OPENAI, pin=HardPin(PinKind.FILE, 2))
     assert isinstance(pinned, Plan) and [c.assignment_id for c in pinned.order] == [2]
     for gone in (None, 99):
-        error = files_plan(accounts, Requirements(), pin=HardPin(PinKind.FILE, gone))
+        error = files_plan(accounts, Requirements(), adapters=OPENAI, pin=HardPin(PinKind.FILE, gone))
         assert isinstance(error, PlanError) and error.code is PlanErrorCode.FILE_ASSIGNMENT_CONFLICT
 
 

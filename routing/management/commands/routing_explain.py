@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
+from proxy.providers.registry import carriers
 from routing.eligibility import tighten
 from routing.pricing import price_text
 from routing.route import (
@@ -15,7 +16,7 @@ from routing.route import (
     lease_candidate,
     parse_requirements_header,
 )
-from routing.routes import CLIENT_ROUTES, carriers
+from routing.routes import CLIENT_ROUTES
 from routing.selectors import pool_names, routing_inputs_load
 from routing.types import Candidate, Requirements, RouteClass
 

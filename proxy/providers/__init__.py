@@ -1,0 +1,1 @@
+"""The upstream providers, one module each (PURE): see `base.Provider` and `registry.PROVIDERS`."""

@@ -1,0 +1,84 @@
+"""Anthropic (`anthropic`): Messages and count_tokens as sent; a Chat Completions client is translated to
+Messages and back. Responses has no Anthropic form.
+
+The body is forwarded with only `model` set to the candidate's model. The client's `anthropic-beta`
+header travels with the body it describes (beta features change the request's meaning). Zero retention
+is an assignment property checked by eligibility: Anthropic has no per-request privacy block.
+"""
+
+from functools import partial
+
+from proxy.adapters.translate import (
+    AnthropicToChatStream,
+    anthropic_to_chat_response,
+    chat_to_anthropic_request,
+)
+from proxy.providers.base import (
+    CHAT,
+    COUNT_TOKENS,
+    MESSAGES,
+    Json,
+    ModelPage,
+    UpstreamCall,
+    data_ids,
+    include_usage,
+    json_headers,
+    url,
+)
+from proxy.sse import Dialect
+from routing.route import Target
+from routing.types import Requirements
+
+VERSION = "2023-06-01"
+
+
+class Anthropic:
+    name = "anthropic"
+    routes = frozenset({CHAT, MESSAGES, COUNT_TOKENS})
+    protocol = {"anthropic-version": VERSION}
+
+    def auth_headers(self, credential: str) -> dict[str, str]:
+        return {**self.protocol, "x-api-key": credential} if credential else dict(self.protocol)
+
+    def call(
+        self,
+        path: str,
+        target: Target,
+        body: Json,
+        *,
+        model: str,
+        requirements: Requirements,
+        credential: str,
+        anthropic_beta: str | None = None,
+    ) -> UpstreamCall:
+        headers = json_headers(self.auth_headers(credential))
+        if path == CHAT:
+            messages = {**chat_to_anthropic_request(body), "model": model}
+            return UpstreamCall(
+                url(target.base_url, MESSAGES),
+                headers,
+                messages,
+                Dialect.ANTHROPIC,
+                path,
+                model,
+                answer=partial(anthropic_to_chat_response, model=model),
+                translator=partial(AnthropicToChatStream, model=model, include_usage=include_usage(body)),
+            )
+        if anthropic_beta:
+            headers["anthropic-beta"] = anthropic_beta
+        return UpstreamCall(
+            url(target.base_url, path), headers, {**body, "model": model}, Dialect.ANTHROPIC, path, model
+        )
+
+    def models_url(self, base_url: str) -> str:
+        return url(base_url, "/models")
+
+    def model_page(self, payload: object) -> ModelPage:
+        """Anthropic pages its listing: `has_more` with `last_id`, asked for again as `after_id`."""
+        ids = data_ids(payload)
+        more = isinstance(payload, dict) and payload.get("has_more") is True
+        cursor = payload.get("last_id") if more and isinstance(payload, dict) else None
+        return ModelPage(ids, {"after_id": cursor} if isinstance(cursor, str) and cursor else None)
+
+
+PROVIDER = Anthropic()

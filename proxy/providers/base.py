@@ -1,0 +1,159 @@
+"""What an upstream provider module gives the gateway: the `Provider` protocol, and the one attempt's
+upstream request a provider builds (`UpstreamCall`).
+
+A provider is one module of `proxy.providers` holding one object that satisfies `Provider`; the registry
+(`proxy.providers.registry`) keys them by their `Adapter` value. Everything that differs between two
+upstream APIs is decided behind this protocol: which client routes the provider carries (as sent or
+translated), its URLs, its credential headers, the request it is sent and how its answer comes back to
+the client, and how it lists its models.
+"""
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.adapters.translate import ResponseTranslationError
+from proxy.sse import Block, Dialect
+from routing.route import Target
+from routing.types import Requirements
+
+# The client routes, without `/v1`.
+CHAT = "/chat/completions"
+RESPONSES = "/responses"
+COMPACT = "/responses/compact"
+MESSAGES = "/messages"
+COUNT_TOKENS = "/messages/count_tokens"
+FILES = "/files"
+EMBEDDINGS = "/embeddings"
+
+
+Json = dict[str, Any]  # a parsed JSON object
+
+
+class StreamTranslator(Protocol):
+    """Upstream SSE blocks in, client SSE bytes out (`proxy.adapters.translate`)."""
+
+    @property
+    def ended(self) -> bool: ...
+
+    def feed(self, block: Block) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """One attempt's upstream request, and how its answer reaches the client."""
+
+    url: str
+    headers: dict[str, str]
+    payload: Json
+    dialect: Dialect  # what the upstream streams in
+    client_path: str
+    model: str
+    # The client speaks another API: a plain answer goes through `answer`, a stream through a fresh
+    # `translator()` (None: relayed as it comes).
+    answer: Callable[[Json], Json] | None = None
+    translator: Callable[[], StreamTranslator] | None = None
+    # The gateway asked a Chat stream for usage the client did not ask for: its usage-only chunk is
+    # read for the ledger and not relayed (SPEC §6.0).
+    strip_usage: bool = False
+
+    def response(self, raw: bytes) -> bytes:
+        """A successful plain answer as the client's API has it; ResponseTranslationError when the
+        upstream's answer cannot be carried."""
+        if self.answer is None:
+            return raw
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            raise ResponseTranslationError("body") from None
+        if not isinstance(parsed, dict):
+            raise ResponseTranslationError("body")
+        return json.dumps(self.answer(parsed), separators=(",", ":"), ensure_ascii=False).encode()
+
+    def stream(self) -> StreamTranslator | None:
+        """A fresh translator for one streamed answer (None: relayed as it comes)."""
+        return self.translator() if self.translator is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPage:
+    """One page of a provider's model listing: the ids, and the query of the next page (None: last)."""
+
+    ids: list[str]
+    next_query: dict[str, str] | None = None
+
+
+class Provider(Protocol):
+    """One upstream provider (an `Adapter` value). Implementations are stateless module-level objects."""
+
+    @property
+    def name(self) -> str:
+        """The `Adapter` value: the registry's key and a trace's `gen_ai.provider.name`."""
+        ...
+
+    @property
+    def routes(self) -> frozenset[str]:
+        """The client routes (without `/v1`) it carries, as sent or translated: eligibility keeps
+        every other route's requests away from it (`routing.routes`)."""
+        ...
+
+    @property
+    def protocol(self) -> Mapping[str, str]:
+        """The protocol settings sent with every request (e.g. an API version header): part of a
+        route's configuration hash, so a change invalidates capability evidence."""
+        ...
+
+    def auth_headers(self, credential: str) -> dict[str, str]:
+        """The headers that carry `credential` (and the protocol settings); none for ""."""
+        ...
+
+    def call(
+        self,
+        path: str,
+        target: Target,
+        body: Json,
+        *,
+        model: str,
+        requirements: Requirements,
+        credential: str,
+        anthropic_beta: str | None = None,
+    ) -> UpstreamCall:
+        """The upstream request for client route `path` (one of `routes`) on `target`, serving
+        `model`. RequestTranslationError when the body cannot be carried to this API."""
+        ...
+
+    def models_url(self, base_url: str) -> str:
+        """Where its model listing (SPEC §8 discovery) starts."""
+        ...
+
+    def model_page(self, payload: object) -> ModelPage:
+        """One parsed listing page; ValueError when it is not a model list."""
+        ...
+
+
+def url(base_url: str, path: str) -> str:
+    return f"{base_url.rstrip('/')}{path}"
+
+
+def json_headers(auth: dict[str, str]) -> dict[str, str]:
+    return {**auth, "content-type": "application/json"}
+
+
+def data_ids(payload: object) -> list[str]:
+    """The ids of a `{"data": [{"id": ...}, ...]}` model list (OpenAI's and Anthropic's shape)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        raise ValueError("not a model list")
+    ids = []
+    for item in payload["data"]:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            raise ValueError("not a model list")
+        ids.append(item["id"])
+    return ids
+
+
+def include_usage(body: Json) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and options.get("include_usage") is True

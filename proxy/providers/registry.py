@@ -1,0 +1,66 @@
+"""The upstream providers by `Adapter` value. Adding a provider is one module (`proxy/providers/<name>.py`
+holding an object that satisfies `proxy.providers.base.Provider`), its tests, its `Adapter` choice and
+one line here.
+
+PURE, like every provider module (they decide; the caller reads the credential and sends): the catalog
+(discovery, capability hashes), routing (`routing_explain`'s carriers) and the proxy all look providers up
+here.
+"""
+
+from collections.abc import Mapping
+
+from proxy.providers import anthropic, openai, openrouter
+from proxy.providers.base import Json, Provider, UpstreamCall
+from routing.route import Target
+from routing.routes import carrier_table
+from routing.types import Requirements
+
+_ALL: tuple[Provider, ...] = (
+    openai.PROVIDER,
+    anthropic.PROVIDER,
+    openrouter.PROVIDER,
+)
+PROVIDERS: Mapping[str, Provider] = {p.name: p for p in _ALL}
+
+# Client route -> the adapters that carry it, for eligibility (`Requirements.adapters`).
+CARRIERS = carrier_table({name: p.routes for name, p in PROVIDERS.items()})
+
+
+def provider(adapter: str) -> Provider:
+    return PROVIDERS[adapter]
+
+
+def carriers(route: str) -> frozenset[str] | None:
+    """The adapters that can serve client route `route` (None: a route no provider declares, such as
+    the model list, which the gateway answers itself)."""
+    return CARRIERS.get(route)
+
+
+def upstream_call(
+    path: str,
+    target: Target,
+    body: Json,
+    *,
+    model: str,
+    requirements: Requirements,
+    credential: str,
+    anthropic_beta: str | None = None,
+) -> UpstreamCall:
+    """The request for client route `path` (without `/v1`) on `target`, serving `model`, carrying
+    `credential` (decrypted, `pools.credentials.credential_of`, read at call time). A route the
+    target's provider cannot carry is excluded by eligibility before dispatch (`CARRIERS`), so it is a
+    caller bug here; a request the translation refuses raises RequestTranslationError before anything
+    is sent."""
+    chosen = PROVIDERS[target.adapter]
+    route = "/files" if path.startswith("/files/") else path
+    if route not in chosen.routes:
+        raise ValueError(f"{target.adapter} cannot carry {path}")
+    return chosen.call(
+        path,
+        target,
+        body,
+        model=model,
+        requirements=requirements,
+        credential=credential,
+        anthropic_beta=anthropic_beta,
+    )

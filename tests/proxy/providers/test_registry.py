@@ -1,0 +1,95 @@
+"""proxy/providers/registry.py: one provider per Adapter value, the carrier table derived from their
+declarations, the upstream call and credential headers looked up by adapter."""
+
+import httpx
+import pytest
+
+from catalog.services import discover_models
+from pools.models import Adapter, Assignment
+from proxy.providers.registry import PROVIDERS, carriers, provider, upstream_call
+from routing.route import Target
+from routing.routes import CLIENT_ROUTES
+from routing.types import Requirements
+
+ENV = "GATEWAY_UPSTREAM_TEST_REGISTRY"
+
+
+def test_every_adapter_has_exactly_one_provider_under_its_name():
+    assert set(PROVIDERS) == set(Adapter.values)
+    assert all(name == p.name for name, p in PROVIDERS.items())
+
+
+@pytest.mark.parametrize(
+    ("route", "adapters"),
+    [
+        ("/chat/completions", {"openai", "openrouter", "anthropic"}),
+        ("/messages", {"openai", "openrouter", "anthropic"}),
+        ("/responses", {"openai", "openrouter"}),  # no Anthropic form
+        ("/responses/compact", {"openai", "openrouter"}),
+        ("/messages/count_tokens", {"anthropic"}),  # no OpenAI form
+        ("/embeddings", {"openai", "openrouter"}),  # Anthropic has no embeddings API
+        ("/files", {"openai"}),  # the Files API exists on OpenAI itself only
+    ],
+)
+def test_carriers_are_derived_from_what_each_provider_declares(route, adapters):
+    assert carriers(route) == adapters
+
+
+def test_every_client_route_has_a_carrier():
+    assert all(carriers(route) for route in CLIENT_ROUTES)
+
+
+@pytest.mark.parametrize(
+    ("adapter", "path"),
+    [("anthropic", "/responses"), ("openai", "/messages/count_tokens"), ("openrouter", "/files/f-1")],
+)
+def test_a_route_the_provider_cannot_carry_is_a_caller_bug(adapter, path):
+    with pytest.raises(ValueError):
+        upstream_call(
+            path,
+            Target(1, "a", 1, adapter, "http://x/v1", ""),
+            {},
+            model="m",
+            requirements=Requirements(),
+            credential="",
+        )
+
+
+@pytest.mark.parametrize(
+    ("adapter", "expected"),
+    [
+        ("openai", {"authorization": "Bearer sk-x"}),
+        ("openrouter", {"authorization": "Bearer sk-x"}),
+        ("anthropic", {"x-api-key": "sk-x", "anthropic-version": "2023-06-01"}),
+    ],
+)
+def test_each_provider_carries_the_credential_in_its_own_headers(adapter, expected):
+    assert provider(adapter).auth_headers("sk-x") == expected
+    sent = upstream_call(
+        "/chat/completions",
+        Target(1, "a", 1, adapter, "http://x/v1", ""),
+        {"messages": [{"role": "user", "content": "hi"}]},
+        model="m",
+        requirements=Requirements(),
+        credential="sk-x",
+    )
+    assert expected.items() <= sent.headers.items()
+
+
+def test_discovery_follows_the_providers_own_paging(monkeypatch):
+    """Anthropic pages its listing (`has_more`/`last_id`, asked again as `after_id`)."""
+    monkeypatch.setenv(ENV, "sk-ant")
+    asked = []
+
+    def listing(request: httpx.Request) -> httpx.Response:
+        asked.append((request.url.path, dict(request.url.params), request.headers.get("x-api-key")))
+        if "after_id" not in request.url.params:
+            return httpx.Response(
+                200, json={"data": [{"id": "a"}, {"id": "b"}], "has_more": True, "last_id": "b"}
+            )
+        return httpx.Response(200, json={"data": [{"id": "c"}], "has_more": False, "last_id": "c"})
+
+    assignment = Assignment(name="acct", adapter="anthropic", base_url="http://up.test/v1/", api_key_env=ENV)
+    with httpx.Client(transport=httpx.MockTransport(listing)) as client:
+        assert discover_models(assignment, client) == {"a", "b", "c"}
+    assert asked == [("/v1/models", {}, "sk-ant"), ("/v1/models", {"after_id": "b"}, "sk-ant")]
