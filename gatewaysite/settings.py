@@ -77,8 +77,8 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'gateway.sqlite3'}"),
 }
-# All request-path queries run on asgiref's one sync thread (and the ledger writer's), so a few
-# long-lived connections serve everything; the health check reconnects after a database restart.
+# The request path's queries run on runtime.db's few threads (and the ledger writer's), each keeping
+# its connection; the health check reconnects after a database restart.
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=300))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":

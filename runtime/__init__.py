@@ -19,4 +19,10 @@ there, by name, rather than as a slow or wrong request somewhere else:
   cursor API but around the ORM (measured: the ORM's query building cost more than the statement).
 
 This package imports no app of the project: every app may build on it.
+
+One more step around the ORM lives where Django puts schema, in migrations: the configuration version
+every node compares before reusing its routing cache is moved by database triggers on every write to
+the configuration's tables (pools/migrations/0004, catalog/migrations/0002), so no write path can forget
+it; tests/test_config_version_triggers.py holds every table's trigger through every migration and
+tests/routing/test_selectors.py every kind of write moving the version.
 """
