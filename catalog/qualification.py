@@ -39,12 +39,8 @@ from typing import Any
 
 from pools.credentials import credential_of
 from proxy import upstream
-from proxy.adapters.translate import (
-    RequestTranslationError,
-    ResponseTranslationError,
-    anthropic_to_chat_response,
-    chat_to_anthropic_request,
-)
+from proxy.adapters.chat_over_messages import anthropic_to_chat_response, chat_to_anthropic_request
+from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import upstream_call
 from proxy.sse import Dialect

@@ -37,6 +37,8 @@ EXPECTED_PURE = frozenset(
         "routing.vocabulary",
         "proxy.sse",
         "proxy.adapters.translate",
+        "proxy.adapters.messages_over_chat",
+        "proxy.adapters.chat_over_messages",
     }
 )
 # A module's docstring claims purity with a sentence of its own: "PURE: ..." or "PURE."

@@ -8,7 +8,7 @@ is an assignment property checked by eligibility: Anthropic has no per-request p
 
 from functools import partial
 
-from proxy.adapters.translate import (
+from proxy.adapters.chat_over_messages import (
     AnthropicToChatStream,
     anthropic_to_chat_response,
     chat_to_anthropic_request,

@@ -32,7 +32,8 @@ Json = dict[str, Any]  # a parsed JSON object
 
 
 class StreamTranslator(Protocol):
-    """Upstream SSE blocks in, client SSE bytes out (`proxy.adapters.translate`)."""
+    """Upstream SSE blocks in, client SSE bytes out (`proxy.adapters.messages_over_chat` and
+    `proxy.adapters.chat_over_messages`)."""
 
     @property
     def ended(self) -> bool: ...

@@ -9,7 +9,7 @@ the client did not ask for is read for the ledger and not relayed.
 
 from functools import partial
 
-from proxy.adapters.translate import (
+from proxy.adapters.messages_over_chat import (
     ChatToAnthropicStream,
     anthropic_to_chat_request,
     chat_to_anthropic_response,

@@ -1,5 +1,6 @@
-"""proxy/adapters/translate.py: Anthropic Messages <-> Chat Completions requests, responses and streams,
-and role separation through every translation (seed 002: the same adversarial fixture everywhere)."""
+"""proxy/adapters/translate.py, messages_over_chat.py, chat_over_messages.py: Anthropic Messages <-> Chat
+Completions requests, responses and streams, and role separation through every translation (seed 002: the
+same adversarial fixture everywhere)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,22 @@ import pytest
 from anthropic.types import Message
 from openai.types.chat import ChatCompletion
 
-from proxy.adapters.translate import (
+from proxy.adapters.chat_over_messages import (
     DEFAULT_MAX_TOKENS,
     AnthropicToChatStream,
+    anthropic_to_chat_response,
+    chat_to_anthropic_request,
+)
+from proxy.adapters.messages_over_chat import (
     ChatToAnthropicStream,
+    anthropic_to_chat_request,
+    chat_to_anthropic_response,
+)
+from proxy.adapters.translate import (
     RequestTranslationError,
     ResponseTranslationError,
     TranslationError,
-    anthropic_to_chat_request,
-    anthropic_to_chat_response,
     anthropic_tool_id,
-    chat_to_anthropic_request,
-    chat_to_anthropic_response,
 )
 from proxy.sse import Block, Dialect, SSEParser, Visibility, classify
 

@@ -1,0 +1,462 @@
+"""An Anthropic Messages client on a Chat Completions upstream: its request as Chat, the Chat answer and
+stream back as Anthropic Messages.
+
+PURE: standard library and `proxy.sse` only, no I/O, no clock. The contract (role separation, strict
+requests, lenient answers, tool ids) is `proxy.adapters.translate`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.adapters.translate import (
+    _DONE,
+    _JOIN,
+    _KEEP_ALIVE,
+    ResponseTranslationError,
+    _anthropic_stop,
+    _anthropic_usage_from_chat,
+    _arguments,
+    _array,
+    _boolean,
+    _check_fields,
+    _integer,
+    _json,
+    _message_id,
+    _number,
+    _object,
+    _payload,
+    _present,
+    _refuse,
+    _string,
+    _text_of_parts,
+    anthropic_tool_id,
+)
+from proxy.sse import Block, encode_block
+
+# ---------------------------------------------------------------------------------------------------
+# Anthropic Messages request -> Chat Completions request
+
+_ANTHROPIC_TRANSLATED = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "max_tokens",
+        "metadata",
+        "stop_sequences",
+        "stream",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "output_config",
+    }
+)
+# Hints: sampling (`top_k` has no Chat counterpart), caching, latency tier, reasoning budget. The answer
+# may contain and do the same things without them. Everything else (`container`, `mcp_servers`,
+# `context_management`, `inference_geo`, ...) adds tools, data or constraints Chat cannot honour.
+_ANTHROPIC_DROPPED = frozenset({"top_k", "thinking", "service_tier", "cache_control", "speed"})
+_ANTHROPIC_OUTPUT_CONFIG_DROPPED = frozenset({"effort"})  # `format` is a structured-output contract
+_ANTHROPIC_TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
+# Assistant history blocks that carry the model's own reasoning, meaningless to another provider.
+_ANTHROPIC_REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+def anthropic_to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages request body as a Chat Completions request body (module docstring)."""
+    body = _present(_object(body, "body"))
+    _check_fields(body, _ANTHROPIC_TRANSLATED | _ANTHROPIC_DROPPED)
+    out: dict[str, Any] = {}
+    if "model" in body:
+        out["model"] = body["model"]
+
+    messages: list[dict[str, Any]] = []
+    if "system" in body:
+        system = _anthropic_system_text(body["system"], "system")
+        if system:
+            # First, before any turn: the instruction position Chat models are trained on.
+            messages.append({"role": "system", "content": system})
+    turns = _array(body.get("messages"), "messages")
+    for index, message in enumerate(turns):
+        param = f"messages[{index}]"
+        message = _present(_object(message, param))
+        _check_fields(message, frozenset({"role", "content"}), prefix=f"{param}.")
+        role = message.get("role")
+        if role == "user":
+            messages += _anthropic_user_to_chat(message.get("content"), param)
+        elif role == "assistant":
+            if index == len(turns) - 1:
+                # An Anthropic prefill: the model continues this text. Chat would answer after it instead.
+                _refuse(f"{param}.role")
+            messages.append(_anthropic_assistant_to_chat(message.get("content"), param))
+        elif role == "system":
+            # A system turn inside the conversation keeps its authority and its place.
+            text = _anthropic_system_text(message.get("content"), f"{param}.content")
+            messages.append({"role": "system", "content": text})
+        else:
+            _refuse(f"{param}.role")
+    out["messages"] = messages
+
+    if "max_tokens" in body:
+        out["max_completion_tokens"] = _integer(body["max_tokens"], "max_tokens")
+    if "stop_sequences" in body:
+        stops = _array(body["stop_sequences"], "stop_sequences")
+        out["stop"] = [_string(stop, f"stop_sequences[{i}]") for i, stop in enumerate(stops)]
+    for name in ("temperature", "top_p"):
+        if name in body:
+            out[name] = _number(body[name], name)
+    if "metadata" in body:
+        metadata = _present(_object(body["metadata"], "metadata"))
+        _check_fields(metadata, frozenset({"user_id"}), prefix="metadata.")
+        if "user_id" in metadata:
+            out["user"] = _string(metadata["user_id"], "metadata.user_id")
+    if "output_config" in body:
+        config = _present(_object(body["output_config"], "output_config"))
+        _check_fields(config, _ANTHROPIC_OUTPUT_CONFIG_DROPPED, prefix="output_config.")
+    tools = [
+        _anthropic_tool_to_chat(tool, f"tools[{i}]")
+        for i, tool in enumerate(_array(body.get("tools", []), "tools"))
+    ]
+    if tools:
+        out["tools"] = tools
+        if "tool_choice" in body:
+            out.update(_anthropic_tool_choice_to_chat(body["tool_choice"]))
+    elif "tool_choice" in body:
+        # Chat refuses a tool_choice without tools; with no tools there is no choice to honour.
+        _object(body["tool_choice"], "tool_choice")
+    if "stream" in body and _boolean(body["stream"], "stream"):
+        out["stream"] = True
+        # Anthropic streams always report usage; Chat only when asked.
+        out["stream_options"] = {"include_usage": True}
+    return out
+
+
+def _anthropic_system_text(content: object, param: str) -> str:
+    return _JOIN.join(_text_of_parts(content, param))
+
+
+def _anthropic_user_to_chat(content: object, param: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    tool_messages: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for index, block in enumerate(_array(content, f"{param}.content")):
+        where = f"{param}.content[{index}]"
+        block = _object(block, where)
+        match block.get("type"):
+            case "text":
+                parts.append({"type": "text", "text": _string(block.get("text"), f"{where}.text")})
+            case "image":
+                parts.append(_anthropic_image_to_chat(block, where))
+            case "tool_result":
+                tool_messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": _string(block.get("tool_use_id"), f"{where}.tool_use_id"),
+                        # Verbatim: whatever the result claims to be, it stays this tool message's content.
+                        "content": _anthropic_tool_result_text(block.get("content"), f"{where}.content"),
+                    }
+                )
+            case _:
+                _refuse(f"{where}.type")
+    if not tool_messages and not parts:
+        _refuse(f"{param}.content")
+    # Chat requires a tool message right after the assistant turn that called the tool, so the results
+    # come first; Anthropic also requires them first in the user turn, so no order is lost.
+    messages = tool_messages
+    if parts:
+        single_text = len(parts) == 1 and parts[0]["type"] == "text"
+        messages.append({"role": "user", "content": parts[0]["text"] if single_text else parts})
+    return messages
+
+
+def _anthropic_tool_result_text(content: object, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for index, block in enumerate(_array(content, param)):
+        block = _object(block, f"{param}[{index}]")
+        # An image (or any non-text block) cannot ride in a Chat tool message: refused, see docstring.
+        if block.get("type") != "text":
+            _refuse(f"{param}[{index}].type")
+        texts.append(_string(block.get("text"), f"{param}[{index}].text"))
+    return _JOIN.join(texts)
+
+
+def _anthropic_image_to_chat(block: Mapping[str, Any], param: str) -> dict[str, Any]:
+    source = _object(block.get("source"), f"{param}.source")
+    match source.get("type"):
+        case "base64":
+            media_type = _string(source.get("media_type"), f"{param}.source.media_type")
+            data = _string(source.get("data"), f"{param}.source.data")
+            url = f"data:{media_type};base64,{data}"
+        case "url":
+            url = _string(source.get("url"), f"{param}.source.url")
+        case _:  # `file` (Files API ids) means nothing to another provider
+            _refuse(f"{param}.source.type")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _anthropic_assistant_to_chat(content: object, param: str) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for index, block in enumerate(_array(content, f"{param}.content")):
+        where = f"{param}.content[{index}]"
+        block = _object(block, where)
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(_string(block.get("text"), f"{where}.text"))
+        elif kind == "tool_use":
+            tool_input = _object(block.get("input"), f"{where}.input")
+            function = {"name": _string(block.get("name"), f"{where}.name"), "arguments": _json(tool_input)}
+            calls.append(
+                {"id": _string(block.get("id"), f"{where}.id"), "type": "function", "function": function}
+            )
+        elif not isinstance(kind, str) or kind not in _ANTHROPIC_REASONING_BLOCKS:
+            _refuse(f"{where}.type")
+    message: dict[str, Any] = {"role": "assistant", "content": _JOIN.join(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    elif message["content"] is None:
+        message["content"] = ""  # only reasoning blocks: Chat needs content or tool calls
+    return message
+
+
+def _anthropic_tool_to_chat(tool: object, param: str) -> dict[str, Any]:
+    tool = _object(tool, param)
+    if tool.get("type") not in (None, "custom"):
+        # Anthropic-defined tools (bash, text editor, web search, computer use...) have no schema here,
+        # and server tools run at Anthropic: neither exists on a Chat upstream.
+        _refuse(f"{param}.type")
+    function: dict[str, Any] = {
+        "name": _string(tool.get("name"), f"{param}.name"),
+        "parameters": dict(_object(tool.get("input_schema"), f"{param}.input_schema")),
+    }
+    if tool.get("description") is not None:
+        function["description"] = _string(tool["description"], f"{param}.description")
+    if tool.get("strict") is not None:
+        function["strict"] = _boolean(tool["strict"], f"{param}.strict")
+    return {"type": "function", "function": function}
+
+
+def _anthropic_tool_choice_to_chat(choice: object) -> dict[str, Any]:
+    choice = _object(choice, "tool_choice")
+    kind = choice.get("type")
+    out: dict[str, Any] = {}
+    if kind == "tool":
+        name = _string(choice.get("name"), "tool_choice.name")
+        out["tool_choice"] = {"type": "function", "function": {"name": name}}
+    elif isinstance(kind, str) and kind in _ANTHROPIC_TOOL_CHOICE:
+        out["tool_choice"] = _ANTHROPIC_TOOL_CHOICE[kind]
+    else:
+        _refuse("tool_choice.type")
+    disable = choice.get("disable_parallel_tool_use")
+    if disable is not None and _boolean(disable, "tool_choice.disable_parallel_tool_use") and kind != "none":
+        out["parallel_tool_calls"] = False
+    return out
+
+
+def chat_to_anthropic_response(chat_json: Mapping[str, Any], *, model: str) -> dict[str, Any]:
+    """A Chat Completions response as an Anthropic Message reporting `model`."""
+    choices = chat_json.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        raise ResponseTranslationError("choices")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, Mapping):
+        raise ResponseTranslationError("choices[0].message")
+    content: list[dict[str, Any]] = []
+    text = message.get("content")
+    if isinstance(text, list):  # some upstreams answer with text parts
+        text = "".join(p["text"] for p in text if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal:
+        content.append({"type": "text", "text": refusal})
+    calls = message.get("tool_calls")
+    for index, call in enumerate(calls if isinstance(calls, list) else []):
+        where = f"choices[0].message.tool_calls[{index}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ResponseTranslationError(f"{where}.function")
+        call_id = call.get("id")
+        content.append(
+            {
+                "type": "tool_use",
+                "id": anthropic_tool_id(call_id)
+                if isinstance(call_id, str) and call_id
+                else f"toolu_{index}",
+                "name": function["name"],
+                "input": _arguments(
+                    function.get("arguments"), f"{where}.function.arguments", ResponseTranslationError
+                ),
+            }
+        )
+    called = any(block["type"] == "tool_use" for block in content)
+    return {
+        "id": _message_id(chat_json.get("id")),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": _anthropic_stop(choice.get("finish_reason"), called_tools=called),
+        "stop_sequence": None,
+        "usage": _anthropic_usage_from_chat(chat_json.get("usage")),
+    }
+
+
+class ChatToAnthropicStream:
+    """Chat Completions chunks in, Anthropic Messages events out. One per upstream response.
+
+    Chat sends the finish reason, then (when asked) usage, then `[DONE]`; Anthropic puts the stop reason
+    and usage in one `message_delta`. So the finish reason closes the open content block at once, and
+    `message_delta` + `message_stop` wait for `[DONE]` (or `finish()` at EOF).
+    """
+
+    def __init__(self, *, model: str, message_id: str | None = None) -> None:
+        self._model = model
+        self._message_id = message_id
+        self._started = False
+        self._ended = False
+        self._next_index = 0  # the next Anthropic content block index
+        self._open: int | None = None  # the Anthropic index of the open block
+        self._text_open = False  # whether the open block is a text block
+        self._tools: dict[int, int] = {}  # Chat tool-call index -> Anthropic block index
+        self._finish: str | None = None
+        self._usage: Mapping[str, Any] | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether `message_stop` has been emitted: the client saw a complete message."""
+        return self._ended
+
+    def feed(self, block: Block) -> bytes:
+        if self._ended:
+            return b""
+        if block.data is None:
+            return _KEEP_ALIVE if block.comment_only else b""
+        if block.data.strip() == _DONE:
+            return self._close()
+        payload = _payload(block)
+        if payload is None or "error" in payload:
+            return b""
+        out = bytearray(self._start(payload.get("id")))
+        if isinstance(payload.get("usage"), Mapping):
+            self._usage = payload["usage"]
+        choices = payload.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            # The request translation never asks for more than one choice.
+            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, Mapping) else {}
+            for name in ("content", "refusal"):
+                if isinstance(delta.get(name), str) and delta[name]:
+                    out += self._text(delta[name])
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                if isinstance(call, Mapping):
+                    out += self._tool(call)
+            if isinstance(choice.get("finish_reason"), str):
+                self._finish = choice["finish_reason"]
+                out += self._close_block()
+        return bytes(out)
+
+    def finish(self) -> bytes:
+        """At upstream EOF: the closing events if the upstream said how the answer ended, else b""."""
+        if self._ended or self._finish is None:
+            return b""
+        return self._close()
+
+    def _event(self, payload: dict[str, Any]) -> bytes:
+        return encode_block(payload["type"], _json(payload))
+
+    def _start(self, chunk_id: object) -> bytes:
+        if self._started:
+            return b""
+        self._started = True
+        if self._message_id is None:
+            self._message_id = _message_id(chunk_id)
+        message: dict[str, Any] = {
+            "id": self._message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            # Chat reports usage only at the end; the final message_delta carries it.
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+        return self._event({"type": "message_start", "message": message})
+
+    def _open_block(self, content_block: dict[str, Any]) -> bytes:
+        out = self._close_block()
+        self._open = self._next_index
+        self._next_index += 1
+        self._text_open = content_block["type"] == "text"
+        return out + self._event(
+            {"type": "content_block_start", "index": self._open, "content_block": content_block}
+        )
+
+    def _close_block(self) -> bytes:
+        if self._open is None:
+            return b""
+        index, self._open, self._text_open = self._open, None, False
+        return self._event({"type": "content_block_stop", "index": index})
+
+    def _text(self, text: str) -> bytes:
+        out = b"" if self._text_open else self._open_block({"type": "text", "text": ""})
+        assert self._open is not None
+        delta = {"type": "text_delta", "text": text}
+        return out + self._event({"type": "content_block_delta", "index": self._open, "delta": delta})
+
+    def _tool(self, call: Mapping[str, Any]) -> bytes:
+        position = call.get("index", 0)
+        position = position if isinstance(position, int) else 0
+        out = b""
+        if position not in self._tools:
+            function = call.get("function")
+            function = function if isinstance(function, Mapping) else {}
+            call_id = call.get("id")
+            name = function.get("name")
+            block = {
+                "type": "tool_use",
+                "id": anthropic_tool_id(call_id)
+                if isinstance(call_id, str) and call_id
+                else f"toolu_{position}",
+                "name": name if isinstance(name, str) else "",
+                "input": {},
+            }
+            out += self._open_block(block)
+            assert self._open is not None
+            self._tools[position] = self._open
+        function = call.get("function")
+        arguments = function.get("arguments") if isinstance(function, Mapping) else None
+        if isinstance(arguments, str) and arguments:
+            # Fragments go to their call's block even if another block opened since (OpenAI sends calls
+            # one after another; SDKs accumulate by index either way).
+            delta = {"type": "input_json_delta", "partial_json": arguments}
+            out += self._event(
+                {"type": "content_block_delta", "index": self._tools[position], "delta": delta}
+            )
+        return out
+
+    def _close(self) -> bytes:
+        out = self._start(None) + self._close_block()
+        stop = _anthropic_stop(self._finish, called_tools=bool(self._tools))
+        usage = _anthropic_usage_from_chat(self._usage)
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None},
+            "usage": usage,
+        }
+        self._ended = True
+        return out + self._event(delta) + self._event({"type": "message_stop"})
