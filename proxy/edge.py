@@ -26,6 +26,7 @@ from runtime import db
 
 Receive = Callable[[], Awaitable[dict]]
 
+READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone
 KNOWN_KEY_TTL_S = 60.0
 KNOWN_KEY_LIMIT = 10_000  # only keys that exist are remembered, so an attacker cannot grow this
 _known_keys: dict[str, float] = {}  # key digest -> monotonic time until which it is taken as known
@@ -70,6 +71,16 @@ def has_body(headers: Mapping[str, str]) -> bool:
     return bool(length) or "chunked" in headers.get("transfer-encoding", "").lower()
 
 
+def read_timeout_s(headers: Mapping[str, str]) -> float:
+    """How long a read before dispatch may take: the client's deadline if it set a shorter one."""
+    try:
+        asked = int(headers.get("x-gateway-deadline-ms", "")) / 1000
+    except ValueError:
+        return READ_TIMEOUT_S
+    # A malformed deadline is refused with a 400 later; it must not shorten this read first.
+    return min(asked, READ_TIMEOUT_S) if asked > 0 else READ_TIMEOUT_S
+
+
 def _remember(digest: str, now: float) -> None:
     if len(_known_keys) >= KNOWN_KEY_LIMIT:
         _known_keys.clear()
@@ -80,9 +91,9 @@ def known_keys_clear() -> None:
     _known_keys.clear()
 
 
-async def key_is_known(raw: str) -> bool:
+async def key_is_known(raw: str, timeout_s: float = READ_TIMEOUT_S) -> bool:
     """Whether `raw` is an enabled gateway key: from memory when it was seen valid lately, else one
-    indexed lookup. Raises DatabaseError when the database cannot answer."""
+    indexed lookup. Raises DatabaseError when the database cannot answer (within `timeout_s`)."""
     if not raw:
         return False
     digest = hash_key(raw)
@@ -90,7 +101,7 @@ async def key_is_known(raw: str) -> bool:
     until = _known_keys.get(digest)
     if until is not None and until > now:
         return True
-    found = await db.run_within(5.0, key_known, digest)
+    found = await db.run_within(timeout_s, key_known, digest)
     if found is not None and hmac.compare_digest(found, digest):
         _remember(digest, now)
         return True
@@ -100,15 +111,18 @@ async def key_is_known(raw: str) -> bool:
 async def body_refusal(path: str, headers: Mapping[str, str], raw_key: str) -> str | None:
     """The typed code that refuses this request before its body is read, or None to read it.
 
-    A database that cannot answer refuses nothing here: the request path's own lookup then answers
-    `gateway_unavailable` within its deadline."""
+    A database that does not answer within the request's deadline refuses it `gateway_unavailable`
+    (the request path's own lookup would only wait for it a second time); one that refuses the
+    connection refuses nothing here: the request path's own lookup then answers in its place."""
     length = declared_length(headers)
     if length is not None and length > body_limit(path):
         return "request_too_large"
     if not has_body(headers):
         return None
     try:
-        known = await key_is_known(raw_key)
+        known = await key_is_known(raw_key, read_timeout_s(headers))
+    except db.DatabaseTimeout:
+        return "gateway_unavailable"
     except DatabaseError:
         return None
     return None if known else "authentication_error"

@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 
 from pools.selectors import Authenticated, key_authenticate
-from proxy import limits
+from proxy import edge, limits
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters import openai as openai_adapter
 from proxy.errors import TYPED_ERRORS, should_retry
@@ -232,17 +233,7 @@ def _load(
     return Loaded(authenticated, inputs)
 
 
-READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone
-
-
-def _read_timeout_s(headers: Mapping[str, str]) -> float:
-    """How long the pre-dispatch read may take: the client's deadline if it set a shorter one."""
-    try:
-        asked = int(headers.get("x-gateway-deadline-ms", "")) / 1000
-    except ValueError:
-        return READ_TIMEOUT_S
-    # A malformed deadline is refused with a 400 later; it must not shorten this read first.
-    return min(asked, READ_TIMEOUT_S) if asked > 0 else READ_TIMEOUT_S
+READ_TIMEOUT_S = edge.READ_TIMEOUT_S  # the ingresses' reads outside a request (a handshake, a file)
 
 
 async def prepare(
@@ -272,7 +263,7 @@ async def prepare(
         file_ids, body_error = (), body_error or RequestFailed("invalid_request", "file_id")
     try:
         loaded = await db.run_within(
-            _read_timeout_s(headers),
+            edge.read_timeout_s(headers),
             _load,
             bearer(headers),
             body,
@@ -318,7 +309,8 @@ async def prepare(
         session_model=(session.model or None) if session else None,
     )
     decision = decide_now()
-    leased = await _take_lease(view, route_class, route_settings, lease_candidate(decision))
+    deadline = started + deadline_ms / 1000
+    leased = await _take_lease(view, route_class, route_settings, lease_candidate(decision), deadline)
     if leased is not None:
         decision = decide_now(held={leased.candidate})
     if isinstance(decision.error, ResolutionError | AutoError):
@@ -344,7 +336,7 @@ async def prepare(
         demotion_seconds=route_settings.demotion_seconds,
         backoff_base_ms=route_settings.backoff_base_ms,
         requirements=requirements,
-        deadline=started + deadline_ms / 1000,
+        deadline=deadline,
         path=route,
         body=body,
         route_class=route_class,
@@ -382,21 +374,31 @@ async def admit_limits(authenticated: Authenticated, leased: Lease | None) -> Ti
 
 
 async def _take_lease(
-    view: RoutingView, route_class: RouteClass, route_settings: RouteSettings, c: Candidate | None
+    view: RoutingView,
+    route_class: RouteClass,
+    route_settings: RouteSettings,
+    c: Candidate | None,
+    deadline: float,
 ) -> Lease | None:
     """Take the probe lease of `c` (a candidate whose circuit admits a probe) with one conditional
     UPDATE against the circuit as this request read it: across all nodes one request wins and tries
-    it first (§5.4 group 1); the losers order it last."""
+    it first (§5.4 group 1); the losers order it last. The request waits for it until its deadline
+    at most; a lease the database grants after that is given back."""
     if c is None:
         return None
     key, snapshot = probe_circuit(view, route_class, c)
+    take = partial(
+        services.circuit_take_probe,
+        key=key,
+        settings=route_settings.breaker,
+        now=datetime.now(UTC),
+        seen=Seen(snapshot),
+    )
     try:
-        won = await db.write(
-            services.circuit_take_probe,
-            key=key,
-            settings=route_settings.breaker,
-            now=datetime.now(UTC),
-            seen=Seen(snapshot),
+        won = await db.write_within(
+            max(deadline - time.monotonic(), 0.0),
+            take,
+            undo=lambda taken: taken and services.circuit_release_probe(key=key),
         )
     except DatabaseError:
         return None  # no lease: the candidate stays last, as for any other request

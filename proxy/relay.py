@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from pools.credentials import credential_of
-from pools.services import key_budget_reserve
+from pools.services import key_budget_reserve, key_budget_settle
 from proxy import payloads, shutdown, upstream
 from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters.token_estimate import estimate_input_tokens
@@ -81,6 +81,7 @@ from runtime import db
 logger = logging.getLogger("gateway")
 
 
+DB_WAIT_FLOOR_S = 0.5  # a request's shortest wait for a database write (see Relay._db_wait_s)
 RESPONSE_AFFINITY_TTL = timedelta(days=30)  # as long as the providers keep stored responses
 SESSION_AFFINITY_TTL = timedelta(hours=1)
 # Uploaded files stay until deleted (OpenAI keeps them indefinitely); a year bounds a forgotten one.
@@ -390,14 +391,20 @@ class Relay:
                     until=now + timedelta(seconds=self.demotion_seconds if seconds is None else seconds),
                 )
 
-    @staticmethod
-    async def _write_state(write, *args) -> None:
+    async def _write_state(self, write, *args) -> None:
         """Health and affinity writes, in one trip to the database. They inform later requests;
-        when the database refuses one, this request goes on and the loss is logged (no content)."""
+        when the database refuses one, or has not answered by the deadline, this request goes on and
+        the loss is logged (no content)."""
         try:
-            await db.write(write, *args)
+            await db.write_within(self._db_wait_s(), partial(write, *args))
         except DatabaseError:
             logger.exception("routing state could not be saved")
+
+    def _db_wait_s(self) -> float:
+        """How long this request waits for one database write: what is left of its deadline (a
+        stalled database must not hold it past it), at least DB_WAIT_FLOOR_S (a stream past its
+        deadline still gets its final writes, e.g. the response id a next turn needs)."""
+        return max(self.deadline - time.monotonic(), DB_WAIT_FLOOR_S)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -420,9 +427,20 @@ class Relay:
         if c.health is not Health.PROBE:
             return True, None
         key, snapshot = probe_circuit(self.view, self.route_class, c)
-        won = await db.write(
-            services.circuit_take_probe, key=key, settings=self.bs, now=datetime.now(UTC), seen=Seen(snapshot)
-        )
+        try:
+            won = await db.write_within(
+                self._db_wait_s(),
+                partial(
+                    services.circuit_take_probe,
+                    key=key,
+                    settings=self.bs,
+                    now=datetime.now(UTC),
+                    seen=Seen(snapshot),
+                ),
+                undo=lambda taken: taken and services.circuit_release_probe(key=key),
+            )
+        except db.DatabaseTimeout:
+            won = False  # as if another request had it: the database decides nothing in time
         if won:
             return True, key
         if breaker.blocked_health(snapshot.reason if snapshot else None) is Health.BLOCKED:
@@ -438,16 +456,23 @@ class Relay:
         need = (reservation or 0) - self.x.reserved_micros
         if self.requirements.budget_remaining_micros is None or self.x.key_id is None or need <= 0:
             return True
+        key_id, period = self.x.key_id, self.x.budget_period
         try:
-            held = await db.write(
-                key_budget_reserve,
-                key_id=self.x.key_id,
-                amount=need,
-                period=self.x.budget_period,
-                now=datetime.now(UTC),
+            held = await db.write_within(
+                self._db_wait_s(),
+                partial(key_budget_reserve, key_id=key_id, amount=need, period=period, now=datetime.now(UTC)),
+                undo=lambda taken: (
+                    taken
+                    and key_budget_settle(
+                        key_id=key_id, released=need, charged=0, period=period, now=datetime.now(UTC)
+                    )
+                ),
             )
-        except DatabaseError:
-            logger.exception("budget reservation failed")  # no reservation, no dispatch
+        except DatabaseError as failed:  # no reservation, no dispatch
+            if isinstance(failed, db.DatabaseTimeout):  # what it takes late is given back (undo)
+                logger.warning("budget reservation: no answer from the database by the deadline")
+            else:
+                logger.exception("budget reservation failed")
             self.budget_unreachable = True
             return False
         if held:

@@ -59,8 +59,9 @@ async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
 
 
 async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: float) -> HttpResponse:
-    if getattr(request, "gateway_refusal", None) == "authentication_error":
-        raise RequestFailed("authentication_error")  # the edge found no such key: no second lookup
+    refusal = getattr(request, "gateway_refusal", None)
+    if refusal in ("authentication_error", "gateway_unavailable"):
+        raise RequestFailed(refusal)  # the edge found no such key, or no database: no second lookup
     try:
         body, body_error = _parse_body(request), None
     except RequestFailed as failed:

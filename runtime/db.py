@@ -16,12 +16,16 @@ Django's one connection per thread, aged by `close_old_connections` as CONN_MAX_
 """
 
 import asyncio
+import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, close_old_connections
+
+log = logging.getLogger("gateway")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -58,4 +62,40 @@ async def run_within(timeout_s: float, fn: Callable[P, T], *args: P.args, **kwar
     try:
         return await asyncio.wait_for(run(fn, *args, **kwargs), timeout_s)
     except TimeoutError:
+        raise DatabaseTimeout from None
+
+
+async def write_within(
+    timeout_s: float, fn: Callable[[], T], *, undo: Callable[[T], object] | None = None
+) -> T:
+    """`write`, answering DatabaseTimeout after `timeout_s` (a request's deadline bounds its waits on
+    a stalled database). The write still finishes on its own thread once the database answers; if
+    the request had stopped waiting by then, `undo(result)` runs there too, so what the write took
+    for the request (a budget reservation, a probe lease) is given back instead of held for good."""
+    lock = threading.Lock()
+    state = {"done": False, "abandoned": False}
+    box: list[T] = []
+
+    def call() -> T:
+        result = fn()
+        with lock:
+            state["done"] = True
+            box.append(result)
+            abandoned = state["abandoned"]
+        if abandoned and undo is not None:
+            try:
+                undo(result)
+            except DatabaseError:
+                log.exception("a late write could not be undone")
+        return result
+
+    task = asyncio.ensure_future(write(call))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a late failure is not "unretrieved"
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+    except TimeoutError:
+        with lock:
+            if state["done"]:
+                return box[0]
+            state["abandoned"] = True
         raise DatabaseTimeout from None

@@ -9,16 +9,12 @@ binaries too. The run happens once per module, in a subprocess; each invariant i
 
 Some invariants are known not to hold today; each is an expected failure with its reason (not a
 skip: the case still runs, and its figure is in the report):
-- `deadline_db`: a request that meets a stalled database waits for the gateway's database read
-  timeout (5 s), longer than the client's deadline (3 s here) plus the margin.
 - `half_open_probes`: seen in about one short run in five, right after the database stall: requests
   released together reached a half-open assignment first in their plans, within milliseconds of
   each other, while its probe was in flight (not as a last resort). Which path lets a request that
   does not hold the lease try the assignment first is not established yet.
 - `budget_reservations`: a request holds its reservation until its ledger record settles it; the
   requests a SIGKILL cuts short (and those whose record it loses) keep theirs for good.
-- `budget`, only where the gateway has no budget reservation (SPEC §7.4: `reserved_micros`):
-  budgets are charged after the answer, so concurrent requests on several nodes overspend.
 """
 
 import json
@@ -48,20 +44,11 @@ pytestmark = [
 ]
 
 
-def _reserves_budgets() -> bool:
-    from pools.models import GatewayKey
-
-    return any(f.name == "reserved_micros" for f in GatewayKey._meta.get_fields())
-
-
 KNOWN = {
-    "deadline_db": "a stalled database holds a request for the 5 s database read timeout, past its deadline",
     "budget_reservations": "a killed node's reservations are never settled (they have no expiry)",
     "half_open_probes": "seen right after a database stall: requests released together reached a half-open "
     "assignment in a probe's position while its probe was in flight (cause not established yet)",
 }
-if not _reserves_budgets():
-    KNOWN["budget"] = "no budget reservation before dispatch yet (SPEC §7.4): nodes overspend together"
 
 
 @pytest.fixture(scope="module")
