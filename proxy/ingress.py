@@ -23,13 +23,11 @@ from django.http import HttpRequest, HttpResponse
 
 from pools.selectors import Authenticated, key_authenticate
 from proxy import edge, limits
-from proxy.adapters import anthropic as anthropic_adapter
-from proxy.adapters import openai as openai_adapter
+from proxy.apis.registry import api_for
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.exchange import Exchange, Lease, Memory
 from proxy.ledger import record
 from proxy.limits import Finishing, Ticket, guarded
-from proxy.payloads import error_body
 from proxy.providers.registry import carriers
 from proxy.relay import Dispatch, HttpDispatch, Relay, probe_circuit
 from proxy.sse import Dialect
@@ -77,12 +75,9 @@ def typed_response(route: str, code: str, param: str | None = None) -> HttpRespo
         message = f"no eligible backend: {param}"  # what excluded the last candidate, in words too
     if code == "rate_limit_exceeded" and param:
         message = f"This key's {param} limit is reached."
-    if route in MESSAGES_ROUTES:
-        # Anthropic's envelope has no code or param: its error type carries the meaning.
-        kind = anthropic_adapter.error_type(code, status=status, param=param)
-        body = anthropic_adapter.error_body(kind, message)
-    else:
-        body = error_body(message=message, type=code, code=code, param=param)
+    api = api_for(route)
+    kind = api.error_type(code, code=code, status=status, param=param)
+    body = api.error_body(type=kind, code=code, param=param, message=message)
     response = HttpResponse(body, status=status, content_type="application/json")
     response["x-should-retry"] = "true" if should_retry(code, param) else "false"
     return response
@@ -291,8 +286,7 @@ async def prepare(
     exchange.requested_model = body["model"]
     exchange.transport = str(route_class)
     extra, deadline_ms = headers_requirements(headers, route_settings.default_deadline_ms)
-    anthropic = path in MESSAGES_ROUTES
-    turn = (anthropic_adapter if anthropic else openai_adapter).turn_requirements(body, body_size)
+    turn = api_for(path).turn_requirements(body, body_size)
     route = path.removeprefix("/v1")
     requirements = tighten(
         tighten(key.requirements, extra),
@@ -348,8 +342,8 @@ async def prepare(
             session=session_key,
             session_seen=(session.assignment_id, session.model) if session else None,
         ),
-        dispatch=dispatch or HttpDispatch(anthropic=anthropic),
-        anthropic_beta=headers.get("anthropic-beta") if anthropic else None,
+        dispatch=dispatch or HttpDispatch(api=api_for(path)),
+        anthropic_beta=headers.get("anthropic-beta") if path in MESSAGES_ROUTES else None,
         lease=leased,
     )
     return guarded(relay, ticket)

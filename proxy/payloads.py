@@ -1,5 +1,5 @@
 """Readers of upstream payloads (what the ledger records of an answer: usage, finish reason, response
-id; never content) and the OpenAI error envelope of the gateway's own errors.
+id; never content).
 
 Pure: JSON values and `proxy.sse.Block`s in, plain values out. They know every provider's shape at
 once; the provider registry is where they belong per provider.
@@ -71,7 +71,3 @@ def response_id(payload: object) -> str | None:
         return None
     value = source.get("id")
     return value if isinstance(value, str) and 0 < len(value) <= 300 else None
-
-
-def error_body(*, message: str, type: str, code: str | None, param: str | None = None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type, "code": code, "param": param}}).encode()

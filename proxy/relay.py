@@ -32,9 +32,10 @@ from django.db import DatabaseError, transaction
 from pools.credentials import credential_of
 from pools.services import key_budget_reserve, key_budget_settle
 from proxy import payloads, shutdown, upstream
-from proxy.adapters import anthropic as anthropic_adapter
 from proxy.adapters.token_estimate import estimate_input_tokens
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
+from proxy.apis import chat
+from proxy.apis.base import ClientApi
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Lease, Memory, Stream, settle
 from proxy.providers.base import COUNT_TOKENS, StreamTranslator, UpstreamCall
@@ -47,7 +48,6 @@ from proxy.sse import (
     SSEProtocolError,
     Visibility,
     Withholder,
-    encode_error_event,
 )
 from proxy.sse import classify as classify_block
 from proxy.upstream import TransportFailure
@@ -1109,11 +1109,11 @@ class Dispatch(Protocol):
 
 
 class HttpDispatch:
-    """Plain HTTP and SSE over the shared httpx client (`proxy.upstream`). `anthropic`: the client
-    speaks Anthropic Messages, so the gateway's own errors take Anthropic's envelope and types."""
+    """Plain HTTP and SSE over the shared httpx client (`proxy.upstream`). `api`: the client's API, whose
+    envelope, error types and error events the gateway's own errors take."""
 
-    def __init__(self, *, anthropic: bool = False) -> None:
-        self.anthropic = anthropic
+    def __init__(self, *, api: ClientApi = chat.API) -> None:
+        self.api = api
 
     async def attempt(
         self, relay: Relay, c: Candidate, log: AttemptLog, call: UpstreamCall
@@ -1143,11 +1143,6 @@ class HttpDispatch:
     def pack(self, parts: list[bytes]) -> list[bytes]:
         return [b"".join(parts)] if parts else []  # one write for all of them
 
-    def _type(self, type: str, code: str | None, status: int | None, param: str | None = None) -> str:
-        if not self.anthropic or type in anthropic_adapter.ERROR_TYPE_NAMES:
-            return type
-        return anthropic_adapter.error_type(code, status=status or 500, param=param)
-
     def error_event(
         self,
         dialect: Dialect,
@@ -1158,8 +1153,9 @@ class HttpDispatch:
         message: str,
         status: int | None,
     ) -> bytes:
-        type = self._type(type, code, status, param)
-        return encode_error_event(dialect, type=type, code=code, param=param, message=message)
+        del dialect  # the client's API frames its own streams' errors
+        type = self.api.error_type(type, code=code, status=status or 500, param=param)
+        return self.api.error_event(type=type, code=code, param=param, message=message, status=status)
 
     def error_final(
         self,
@@ -1170,9 +1166,8 @@ class HttpDispatch:
         code: str | None,
         param: str | None,
     ) -> Final:
-        if self.anthropic:
-            return Final(status, anthropic_adapter.error_body(self._type(type, code, status, param), message))
-        return Final(status, payloads.error_body(message=message, type=type, code=code, param=param))
+        type = self.api.error_type(type, code=code, status=status, param=param)
+        return Final(status, self.api.error_body(type=type, code=code, param=param, message=message))
 
     def events_final(self, parts: list[bytes]) -> Final:
         return Final(200, b"".join(parts), content_type="text/event-stream")

@@ -12,6 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from pools.selectors import key_authenticate
+from proxy.apis.chat import error_body
 from proxy.errors import TYPED_ERRORS
 from proxy.exchange import Exchange, Final, Stream
 from proxy.ingress import (
@@ -28,7 +29,6 @@ from proxy.ingress import (
     typed_response,
 )
 from proxy.ledger import record
-from proxy.payloads import error_body
 from routing.resolution import is_allowed
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute

@@ -1,6 +1,6 @@
-"""The OpenAI-shaped client APIs' turn requirements (pure)."""
+"""proxy/apis/chat.py: the OpenAI-shaped client APIs' turn requirements (pure)."""
 
-from proxy.adapters.openai import turn_requirements
+from proxy.apis.chat import turn_requirements
 
 
 def test_turn_requirements_see_tools_tool_results_images_and_limits_at_any_depth():

@@ -1,5 +1,7 @@
-"""The Anthropic Messages client API: the turn's requirements from a Messages body, and the Anthropic error
-envelope.
+"""The Anthropic Messages client API (`/v1/messages`, `/v1/messages/count_tokens`): the turn's requirements
+from a Messages body, and the Anthropic error envelope.
+
+PURE.
 
 Contract:
 
@@ -13,6 +15,8 @@ Contract:
 import json
 from collections.abc import Mapping
 
+from proxy.apis.base import Json
+from proxy.sse import Dialect, encode_error_event
 from routing.types import Requirements
 
 # The gateway's typed codes (SPEC §4, `proxy.errors.TYPED_ERRORS`) -> Anthropic error types. Anthropic
@@ -66,21 +70,21 @@ ERROR_TYPE_NAMES = frozenset(
 _CIRCUIT_OPEN = "circuit_open"
 
 
-def _blocks(message: object) -> list[dict]:
+def _blocks(message: object) -> list[Json]:
     if not isinstance(message, dict):
         return []
     content = message.get("content")
     return [block for block in content if isinstance(block, dict)] if isinstance(content, list) else []
 
 
-def _is_tool_result(block: dict) -> bool:
+def _is_tool_result(block: Json) -> bool:
     # `tool_result` for client tools; server tools' results (`web_search_tool_result`,
     # `mcp_tool_result`, ...) are third-party content just the same.
     kind = block.get("type")
     return isinstance(kind, str) and kind.endswith("tool_result")
 
 
-def _has_image(blocks: list[dict]) -> bool:
+def _has_image(blocks: list[Json]) -> bool:
     for block in blocks:
         if block.get("type") == "image":
             return True
@@ -90,20 +94,21 @@ def _has_image(blocks: list[dict]) -> bool:
     return False
 
 
-def turn_requirements(body: dict, body_size: int) -> Requirements:
+def turn_requirements(body: Json, body_size: int) -> Requirements:
     """What this Anthropic Messages turn needs from any route (SPEC §5.3)."""
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
     blocks = [block for message in messages for block in _blocks(message)]
     max_tokens = body.get("max_tokens")
     valid_max = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
+    max_output = max_tokens if isinstance(max_tokens, int) and valid_max else 0
     return Requirements(
         tools_offered=bool(body.get("tools")),
         untrusted_content=any(_is_tool_result(block) for block in blocks),
         vision=_has_image(blocks),
         # About four bytes of JSON per token: a deliberately generous estimate for the gate.
         prompt_tokens=body_size // 4,
-        max_output_tokens=max_tokens if valid_max else 0,
+        max_output_tokens=max_output,
     )
 
 
@@ -121,3 +126,25 @@ def error_type(code: str | None, *, status: int, param: str | None = None) -> st
 def error_body(type: str, message: str) -> bytes:  # `type` is the wire name of the field
     """An Anthropic error envelope; `message` must be the gateway's own words (SPEC §4)."""
     return json.dumps({"type": "error", "error": {"type": type, "message": message}}).encode()
+
+
+class Messages:
+    dialect = Dialect.ANTHROPIC
+
+    def turn_requirements(self, body: Json, body_size: int) -> Requirements:
+        return turn_requirements(body, body_size)
+
+    def error_type(self, type: str, *, code: str | None, status: int, param: str | None) -> str:
+        # An upstream's own Anthropic type is kept as it came; anything else is mapped.
+        return type if type in ERROR_TYPE_NAMES else error_type(code, status=status, param=param)
+
+    def error_body(self, *, type: str, code: str | None, param: str | None, message: str) -> bytes:
+        return error_body(type, message)  # Anthropic errors have no code or param
+
+    def error_event(
+        self, *, type: str, code: str | None, param: str | None, message: str, status: int | None
+    ) -> bytes:
+        return encode_error_event(self.dialect, type=type, code=code, param=param, message=message)
+
+
+API = Messages()

@@ -1,4 +1,4 @@
-"""proxy/adapters/anthropic.py: the Messages turn's requirements, error envelopes."""
+"""proxy/apis/messages.py: the Messages turn's requirements, error envelopes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import httpx2
 import pytest
 from anthropic.types.shared.error_type import ErrorType
 
-from proxy.adapters import anthropic as adapter
+from proxy.apis import messages as adapter
 from proxy.errors import TYPED_ERRORS
 from routing.types import Requirements
 from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL

@@ -1,0 +1,1 @@
+"""The client APIs the gateway serves, one module each (PURE): see `base.ClientApi` and `registry`."""

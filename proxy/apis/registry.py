@@ -1,0 +1,25 @@
+"""The client API of each client route. Adding a client API is one module (`proxy/apis/<name>.py` holding an
+object that satisfies `proxy.apis.base.ClientApi`) and its routes here.
+
+PURE.
+"""
+
+from collections.abc import Mapping
+
+from proxy.apis import chat, messages, responses
+from proxy.apis.base import ClientApi
+from routing.vocabulary import ClientRoute
+
+APIS: Mapping[str, ClientApi] = {
+    ClientRoute.CHAT_COMPLETIONS: chat.API,
+    ClientRoute.RESPONSES: responses.API,
+    ClientRoute.RESPONSES_COMPACT: responses.API,
+    ClientRoute.MESSAGES: messages.API,
+    ClientRoute.COUNT_TOKENS: messages.API,
+}
+
+
+def api_for(route: str) -> ClientApi:
+    """The API of client route `route` (`/v1/...`): every route not listed (embeddings, files, models) is
+    OpenAI's, with Chat's envelope."""
+    return APIS.get(route, chat.API)
