@@ -376,9 +376,11 @@ def build_report(
 ONE_WORKER_ONLY = "measured on the one-worker servers"
 # What the tests assert (the request path's queries counted), not what this run measures.
 DB_ROUND_TRIPS = (
-    "2 reads before dispatch (the key, then the health), 0 writes on a healthy Chat Completions "
-    "request (asserted by tests); a Responses answer also writes its response-id affinity (SPEC §7.2); a "
-    "key with a budget adds its reservation's one conditional UPDATE (SPEC §7.4)"
+    "1 statement before dispatch (the key, its pools and their health together), 0 writes on a healthy "
+    "Chat Completions request (asserted by tests); a request naming a previous response, session or file "
+    "adds its affinity read, a Responses answer writes its response-id affinity (SPEC §7.2), a key with a "
+    "budget adds its reservation's one conditional UPDATE (SPEC §7.4); on PostgreSQL Django's connection "
+    "health check (CONN_HEALTH_CHECKS) adds a `SELECT 1` before each hop's first statement"
 )
 
 

@@ -65,26 +65,38 @@ class Authenticated:
     limits: KeyLimits = KeyLimits()  # read by the same statement as the key: no round trip of their own
 
 
-def _key_sql() -> str:
+def key_match_sql() -> str:
+    """The condition a usable key meets, on the key table as `k` (params: `key_params`)."""
+    return (
+        "(k.key_hash = %s OR (k.previous_key_hash = %s AND k.previous_valid_until > %s)) "
+        "AND k.enabled = %s AND (k.expires_at IS NULL OR k.expires_at > %s)"
+    )
+
+
+def key_params(digest: str) -> list[object]:
+    now = rawsql.as_param(timezone.now())
+    return [digest, digest, now, True, now]
+
+
+KEY_COLUMNS = 20  # what `key_sql` selects, a row per pool of the key
+
+
+def key_sql() -> str:
+    """The usable key with its pools and the config version (params: `key_params`), unordered: a
+    caller orders the rows by the pool's name (the last column)."""
     key, version = GatewayKey._meta, ConfigVersion._meta
     through, pool = GatewayKey.pools.through._meta, Pool._meta
     return (
         "SELECT k.id, k.name, k.key_hash, k.allowed_models, k.require_zero_retention, k.regions, "  # noqa: S608
-        "k.allow_third_party_router, k.min_quality, k.budget_micros, k.spent_micros, kp.pool_id, "
+        "k.allow_third_party_router, k.min_quality, k.budget_micros, k.spent_micros, "
         f"(SELECT v.value FROM {version.db_table} v WHERE v.id = 1), k.previous_key_hash, "
         "k.budget_period, k.reserved_micros, k.period_start, "
-        "k.limit_rpm, k.limit_tpm, k.limit_concurrent "
+        "k.limit_rpm, k.limit_tpm, k.limit_concurrent, kp.pool_id, p.name "
         f"FROM {key.db_table} k "
         f"LEFT JOIN {through.db_table} kp ON kp.gatewaykey_id = k.id "
         f"LEFT JOIN {pool.db_table} p ON p.id = kp.pool_id "
-        "WHERE (k.key_hash = %s OR (k.previous_key_hash = %s AND k.previous_valid_until > %s)) "
-        "AND k.enabled = %s AND (k.expires_at IS NULL OR k.expires_at > %s) ORDER BY p.name"
+        f"WHERE {key_match_sql()}"
     )
-
-
-def _key_params(digest: str) -> list[object]:
-    now = rawsql.as_param(timezone.now())
-    return [digest, digest, now, True, now]
 
 
 def key_authenticate(raw: str) -> Authenticated | None:
@@ -94,10 +106,15 @@ def key_authenticate(raw: str) -> Authenticated | None:
     if not raw:
         return None
     digest = hash_key(raw)
-    rows = rawsql.fetch(_key_sql(), _key_params(digest))
+    return authenticated_from_rows(rawsql.fetch(f"{key_sql()} ORDER BY p.name", key_params(digest)), digest)
+
+
+def authenticated_from_rows(rows: list[tuple], digest: str) -> Authenticated | None:
+    """The key `key_sql`'s rows (in the order of its pools' names) describe, if its secret's digest is
+    `digest`."""
     # The lookup is by an index on the digest; the final comparison is constant-time regardless.
     if not rows or not (
-        hmac.compare_digest(rows[0][2], digest) | hmac.compare_digest(rows[0][12] or "", digest)
+        hmac.compare_digest(rows[0][2], digest) | hmac.compare_digest(rows[0][11] or "", digest)
     ):
         return None
     pk, name, _, allowed, zero_retention, regions, third_party, min_quality, budget, spent = rows[0][:10]
@@ -111,16 +128,15 @@ def key_authenticate(raw: str) -> Authenticated | None:
         min_quality=min_quality,
         budget_micros=budget,
         spent_micros=spent,
-        budget_period=rows[0][13] or "",
-        reserved_micros=rows[0][14] or 0,
-        period_start=rawsql.as_datetime(rows[0][15]),
+        budget_period=rows[0][12] or "",
+        reserved_micros=rows[0][13] or 0,
+        period_start=rawsql.as_datetime(rows[0][14]),
     )
-    pool_ids = tuple(row[10] for row in rows if row[10] is not None)
     return Authenticated(
-        key=key_policy(key, pool_ids),
-        config_version=rows[0][11] or 0,
+        key=key_policy(key, tuple(row[18] for row in rows if row[18] is not None)),
+        config_version=rows[0][10] or 0,
         budget_period=key.budget_period,
-        limits=KeyLimits(*rows[0][16:19]),
+        limits=KeyLimits(*rows[0][15:18]),
     )
 
 

@@ -21,7 +21,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 
-from pools.selectors import Authenticated, key_authenticate
+from pools.selectors import Authenticated
 from proxy import edge, limits
 from proxy.apis.registry import api_for
 from proxy.errors import TYPED_ERRORS, should_retry
@@ -45,7 +45,7 @@ from routing.route import (
     parse_requirements_header,
 )
 from routing.sanitize import valid as valid_field
-from routing.selectors import RouteSettings, RoutingInputs, routing_inputs_load
+from routing.selectors import RouteSettings, RoutingInputs, request_state_load, routing_inputs_load
 from routing.services import Seen
 from routing.types import Candidate, Requirements, RouteClass
 from routing.vocabulary import ClientRoute
@@ -195,7 +195,8 @@ def headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """Everything the request path reads from the database, fetched in one thread hop."""
+    """Everything the request path reads from the database, fetched in one thread hop (and, for a
+    request that names no affinity and finds its configuration cached, one statement)."""
 
     authenticated: Authenticated
     inputs: RoutingInputs | None = None
@@ -210,9 +211,12 @@ def _load(
     route_class: RouteClass,
     file_ids: tuple[str, ...] = (),
 ) -> Loaded | None:
-    authenticated = key_authenticate(raw_key)
-    if authenticated is None or body is None:
-        return Loaded(authenticated) if authenticated else None
+    state = request_state_load(raw_key, route_class=route_class, now=now)
+    if state is None:
+        return None
+    authenticated, health = state
+    if body is None:
+        return Loaded(authenticated)
     key = authenticated.key
     previous = body.get("previous_response_id")
     inputs = routing_inputs_load(
@@ -224,6 +228,7 @@ def _load(
         previous_response_id=previous if path in RESPONSES_ROUTES and isinstance(previous, str) else None,
         session_key=session_key,
         file_ids=file_ids,
+        health=health,
     )
     return Loaded(authenticated, inputs)
 

@@ -6,8 +6,8 @@ Two kinds of input, read differently:
   lookup read alongside the key has moved (`pools.models.ConfigVersion`);
 - health (circuits of the request's route class, active demotions) is shared, durable state that
   must be seen at once by every node: it is read on every request, in ONE query.
-So a successful request costs two reads before dispatch: the key (with its pools and the config
-version) and the health. No per-candidate query anywhere.
+So a successful request costs one read before dispatch: the key (with its pools and the config
+version) and the health, in one statement (`request_state_load`). No per-candidate query anywhere.
 """
 
 from dataclasses import dataclass, field, replace
@@ -18,7 +18,15 @@ from django.db.models import Q
 from catalog.models import CatalogEntry
 from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
-from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback, Pool
+from pools.models import Assignment, GatewayKey, GatewaySettings, ModelAlias, ModelFallback, Pool, hash_key
+from pools.selectors import (
+    KEY_COLUMNS,
+    Authenticated,
+    authenticated_from_rows,
+    key_match_sql,
+    key_params,
+    key_sql,
+)
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.capabilities import Capability, Effective, valid_until
@@ -189,17 +197,22 @@ def config_snapshot(pool_ids: tuple[int, ...], version: int | None, now: datetim
     return snapshot
 
 
-def _health_sql(pools: int) -> str:
+HEALTH_COLUMNS = 10  # what `health_sql` selects: a kind (0 circuit, 1 demotion), then the state
+
+
+def health_sql(pools: str) -> str:
+    """Circuits of a route class and active demotions in the pools `pools` (an SQL set: a list of
+    placeholders or a subquery); params: the route class, ASSIGNMENT_WIDE, now."""
     circuit, demotion, assignment = Circuit._meta, Demotion._meta, Assignment._meta
     return (
         "SELECT 0, assignment_id, model, state, reason, consecutive_failures, cooldown_seconds, "  # noqa: S608
         "open_until, probes_in_flight, probe_lease_expires_at "
         f"FROM {circuit.db_table} "
-        f"WHERE route_class IN (%s, %s) AND pool_id IN ({rawsql.placeholders(pools)}) "
+        f"WHERE route_class IN (%s, %s) AND pool_id IN {pools} "
         "UNION ALL "
         "SELECT 1, d.assignment_id, d.model, '', d.reason, 0, 0, d.until, 0, NULL "
         f"FROM {demotion.db_table} d JOIN {assignment.db_table} a ON a.id = d.assignment_id "
-        f"WHERE d.until > %s AND a.pool_id IN ({rawsql.placeholders(pools)})"
+        f"WHERE d.until > %s AND a.pool_id IN {pools}"
     )
 
 
@@ -213,13 +226,17 @@ class HealthState:
 def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime) -> HealthState:
     """Circuits of the route class, assignment-wide circuits and active demotions, in ONE query
     (hand-written SQL, see runtime.rawsql)."""
+    if not pool_ids:
+        return health_from_rows([])
+    pools = f"({rawsql.placeholders(len(pool_ids))})"
+    params = [str(route_class), ASSIGNMENT_WIDE, *pool_ids, rawsql.as_param(now), *pool_ids]
+    return health_from_rows(rawsql.fetch(health_sql(pools), params))
+
+
+def health_from_rows(rows: list[tuple]) -> HealthState:
     found: dict[tuple[int, str], CircuitSnapshot] = {}
     wide: dict[int, CircuitSnapshot] = {}
     demoted: set[tuple[int, str]] = set()
-    if not pool_ids:
-        return HealthState(found, wide, demoted)
-    params = [str(route_class), ASSIGNMENT_WIDE, *pool_ids, rawsql.as_param(now), *pool_ids]
-    rows = rawsql.fetch(_health_sql(len(pool_ids)), params)
     for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in rows:
         if kind == 1:
             demoted.add((assignment_id, model))
@@ -240,11 +257,52 @@ def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: date
     return HealthState(found, wide, demoted)
 
 
+def _request_state_sql() -> str:
+    # One statement, so one round trip: the health rows of the key's pools (as `health_sql`) and the
+    # key's rows (kind 2, as `key_sql`) side by side, each padded with NULLs where the other has its
+    # columns. The pools are the key's own, found by the same condition as the key row.
+    through = GatewayKey.pools.through._meta
+    return (
+        f"WITH kp AS (SELECT kp.pool_id FROM {through.db_table} kp "  # noqa: S608
+        f"JOIN {GatewayKey._meta.db_table} k ON k.id = kp.gatewaykey_id WHERE {key_match_sql()}) "
+        f"SELECT h.*, {rawsql.nulls(KEY_COLUMNS)} FROM ({health_sql('(SELECT pool_id FROM kp)')}) h "
+        f"UNION ALL SELECT 2, {rawsql.nulls(HEALTH_COLUMNS - 1)}, r.* FROM ({key_sql()}) r "
+        f"ORDER BY 1, {HEALTH_COLUMNS + KEY_COLUMNS}"  # the key's rows last, by their pool's name
+    )
+
+
+def request_state_load(
+    raw_key: str, *, route_class: RouteClass, now: datetime
+) -> tuple[Authenticated, HealthState] | None:
+    """The key whose secret is `raw_key` (as `pools.selectors.key_authenticate`) and the health of its
+    pools for the route class (as `health_load`), in ONE statement: the request path's one round
+    trip before dispatch. None for a missing, wrong or disabled key."""
+    if not raw_key:
+        return None
+    digest = hash_key(raw_key)
+    key = key_params(digest)
+    health = [str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
+    rows = rawsql.fetch(_request_state_sql(), [*key, *health, *key])
+    split = next((i for i, row in enumerate(rows) if row[0] == 2), len(rows))
+    authenticated = authenticated_from_rows([row[HEALTH_COLUMNS:] for row in rows[split:]], digest)
+    if authenticated is None:
+        return None
+    return authenticated, health_from_rows([row[:HEALTH_COLUMNS] for row in rows[:split]])
+
+
 def routing_view_load(
-    *, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime, config_version: int | None = None
+    *,
+    pool_ids: tuple[int, ...],
+    route_class: RouteClass,
+    now: datetime,
+    config_version: int | None = None,
+    health: HealthState | None = None,
 ) -> tuple[RoutingView, RouteSettings]:
+    """The routing view of these pools; `health`: their health as already read (`request_state_load`),
+    else it is read here."""
     config = config_snapshot(pool_ids, config_version, now)
-    health = health_load(pool_ids=pool_ids, route_class=route_class, now=now)
+    if health is None:
+        health = health_load(pool_ids=pool_ids, route_class=route_class, now=now)
     circuits, wide, demoted = health.circuits, health.wide, health.demoted
     bs = config.settings.breaker
     routes = config.routes
@@ -355,12 +413,13 @@ def routing_inputs_load(
     previous_response_id: str | None = None,
     session_key: str | None = None,
     file_ids: tuple[str, ...] = (),
+    health: HealthState | None = None,
 ) -> RoutingInputs:
     """A response this key had relayed pins the request to its assignment (§5.2, §7.2); one it never
     saw, another key's, or one whose affinity expired pins nothing, and the upstream answers for
-    itself."""
+    itself. `health` as for `routing_view_load`."""
     view, settings = routing_view_load(
-        pool_ids=pool_ids, route_class=route_class, now=now, config_version=config_version
+        pool_ids=pool_ids, route_class=route_class, now=now, config_version=config_version, health=health
     )
     found = affinities_load(
         key_id=key_id,

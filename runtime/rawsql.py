@@ -1,4 +1,4 @@
-"""Hand-written SQL for the two reads every proxied request makes (the key, the health) and the two
+"""Hand-written SQL for the read every proxied request makes (the key and the health) and the two
 writes every failover makes (the circuit's compare-and-swap, the demotion upsert: routing.services).
 
 The ORM costs about 0.4 ms of Python per query here against 0.03 ms for the same statement through
@@ -26,6 +26,10 @@ def fetch(sql: str, params: Sequence[object]) -> list[tuple]:
 
 def placeholders(count: int) -> str:
     return ", ".join(["%s"] * count)
+
+
+def nulls(count: int) -> str:
+    return ", ".join(["NULL"] * count)
 
 
 def as_datetime(value: object) -> datetime | None:

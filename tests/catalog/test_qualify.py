@@ -261,14 +261,14 @@ def test_the_request_as_sent_is_judged_too_a_translation_that_flattens_tool_resu
 
 
 def test_evidence_adds_no_read_to_a_warm_request(django_assert_num_queries):
-    """The healthy hot path stays at its two reads (key, health): evidence rides in the cached
+    """The healthy hot path stays at its one read (key and health): evidence rides in the cached
     configuration, reloaded only when the config version moves or a verdict expires."""
     with ModelUpstream("faithful") as fake:
         assignment = route(fake)
         qualify()
     version, now = config_version(), timezone.now()
     assert view_of(assignment, now, version).tools == TriState.TRUE  # loads the configuration once
-    with django_assert_num_queries(1):  # the health read only; the key read is not part of this call
+    with django_assert_num_queries(1):  # the health read only: the request path reads it with the key
         assert view_of(assignment, now + timedelta(days=1), version).tools == TriState.TRUE
 
 

@@ -205,7 +205,7 @@ def test_a_healthy_request_makes_no_extra_round_trip_and_a_budget_costs_one_stat
     request_path_queries.clear()
     assert _send(gateway).status_code == 200
     healthy = list(request_path_queries)
-    assert len(healthy) == 2, healthy  # the key read and the health read, as before budgets
+    assert len(healthy) == 1, healthy  # the key and its pools' health, one statement, as before budgets
 
     GatewayKey.objects.update(budget_micros=1_000_000)
     writer.flush()
@@ -213,7 +213,7 @@ def test_a_healthy_request_makes_no_extra_round_trip_and_a_budget_costs_one_stat
     assert _send(gateway).status_code == 200
     budgeted = list(request_path_queries)
     # One conditional UPDATE holds the reservation; the settlement rides in the ledger's batch.
-    assert len(budgeted) == 3 and budgeted[-1].lstrip().upper().startswith("UPDATE"), budgeted
+    assert len(budgeted) == 2 and budgeted[-1].lstrip().upper().startswith("UPDATE"), budgeted
 
 
 def test_a_reservation_the_database_cannot_take_is_a_typed_503_not_a_budget_refusal(

@@ -14,9 +14,9 @@ from pools.models import GatewayKey, GatewaySettings, ModelFallback
 from pools.selectors import key_authenticate
 from routing import services
 from routing.models import AffinityKind, Circuit
-from routing.selectors import routing_view_load
+from routing.selectors import health_load, request_state_load, routing_view_load
 from routing.services import CircuitKey
-from routing.types import CircuitReason, Health, RouteClass, TriState
+from routing.types import ASSIGNMENT_WIDE, CircuitReason, Health, RouteClass, TriState
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
 pytestmark = pytest.mark.django_db
@@ -207,7 +207,7 @@ def test_routing_explain_says_model_not_found(explained_setup):
     assert "no dispatch: model_not_found" in _explain(key="ci", model="gpt-9")
 
 
-def test_a_warm_request_reads_twice_before_dispatch_and_sees_config_changes():
+def test_a_warm_request_reads_once_before_dispatch_and_sees_config_changes():
     pool = PoolFactory()
     assignment = AssignmentFactory(pool=pool, name="a")
     CatalogEntryFactory(assignment=assignment, model="gpt-5")
@@ -215,27 +215,78 @@ def test_a_warm_request_reads_twice_before_dispatch_and_sees_config_changes():
 
     def request_reads():
         with CaptureQueriesContext(connection) as ctx:
-            authenticated = key_authenticate(RAW)
+            now = timezone.now()
+            authenticated, health = request_state_load(RAW, route_class=RouteClass.HTTP, now=now)
             view, _ = routing_view_load(
                 pool_ids=authenticated.key.pool_ids,
                 route_class=RouteClass.HTTP,
-                now=timezone.now(),
+                now=now,
                 config_version=authenticated.config_version,
+                health=health,
             )
         return len(ctx.captured_queries), view
 
     request_reads()  # the first request of a process loads the configuration
     reads, view = request_reads()
-    assert reads == 2
+    assert reads == 1
     assert [c.assignment for c in view.routes["gpt-5"]] == ["a"]
 
     AssignmentFactory(pool=pool, name="b", tier=1).catalog_entries.create(
         model="gpt-5", provenance="configured"
     )
     reads, view = request_reads()
-    assert reads > 2  # the config version moved: reloaded
+    assert reads > 1  # the config version moved: reloaded
     assert [c.assignment for c in view.routes["gpt-5"]] == ["a", "b"]
-    assert request_reads()[0] == 2
+    assert request_reads()[0] == 1
+
+
+@pytest.mark.parametrize("route_class", [RouteClass.HTTP, RouteClass.SSE])
+def test_the_one_statement_reads_what_the_key_and_health_reads_read(route_class):
+    """The request path's statement (key and health together) against the two reads it replaces, on
+    the same data: two pools of the key (their order is the names'), a pool it does not have, an
+    open circuit per route class, an assignment-wide one, demotions live and expired."""
+    now = timezone.now()
+    pools = [PoolFactory(name=name) for name in ("zeta", "alpha", "other")]
+    assignments = [AssignmentFactory(pool=pool, name=f"a-{pool.name}") for pool in pools]
+    for pool, assignment in zip(pools, assignments, strict=True):
+        for model, route in (("gpt-5", "http"), ("gpt-5", "sse"), ("", "any")):
+            Circuit.objects.create(
+                pool=pool,
+                assignment=assignment,
+                model=model if route != "any" else ASSIGNMENT_WIDE,
+                route_class=route if route != "any" else ASSIGNMENT_WIDE,
+                state="open",
+                reason="upstream_unavailable",
+                consecutive_failures=3,
+                open_until=now + timedelta(minutes=1),
+            )
+        for model, until in (("gpt-5", now + timedelta(minutes=1)), ("gpt-4", now - timedelta(minutes=1))):
+            services.demotion_record(
+                assignment_id=assignment.pk,
+                model=model,
+                reason=CircuitReason.UPSTREAM_MODEL_UNAVAILABLE,
+                until=until,
+            )
+    GatewayKeyFactory(raw_key=RAW, pools=pools[:2], limit_rpm=7)
+
+    authenticated, health = request_state_load(RAW, route_class=route_class, now=now)
+    assert authenticated == key_authenticate(RAW)
+    assert authenticated.key.pool_ids == (pools[1].pk, pools[0].pk)
+    assert health == health_load(pool_ids=authenticated.key.pool_ids, route_class=route_class, now=now)
+    assert set(health.circuits) == {(assignments[0].pk, "gpt-5"), (assignments[1].pk, "gpt-5")}
+    assert set(health.wide) == {assignments[0].pk, assignments[1].pk}
+    assert health.demoted == {(assignments[0].pk, "gpt-5"), (assignments[1].pk, "gpt-5")}
+    assert request_state_load(RAW + "x", route_class=route_class, now=now) is None
+    assert request_state_load("", route_class=route_class, now=now) is None
+
+
+def test_the_one_statement_reads_a_key_without_pools():
+    GatewayKeyFactory(raw_key=RAW, pools=[])
+    PoolFactory()  # a pool, with health, that is not the key's
+    authenticated, health = request_state_load(RAW, route_class=RouteClass.HTTP, now=timezone.now())
+    assert authenticated == key_authenticate(RAW)
+    assert authenticated.key.pool_ids == ()
+    assert (health.circuits, health.wide, health.demoted) == ({}, {}, set())
 
 
 def test_every_kind_of_configuration_write_moves_the_version():
