@@ -64,6 +64,11 @@ class LedgerWriter:
         self._ensure_thread()
         self._queue.put((exchange, self.journal.add(exchange)))
 
+    def held(self, exchange: Exchange) -> None:
+        """The request now holds `exchange.reserved_micros` of its key's budget: journaled, so that a
+        reservation its process dies with is settled by the writer that replays the journal."""
+        self.journal.hold(exchange)
+
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every exchange submitted before this call is saved (or `timeout` passes)."""
         with self._queue.all_tasks_done:
@@ -109,8 +114,8 @@ class LedgerWriter:
             except Exception:
                 log.exception("ledger: %d request records could not be saved", len(batch))
             finally:
-                for _, segment in entries:
-                    self.journal.saved(segment)  # saved, spooled, or given up on (logged)
+                for exchange, segment in entries:
+                    self.journal.saved(exchange.request_id, segment)  # saved, spooled, or given up on
                 if self._queue.empty():
                     close_old_connections()  # an idle writer holds no connection past CONN_MAX_AGE
                 for _ in taken:

@@ -31,7 +31,7 @@ from django.db import DatabaseError, transaction
 
 from pools.credentials import credential_of
 from pools.services import key_budget_reserve, key_budget_settle
-from proxy import payloads, shutdown, upstream
+from proxy import ledger, payloads, shutdown, upstream
 from proxy.adapters.token_estimate import estimate_input_tokens
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.apis import chat
@@ -477,6 +477,7 @@ class Relay:
             return False
         if held:
             self.x.reserved_micros += need
+            ledger.writer.held(self.x)  # settled from the journal if this process dies meanwhile
         return held
 
     async def run(self) -> Final | Stream:

@@ -7,6 +7,7 @@ from django.db import transaction
 from pools.services import key_budget_settle
 from proxy.exchange import AttemptLog, Exchange
 from proxy.models import Attempt, RequestRecord
+from routing.vocabulary import Outcome
 
 
 @transaction.atomic
@@ -49,10 +50,11 @@ def exchanges_settle(*, exchanges: list[Exchange]) -> None:
 def charge_micros(x: Exchange) -> int:
     """What a request costs its key: the known cost of every attempt (a failed one too, when its
     upstream reported usage); an attempt that may have run upstream without reporting usage costs
-    what was reserved for it, never nothing. An unknown price is never counted as zero (no budget:
-    nothing was reserved, and only known costs count)."""
+    what was reserved for it, never nothing; so does a request its node died with (`gateway_lost`).
+    An unknown price is never counted as zero (no budget: nothing was reserved, and only known costs
+    count)."""
     known = sum(a.cost_micros for a in x.attempts if a.cost_micros)
-    unreported = any(
+    unreported = x.outcome == Outcome.GATEWAY_LOST or any(
         a.cost_micros is None and a.dispatch_state in ("completed", "unknown") for a in x.attempts
     )
     return max(known, x.reserved_micros) if unreported else known

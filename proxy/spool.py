@@ -12,21 +12,30 @@ exchanges are appended to a local file instead of being lost, and replayed when 
   under an exclusive `flock` so two replayers never take the same file at once.
 
 The journal (`Journal`, issue 21): every record is also appended, as it is submitted, to a journal
-segment of its process (`journal-<database tag>-<pid>-<n>.jsonl`), one `write` each, without fsync:
+segment of its process (`journal-<database tag>-<pid>-<token>-<n>.jsonl`), one `write` each, without fsync:
 the page cache outlives a killed process (SIGKILL, an OOM kill), so a record that was still waiting
 in the writer's memory is not lost with it. A segment is deleted once all its records are saved (or
 spooled), the current one emptied; the writer starts a new one with each batch it takes (an empty
 one left at exit is removed by the next writer that looks). Its process holds an exclusive `flock`
 on each segment for as long as the segment lives, so a segment whose lock is free belongs to a process
 that is gone (whatever its pid now names): the next writer to look replays it like an orphaned spool.
+
+Budget holds (SPEC §7.4, issue 21): when a request reserves part of its key's budget, the journal gets
+a `held` line (the exchange as it is then), kept until the request's record is saved. A dead
+process's segments are replayed together: a hold whose request has no record there (its process died
+with the request in flight) becomes that request's record, outcome `gateway_lost`, which settles its
+reservation as its cost (usage never arrived) through the same idempotent write, so a replay run twice
+settles it once.
 """
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -36,22 +45,28 @@ from django.conf import settings
 from django.db import connection
 
 from proxy.exchange import AttemptLog, Exchange
+from routing.vocabulary import Outcome
 
 log = logging.getLogger("gateway")
 
 _DATETIMES = ("started_at", "finished_at", "first_output_at")
 
 
-def encode(exchange: Exchange) -> str:
+def encode(exchange: Exchange, *, held: bool = False) -> str:
     fields = dataclasses.asdict(exchange)
     for name in _DATETIMES:
         value = fields[name]
         fields[name] = value.isoformat() if value is not None else None
+    if held:
+        fields["held"] = True  # a budget hold, not a record (see the module's docstring)
     return json.dumps(fields, separators=(",", ":"))
 
 
 def decode(line: str) -> Exchange:
-    fields = json.loads(line)
+    return _decode(json.loads(line))
+
+
+def _decode(fields: dict) -> Exchange:
     for name in _DATETIMES:
         value = fields[name]
         fields[name] = datetime.fromisoformat(value) if value is not None else None
@@ -125,31 +140,57 @@ class Spool:
         is all in the database. Returns how many records were replayed; a database error propagates
         and leaves the file for the next attempt."""
         replayed = 0
+        units: dict[str, list[Path]] = {}  # a spool file alone; a dead journal's segments together
         for path in self._files():
-            try:
-                spool = open(path, "rb+")  # noqa: SIM115 - closed by the with below
-            except FileNotFoundError:
-                continue  # another process replayed it (or its owner saved it) since it was listed
-            with spool:
-                try:
-                    fcntl.flock(spool, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # another process is replaying it
-                lines = [line for line in spool.read().decode().splitlines() if line.strip()]
-                exchanges = []
-                for line in lines:
+            owner = path.stem.rpartition("-")[0] if path.name.startswith("journal-") else path.stem
+            units.setdefault(owner, []).append(path)
+        for paths in units.values():
+            with contextlib.ExitStack() as held:
+                files = []
+                for path in paths:
                     try:
-                        exchanges.append(decode(line))
-                    except (ValueError, TypeError, KeyError):
-                        log.error("ledger spool: an unreadable record in %s was skipped", path.name)
-                for start in range(0, len(exchanges), batch):
-                    write(exchanges[start : start + batch])
-                # Only this process appends to its own file, from this same writer thread, and no
-                # one to a journal whose lock was free, so nothing can be appended between the read
-                # above and the removal (a journal its owner removed meanwhile is gone already).
-                path.unlink(missing_ok=True)
-                replayed += len(exchanges)
+                        files.append(held.enter_context(open(path, "rb+")))
+                        fcntl.flock(files[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except FileNotFoundError:
+                        continue  # another process replayed it (or its owner saved it) since listed
+                    except BlockingIOError:
+                        break  # another process is replaying it
+                else:
+                    exchanges = _replayable(b"".join(f.read() for f in files).decode(), paths[0].name)
+                    for start in range(0, len(exchanges), batch):
+                        write(exchanges[start : start + batch])
+                    # Only this process appends to its own file, from this same writer thread, and
+                    # no one to a journal whose lock was free, so nothing can be appended between the
+                    # read above and the removal (a journal its owner removed meanwhile is gone).
+                    for path in paths:
+                        path.unlink(missing_ok=True)
+                    replayed += len(exchanges)
         return replayed
+
+
+def _replayable(text: str, name: str) -> list[Exchange]:
+    """The records of one spool file or one dead process's journal, and a `gateway_lost` record for
+    each budget hold whose request has none there."""
+    records: list[Exchange] = []
+    holds: dict[str, Exchange] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            fields = json.loads(line)
+            exchange = _decode(fields)
+        except (ValueError, TypeError, KeyError):
+            log.error("ledger spool: an unreadable record in %s was skipped", name)
+            continue
+        if fields.get("held"):
+            holds[exchange.request_id] = exchange  # the latest hold: what it reserved in all
+        else:
+            records.append(exchange)
+    for request_id in {x.request_id for x in records}:
+        holds.pop(request_id, None)
+    for lost in holds.values():  # its client saw the connection close: no status, no end
+        lost.outcome, lost.status_code, lost.finished_at = Outcome.GATEWAY_LOST, None, None
+    return records + list(holds.values())
 
 
 def _orphaned(path: Path) -> bool:
@@ -172,19 +213,32 @@ class Journal:
         self.spool = spool
         self._lock = threading.Lock()
         self._pid = 0
+        self._owner = ""  # pid and a random token: a restarted process may be given a dead one's pid
         self._next = 0
         self._current: int | None = None  # the segment `add` appends to
         self._open: dict[int, tuple[int, Path]] = {}  # segment -> (descriptor, path)
-        self._pending: dict[int, int] = {}  # segment -> records not saved yet
+        self._pending: dict[int, int] = {}  # segment -> records and holds not saved yet
+        self._holds: dict[str, list[int]] = {}  # request id -> the segments of its holds
 
     def add(self, exchange: Exchange) -> int | None:
         """Append the record (one write, no fsync); None when the disk refused it (logged, the
         record then lives in memory only, as it did before the journal)."""
-        line = (encode(exchange) + "\n").encode()
+        return self._append(encode(exchange))
+
+    def hold(self, exchange: Exchange) -> None:
+        """Note what the request now holds of its key's budget, until its record is saved."""
+        segment = self._append(encode(exchange, held=True))
+        if segment is not None:
+            with self._lock:
+                self._holds.setdefault(exchange.request_id, []).append(segment)
+
+    def _append(self, text: str) -> int | None:
+        line = (text + "\n").encode()
         with self._lock:
             try:
                 if self._pid != os.getpid():  # a forked child holds none of its parent's locks
                     self._pid, self._current, self._open, self._pending = os.getpid(), None, {}, {}
+                    self._owner, self._holds = f"{self._pid}-{secrets.token_hex(4)}", {}
                 if self._current is None:
                     self._start()
                 assert self._current is not None
@@ -202,28 +256,29 @@ class Journal:
                 self._current = None
             # The old segment stays open (and locked) until its records are saved.
 
-    def saved(self, segment: int | None) -> None:
-        if segment is None:
-            return
+    def saved(self, request_id: str, segment: int | None) -> None:
+        """The request's record is saved (or spooled): it and its holds leave their segments."""
         with self._lock:
-            if segment not in self._pending:
-                return
-            self._pending[segment] -= 1
-            if self._pending[segment]:
-                return
-            if segment == self._current:
-                try:
-                    os.ftruncate(self._open[segment][0], 0)  # every record in it is saved
-                except OSError:
-                    log.exception("ledger journal: a saved segment could not be emptied")
-            else:
-                self._close(segment)
+            segments = self._holds.pop(request_id, [])
+            for one in [*segments, segment] if segment is not None else segments:
+                if one not in self._pending:
+                    continue
+                self._pending[one] -= 1
+                if self._pending[one]:
+                    continue
+                if one == self._current:
+                    try:
+                        os.ftruncate(self._open[one][0], 0)  # everything in it is saved
+                    except OSError:
+                        log.exception("ledger journal: a saved segment could not be emptied")
+                else:
+                    self._close(one)
 
     def _start(self) -> None:
         directory = self.spool.directory
         directory.mkdir(parents=True, exist_ok=True)
         segment, self._next = self._next, self._next + 1
-        path = directory / f"journal-{self.spool.database_tag()}-{self._pid}-{segment}.jsonl"
+        path = directory / f"journal-{self.spool.database_tag()}-{self._owner}-{segment}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         self._current, self._open[segment], self._pending[segment] = segment, (fd, path), 0

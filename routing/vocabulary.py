@@ -116,6 +116,7 @@ class Outcome(enum.StrEnum):
     UPSTREAM_ERROR_AFTER_OUTPUT = "upstream_error_after_output"  # failed once output was visible
     UPSTREAM_INTERRUPTED = "upstream_interrupted"  # the upstream cut a stream or body short
     GATEWAY_SHUTTING_DOWN = "gateway_shutting_down"  # this node drained a stream it was relaying
+    GATEWAY_LOST = "gateway_lost"  # its node died in flight; recorded from the node's journal (proxy.spool)
 
 
 class ClientRoute(enum.StrEnum):

@@ -256,7 +256,10 @@ def ledger_checks(database: Database, outcomes: list[Outcome]) -> tuple[list[Che
 
 
 def _attempt_problems(record: dict, rows: list[dict]) -> str:
-    if record["finished_at"] is None or record["status_code"] is None or not record["outcome"]:
+    # A request its node died with, recorded from the node's journal: unfinished by nature, and its
+    # attempts end where the node did (a handoff may have been under way).
+    lost = record["outcome"] == "gateway_lost"
+    if not lost and (record["finished_at"] is None or record["status_code"] is None or not record["outcome"]):
         return "record not finished (finished_at/status/outcome empty)"
     if [a["ordinal"] for a in rows] != list(range(1, len(rows) + 1)):
         return f"ordinals {[a['ordinal'] for a in rows]}"
@@ -271,7 +274,7 @@ def _attempt_problems(record: dict, rows: list[dict]) -> str:
         if not last and a["status"] != "retryable_failed":
             return f"attempt {a['ordinal']} {a['status']} is followed by another dispatch"
         if a["status"] == "retryable_failed":
-            if last:
+            if last and not lost:
                 return f"attempt {a['ordinal']} retryable_failed but no handoff followed"
             if a["dispatch_state"] not in ("not_sent", "rejected"):
                 return f"handoff after attempt {a['ordinal']} whose dispatch was {a['dispatch_state']}"

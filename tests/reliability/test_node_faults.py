@@ -156,3 +156,54 @@ def test_a_record_still_in_a_killed_nodes_memory_is_replayed_from_its_journal():
     assert writer.flush(timeout=10)
     assert RequestRecord.objects.filter(request_id=request_id).count() == 1
     assert not writer.spool.pending()  # the dead node's journal is gone once replayed
+
+
+# A node with a request in flight: it has reserved part of its key's budget (and journaled the hold).
+NODE_IN_FLIGHT = """
+import sys, time, django
+from datetime import UTC, datetime
+django.setup()
+from pools.services import key_budget_reserve
+from proxy import ledger
+from tests.reliability.test_node_faults import _exchange
+key_id, amount = int(sys.argv[2]), int(sys.argv[3])
+assert key_budget_reserve(key_id=key_id, amount=amount, period="", now=datetime.now(UTC))
+exchange = _exchange(key_id, amount)
+exchange.request_id = sys.argv[1]
+ledger.writer.held(exchange)
+print("held", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_reservation_its_node_died_with_is_settled_as_its_cost_once():
+    """Fault 2 (budget_reservations): a request held part of its key's budget and its node was killed
+    before the ledger could settle it, so the budget shrank for good. The hold was journaled; the
+    next writer records the request as `gateway_lost` and keeps the reservation as its cost (SPEC
+    §7.4: usage never arrived), once however often the journal is replayed."""
+    key = GatewayKeyFactory(budget_micros=1_000)
+    request_id = uuid.uuid4().hex
+    env = {**os.environ, "DATABASE_URL": _database_url(), "DJANGO_SETTINGS_MODULE": "gatewaysite.settings"}
+    node = subprocess.Popen(
+        [sys.executable, "-c", NODE_IN_FLIGHT, request_id, str(key.pk), "25"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert node.stdout is not None and node.stdout.readline().strip() == "held"
+    finally:
+        node.send_signal(signal.SIGKILL)
+        node.wait(timeout=10)
+    key.refresh_from_db()
+    assert (key.reserved_micros, key.spent_micros) == (25, 0)  # held, and no one left to settle it
+
+    for _ in range(2):  # the restarted node's writer, then another one: settled once
+        writer = ledger.LedgerWriter()
+        writer.submit(_exchange())
+        assert writer.flush(timeout=10)
+    key.refresh_from_db()
+    assert (key.reserved_micros, key.spent_micros) == (0, 25)
+    lost = RequestRecord.objects.get(request_id=request_id)
+    assert (lost.outcome, lost.key_id, lost.status_code) == ("gateway_lost", key.pk, None)

@@ -13,8 +13,6 @@ skip: the case still runs, and its figure is in the report):
   released together reached a half-open assignment first in their plans, within milliseconds of
   each other, while its probe was in flight (not as a last resort). Which path lets a request that
   does not hold the lease try the assignment first is not established yet.
-- `budget_reservations`: a request holds its reservation until its ledger record settles it; the
-  requests a SIGKILL cuts short (and those whose record it loses) keep theirs for good.
 """
 
 import json
@@ -45,7 +43,6 @@ pytestmark = [
 
 
 KNOWN = {
-    "budget_reservations": "a killed node's reservations are never settled (they have no expiry)",
     "half_open_probes": "seen right after a database stall: requests released together reached a half-open "
     "assignment in a probe's position while its probe was in flight (cause not established yet)",
 }
