@@ -49,6 +49,8 @@ class Adapter(models.TextChoices):
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
     OPENROUTER = "openrouter"
+    AZURE_OPENAI = "azure_openai"
+    OPENAI_COMPATIBLE = "openai_compatible"
 
 
 class GatewaySettings(models.Model):

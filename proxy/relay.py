@@ -31,7 +31,7 @@ from django.db import DatabaseError, transaction
 
 from pools.credentials import credential_of
 from pools.services import key_budget_reserve, key_budget_settle
-from proxy import ledger, payloads, shutdown, upstream
+from proxy import framing, ledger, payloads, shutdown, upstream
 from proxy.adapters.token_estimate import estimate_input_tokens
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.apis import chat
@@ -1119,6 +1119,7 @@ class HttpDispatch:
     async def attempt(
         self, relay: Relay, c: Candidate, log: AttemptLog, call: UpstreamCall
     ) -> Failure | Final | Stream:
+        wire = call.wire
         try:
             response = await upstream.open_stream(
                 "POST",
@@ -1126,6 +1127,7 @@ class HttpDispatch:
                 headers=call.headers,
                 json=call.payload,
                 read_timeout_s=relay.read_timeout_s(),
+                sigv4=wire.sigv4 if wire is not None else None,
             )
         except TransportFailure as failure:
             return relay.failure(Observation(transport=failure.event))
@@ -1138,8 +1140,11 @@ class HttpDispatch:
             except upstream.ResponseTooLarge:
                 return relay.unrelayable(response.status_code, "upstream_response_too_large")
             retry_after = upstream.retry_after_s(response.headers.get("retry-after"))
-            return relay.plain(c, log, call, response.status_code, raw, retry_after=retry_after)
-        return await relay.read_events(c, log, SSESource(response), call)
+            status = response.status_code
+            if wire is not None:
+                status, raw = wire.answer(status, response.headers, raw)
+            return relay.plain(c, log, call, status, raw, retry_after=retry_after)
+        return await relay.read_events(c, log, framing.source(response, wire, SSESource(response)), call)
 
     def pack(self, parts: list[bytes]) -> list[bytes]:
         return [b"".join(parts)] if parts else []  # one write for all of them

@@ -9,8 +9,9 @@ the client, and how it lists its models.
 """
 
 import json
+import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from proxy.adapters.translate import ResponseTranslationError
@@ -43,6 +44,49 @@ class StreamTranslator(Protocol):
     def finish(self) -> bytes: ...
 
 
+SSE = "sse"
+AWS_EVENTSTREAM = "aws-eventstream"  # AWS's binary event-stream frames (Bedrock's ConverseStream)
+
+
+@dataclass(frozen=True, slots=True)
+class SigV4:
+    """An AWS Signature Version 4 the transport adds over the request as it is sent (its final URL,
+    headers and body bytes), with botocore's signer."""
+
+    service: str
+    region: str
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str = field(default="", repr=False)
+
+
+class Wire(Protocol):
+    """A provider whose own wire the relay sees as the Chat Completions one: each plain answer, error and
+    stream is rewritten at the transport seam (`proxy.relay.HttpDispatch`, `proxy.framing`) before the
+    relay reads it, so usage, finish reasons, refusals and errors are read as for any Chat upstream and a
+    client of another API is translated from Chat as for an `openai` account."""
+
+    @property
+    def framing(self) -> str:
+        """How a streamed answer arrives: `SSE` or `AWS_EVENTSTREAM` (each frame a block named by its
+        event type, or `exception` with `{"type": <name>}`)."""
+        ...
+
+    @property
+    def sigv4(self) -> SigV4 | None:
+        """The signature the request needs, if any."""
+        ...
+
+    def answer(self, status: int, headers: Mapping[str, str], raw: bytes) -> tuple[int, bytes]:
+        """A plain answer or error body, and its status, as the Chat wire has them (the status is kept
+        except where the provider's module documents one that means another)."""
+        ...
+
+    def stream(self) -> StreamTranslator | None:
+        """A fresh rewriter of one streamed answer's blocks into Chat SSE bytes (None: as they come)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class UpstreamCall:
     """One attempt's upstream request, and how its answer reaches the client."""
@@ -60,6 +104,8 @@ class UpstreamCall:
     # The gateway asked a Chat stream for usage the client did not ask for: its usage-only chunk is
     # read for the ledger and not relayed (SPEC §6.0).
     strip_usage: bool = False
+    # A provider whose wire is not the one `dialect` names (its answers reach the relay rewritten).
+    wire: Wire | None = None
 
     def response(self, raw: bytes) -> bytes:
         """A successful plain answer as the client's API has it; ResponseTranslationError when the
@@ -133,6 +179,16 @@ class Provider(Protocol):
     def model_page(self, payload: object) -> ModelPage:
         """One parsed listing page; ValueError when it is not a model list."""
         ...
+
+
+# RFC 3986's unreserved characters: everything else in a path segment is percent-encoded.
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+
+
+def path_segment(value: str) -> str:
+    """`value` (a model or deployment id) as one URL path segment, percent-encoded as the providers'
+    SDKs send it (urllib.parse is out of reach of a pure module: its package also does I/O)."""
+    return "".join(ch if ch in _UNRESERVED else "".join(f"%{b:02X}" for b in ch.encode()) for ch in value)
 
 
 def url(base_url: str, path: str) -> str:

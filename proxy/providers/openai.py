@@ -38,6 +38,8 @@ class OpenAI:
     name = "openai"
     routes = frozenset({CHAT, RESPONSES, COMPACT, MESSAGES, EMBEDDINGS, FILES})
     protocol: dict[str, str] = {}
+    # Whether a stream is asked for usage (`stream_options`) the client did not ask for.
+    asks_stream_usage = True
 
     def auth_headers(self, credential: str) -> dict[str, str]:
         return {"authorization": f"Bearer {credential}"} if credential else {}
@@ -79,7 +81,7 @@ class OpenAI:
             return UpstreamCall(
                 url(target.base_url, path), json_headers(auth), payload, Dialect.RESPONSES, path, model
             )
-        strip_usage = body.get("stream") is True and not include_usage(body)
+        strip_usage = self.asks_stream_usage and body.get("stream") is True and not include_usage(body)
         if strip_usage:
             options = body.get("stream_options")
             payload["stream_options"] = {

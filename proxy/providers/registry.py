@@ -9,7 +9,7 @@ here.
 
 from collections.abc import Mapping
 
-from proxy.providers import anthropic, openai, openrouter
+from proxy.providers import anthropic, azure_openai, openai, openai_compatible, openrouter
 from proxy.providers.base import Json, Provider, UpstreamCall
 from routing.route import Target
 from routing.routes import carrier_table
@@ -19,6 +19,8 @@ _ALL: tuple[Provider, ...] = (
     openai.PROVIDER,
     anthropic.PROVIDER,
     openrouter.PROVIDER,
+    azure_openai.PROVIDER,
+    openai_compatible.PROVIDER,
 )
 PROVIDERS: Mapping[str, Provider] = {p.name: p for p in _ALL}
 

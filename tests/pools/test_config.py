@@ -431,7 +431,8 @@ ERROR_CASES = [
     (_set(f"{A0}.name", DELETE), "pools[0].assignments[0].name: required", IssueCode.REQUIRED),
     (
         _set(f"{A0}.adapter", "azure"),
-        "pools[0].assignments[0].adapter: must be one of openai, anthropic, openrouter",
+        "pools[0].assignments[0].adapter: must be one of openai, anthropic, openrouter, azure_openai, "
+        "openai_compatible",
         IssueCode.INVALID,
     ),
     (

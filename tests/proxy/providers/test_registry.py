@@ -22,12 +22,14 @@ def test_every_adapter_has_exactly_one_provider_under_its_name():
 @pytest.mark.parametrize(
     ("route", "adapters"),
     [
-        ("/chat/completions", {"openai", "openrouter", "anthropic"}),
-        ("/messages", {"openai", "openrouter", "anthropic"}),
-        ("/responses", {"openai", "openrouter"}),  # no Anthropic form
-        ("/responses/compact", {"openai", "openrouter"}),
+        ("/chat/completions", {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible"}),
+        ("/messages", {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible"}),
+        # No Anthropic form; compatible servers are declared without it.
+        ("/responses", {"openai", "openrouter", "azure_openai"}),
+        ("/responses/compact", {"openai", "openrouter", "azure_openai"}),
         ("/messages/count_tokens", {"anthropic"}),  # no OpenAI form
-        ("/embeddings", {"openai", "openrouter"}),  # Anthropic has no embeddings API
+        # Anthropic has no embeddings API.
+        ("/embeddings", {"openai", "openrouter", "azure_openai", "openai_compatible"}),
         ("/files", {"openai"}),  # the Files API exists on OpenAI itself only
     ],
 )

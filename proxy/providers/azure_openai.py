@@ -1,0 +1,113 @@
+"""Azure OpenAI (`azure_openai`): the OpenAI wire behind Azure's URLs, credential header and error codes.
+
+Two surfaces, chosen by the assignment's `base_url`:
+- `https://<resource>.openai.azure.com/openai/v1`: Azure's OpenAI-shaped surface; every route goes there
+  as it would to OpenAI, the model in the body.
+- `https://<resource>.openai.azure.com` (the resource endpoint): Chat Completions (and an Anthropic
+  Messages client translated to it) and embeddings go to the deployment the model names
+  (`/openai/deployments/{model}/...?api-version=API_VERSION`: the catalog's model id is the
+  deployment's name), Responses to the resource's `/openai/v1` surface, which every resource has.
+The key travels in `api-key`. A prompt Azure's content filter blocks is its 400 code `content_filter`, a
+safety refusal like a `content_filter` finish reason (SPEC §5.6, terminal). A deployment the resource does
+not have is its 404 code `DeploymentNotFound`: this account lacks the model, so it reads as OpenAI's
+`model_not_found` (`model_unavailable`: another account may serve it). No Files API is carried (Azure's
+differs in purposes and lifetime).
+"""
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+
+from proxy.providers.base import (
+    CHAT,
+    COMPACT,
+    EMBEDDINGS,
+    MESSAGES,
+    RESPONSES,
+    SSE,
+    Json,
+    SigV4,
+    StreamTranslator,
+    UpstreamCall,
+    path_segment,
+    url,
+)
+from proxy.providers.openai import OpenAI
+from routing.route import Target
+from routing.types import Requirements
+
+# The GA data-plane version of the deployment URLs; the /openai/v1 surface takes none.
+API_VERSION = "2024-10-21"
+V1 = "/openai/v1"
+DEPLOYMENT_ROUTES = frozenset({CHAT, MESSAGES, EMBEDDINGS})
+# Azure's codes for what OpenAI's canonical codes already name.
+CANONICAL_CODES = {"DeploymentNotFound": "model_not_found"}
+
+
+class AzureWire:
+    """Azure's errors with their canonical code; answers and streams are OpenAI's as they come."""
+
+    framing = SSE
+    sigv4: SigV4 | None = None
+
+    def stream(self) -> StreamTranslator | None:
+        return None
+
+    def answer(self, status: int, headers: Mapping[str, str], raw: bytes) -> tuple[int, bytes]:
+        if status < 400:
+            return status, raw
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            return status, raw
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if isinstance(error, dict) and error.get("code") in CANONICAL_CODES:
+            return status, json.dumps({"error": {**error, "code": CANONICAL_CODES[error["code"]]}}).encode()
+        return status, raw
+
+
+WIRE = AzureWire()
+
+
+class AzureOpenAI(OpenAI):
+    name = "azure_openai"
+    routes = frozenset({CHAT, RESPONSES, COMPACT, MESSAGES, EMBEDDINGS})
+    protocol = {"api-version": API_VERSION}
+
+    def auth_headers(self, credential: str) -> dict[str, str]:
+        return {"api-key": credential} if credential else {}
+
+    def call(
+        self,
+        path: str,
+        target: Target,
+        body: Json,
+        *,
+        model: str,
+        requirements: Requirements,
+        credential: str,
+        anthropic_beta: str | None = None,
+    ) -> UpstreamCall:
+        base = target.base_url.rstrip("/")
+        deployment = not base.endswith(V1) and path in DEPLOYMENT_ROUTES
+        if deployment:
+            root = f"{base}/openai/deployments/{path_segment(model)}"
+        else:
+            root = base if base.endswith(V1) else base + V1
+        call = super().call(
+            path,
+            replace(target, base_url=root),
+            body,
+            model=model,
+            requirements=requirements,
+            credential=credential,
+        )
+        where = f"{call.url}?api-version={API_VERSION}" if deployment else call.url
+        return replace(call, url=where, wire=WIRE)
+
+    def models_url(self, base_url: str) -> str:
+        base = base_url.rstrip("/")
+        return url(base if base.endswith(V1) else base + V1, "/models")
+
+
+PROVIDER = AzureOpenAI()

@@ -1,0 +1,141 @@
+"""Azure OpenAI accounts (`azure_openai`) behind the gateway, against the Azure fake (devkit.azure), driven
+by the openai SDK over real sockets: deployment URLs with api-version and the `api-key` header, failover
+across providers before any output, Azure's rejections classified (SPEC §5.6), usage and cost, streams."""
+
+import openai
+import pytest
+
+from catalog.models import Provenance
+from devkit.azure import AzureFake, prompt_filtered
+from devkit.upstream import rate_limited, serve
+from pools.models import Adapter, GatewaySettings
+from proxy.ledger import writer
+from proxy.models import Attempt, RequestRecord
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
+from tests.gateway_fixtures import GATEWAY_KEY
+from tests.proxy.fixtures_e2e import wait_for
+
+AZURE_KEY = "azure-upstream-key-0000"
+TURN = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def azure_then_openai(transactional_db, fake_upstream_factory, monkeypatch):
+    """Pool `main`: an Azure resource (tier 0, deployment `gpt-4o`) then an OpenAI account (tier 1)."""
+    monkeypatch.setenv("GATEWAY_UPSTREAM_AZURE", AZURE_KEY)
+    GatewaySettings.objects.update_or_create(pk=1, defaults={"backoff_base_ms": 0})
+    azure = AzureFake("azure", ("gpt-4o",), require_key=AZURE_KEY).start()
+    openai_fake = fake_upstream_factory("openai", models=("gpt-4o",))
+    pool = PoolFactory(name="main")
+    rows = []
+    for tier, (name, adapter, base_url, env) in enumerate(
+        (
+            ("azure", Adapter.AZURE_OPENAI, azure.endpoint, "GATEWAY_UPSTREAM_AZURE"),
+            ("openai", Adapter.OPENAI, openai_fake.base_url, ""),
+        )
+    ):
+        row = AssignmentFactory(
+            pool=pool, name=name, adapter=adapter, base_url=base_url, tier=tier, api_key_env=env
+        )
+        CatalogEntryFactory(
+            assignment=row,
+            model="gpt-4o",
+            provenance=Provenance.CONFIGURED,
+            input_per_mtok_micros=2_500_000,
+            output_per_mtok_micros=10_000_000,
+        )
+        rows.append(row)
+    GatewayKeyFactory(name="e2e", raw_key=GATEWAY_KEY, pools=[pool])
+    yield azure, openai_fake, rows
+    azure.stop()
+
+
+def _client(gateway: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key=GATEWAY_KEY, max_retries=0)
+
+
+def _record() -> RequestRecord:
+    writer.flush()
+    return RequestRecord.objects.get()
+
+
+def test_a_chat_turn_goes_to_the_deployment_with_the_azure_key_and_is_charged(gateway, azure_then_openai):
+    azure, openai_fake, _ = azure_then_openai
+    azure.script("gpt-4o", serve("from azure", input_tokens=1000, output_tokens=100))
+    answer = _client(gateway).chat.completions.create(model="gpt-4o", messages=TURN)
+    assert answer.choices[0].message.content == "from azure"
+    hit = azure.hits[-1]
+    assert hit.path == "/openai/deployments/gpt-4o/chat/completions"
+    assert hit.headers["api-key"] == AZURE_KEY and "authorization" not in hit.headers
+    assert openai_fake.hits == []
+    attempt = Attempt.objects.get(request=_record())
+    assert (attempt.input_tokens, attempt.output_tokens) == (1000, 100)
+    assert attempt.cost_micros == 2_500 + 1_000  # 1000 x 2.5 $/Mtok + 100 x 10 $/Mtok
+
+
+def test_a_streamed_turn_is_relayed_and_its_usage_read(gateway, azure_then_openai):
+    azure, _, _ = azure_then_openai
+    stream = _client(gateway).chat.completions.create(model="gpt-4o", messages=TURN, stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello from azure"
+    assert all(c.usage is None for c in chunks)  # the usage the gateway asked for is not relayed
+    assert azure.hits[-1].body["stream_options"] == {"include_usage": True}
+    # The SDK stops reading at [DONE]: the ledger hand-off may still be running.
+    attempt = wait_for(lambda: (writer.flush(), Attempt.objects.first())[1], what="the attempt")
+    assert attempt.output_tokens == 3
+
+
+@pytest.mark.parametrize("rejection", ["rate_limited", "deployment_not_found"])
+def test_an_azure_rejection_another_account_can_fix_fails_over_to_openai(
+    gateway, azure_then_openai, rejection
+):
+    azure, _, _ = azure_then_openai
+    if rejection == "rate_limited":
+        azure.script("gpt-4o", rate_limited(retry_after="7"))
+    else:
+        azure.models = ()  # this resource has no deployment of the model
+    answer = _client(gateway).chat.completions.with_raw_response.create(model="gpt-4o", messages=TURN)
+    assert answer.parse().choices[0].message.content == "hello from openai"
+    assert answer.headers["x-gateway-attempts"] == "2"
+    first = Attempt.objects.filter(request=_record()).order_by("ordinal").first()
+    expected = {"rate_limited": "rate_limited", "deployment_not_found": "model_unavailable"}[rejection]
+    assert (first.status, first.failure_class) == ("retryable_failed", expected)
+
+
+def test_a_prompt_blocked_by_azures_content_filter_is_a_terminal_refusal(gateway, azure_then_openai):
+    azure, openai_fake, _ = azure_then_openai
+    azure.script("gpt-4o", prompt_filtered())
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(gateway).chat.completions.create(model="gpt-4o", messages=TURN)
+    assert refused.value.code == "content_filter"
+    assert "content management policy" not in str(refused.value.body)  # Azure's words stay upstream
+    assert openai_fake.hits == []  # a safety refusal is never failed over
+    attempt = Attempt.objects.get(request=_record())
+    assert attempt.failure_class == "safety_refusal"
+
+
+def test_embeddings_go_to_the_deployment(gateway, azure_then_openai):
+    azure, _, _ = azure_then_openai
+    vectors = _client(gateway).embeddings.create(model="gpt-4o", input=["a", "b"]).data
+    assert len(vectors) == 2
+    assert azure.hits[-1].path == "/openai/deployments/gpt-4o/embeddings"
+
+
+def test_responses_go_to_the_v1_surface_of_the_resource(gateway, azure_then_openai):
+    azure, _, _ = azure_then_openai
+    assert _client(gateway).responses.create(model="gpt-4o", input="hi").output_text == "hello from azure"
+    assert azure.hits[-1].path == "/openai/v1/responses"
+
+
+def test_catalog_discovery_lists_the_resources_models_with_the_azure_key(azure_then_openai):
+    from catalog.models import CatalogEntry
+    from catalog.services import catalog_sync
+
+    azure, _, (row, _) = azure_then_openai
+    azure.models = ("gpt-4o", "gpt-4.1")
+    row.discovery = True
+    row.save(update_fields=["discovery"])
+    assert catalog_sync(assignment="azure").results[0].ok
+    assert azure.hits[-1].path == "/openai/v1/models" and azure.hits[-1].headers["api-key"] == AZURE_KEY
+    provenance = dict(CatalogEntry.objects.filter(assignment=row).values_list("model", "provenance"))
+    assert provenance == {"gpt-4o": "configured", "gpt-4.1": "observed"}
