@@ -77,6 +77,26 @@ class Database:
         with psycopg.connect(libpq_url(self.url)) as conn:
             return conn.execute(sql, params).fetchall()
 
+    def copy_from(self, template: Database) -> None:
+        """Make this database, fresh from `create`, a copy of `template` (of the same vendor and
+        server, and in use by nobody): SQLite's online backup, PostgreSQL's CREATE DATABASE ...
+        TEMPLATE under this database's name."""
+        if self.vendor == "sqlite":
+            import sqlite3
+
+            source, target = sqlite3.connect(template.name), sqlite3.connect(self.name)
+            try:
+                source.backup(target)
+            finally:
+                source.close()
+                target.close()
+            return
+        import psycopg
+
+        with psycopg.connect(libpq_url(self._admin_url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}"')
+            conn.execute(f'CREATE DATABASE "{self.name}" TEMPLATE "{template.name}"')
+
     def drop(self) -> None:
         if self.vendor != "postgresql":
             return

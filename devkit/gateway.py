@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +28,7 @@ import httpx
 import yaml
 
 from devkit.databases import Database
-from devkit.harness import HOST, PYTHON, ROOT, free_port, spawn, stop, tail
+from devkit.harness import HOST, PYTHON, free_port, run_logged, spawn, stop, tail
 
 
 def gateway_config(
@@ -62,6 +65,38 @@ def gateway_config(
     if retry:
         config["retry"] = retry
     return config
+
+
+def manage(command: list[str], env: dict[str, str], workdir: Path) -> None:
+    """`manage.py COMMAND` to completion, its output in workdir/manage-NAME.log (raises with the log's
+    tail on failure)."""
+    log_path = workdir / f"manage-{command[0]}.log"
+    rc, last = run_logged([PYTHON, "manage.py", *command], env, log_path, 300)
+    if rc != 0:
+        raise RuntimeError(f"manage.py {command[0]} failed ({rc}): {last}")
+
+
+_migrated: dict[str, Database] = {}  # per database server ("" for SQLite files): one this process migrated
+
+
+def migrated(database: Database, env: dict[str, str]) -> Database:
+    """A database of `database`'s kind (and server) with every migration applied, made by `manage.py
+    migrate` the first time this process asks and kept until it exits, to be copied by `prepare`."""
+    server = database._admin_url if database.vendor == "postgresql" else ""
+    if server in _migrated:
+        return _migrated[server]
+    workdir = Path(tempfile.mkdtemp(prefix="devkit-migrated-"))
+    template = Database.create(workdir, server_url=server)
+    manage(["migrate", "--noinput"], {**env, "DATABASE_URL": template.url}, workdir)
+    _migrated[server] = template
+
+    def remove() -> None:
+        with contextlib.suppress(Exception):  # e.g. the run's own PostgreSQL is already stopped
+            template.drop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    atexit.register(remove)
+    return template
 
 
 @dataclass
@@ -112,26 +147,14 @@ class GatewayProcess:
         return env
 
     def prepare(self, config: dict) -> None:
-        """Migrate the fresh database and load `config` (raises with the log tail on failure)."""
+        """Bring the fresh database to the current schema and load `config` (raises with the log
+        tail on failure). The schema is a copy of a database this process migrated once (`migrated`):
+        the migrations run once per test session or harness run, not once per gateway."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_path = self.workdir / "gateway_config.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        env = self.env()
-        for step in (["migrate", "--noinput"], ["load_gateway_config", str(config_path)]):
-            log_path = self.workdir / f"manage-{step[0]}.log"
-            with open(log_path, "wb") as log:
-                rc = subprocess.run(  # noqa: S603
-                    [PYTHON, "manage.py", *step],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    timeout=300,
-                    check=False,
-                ).returncode
-            if rc != 0:
-                raise RuntimeError(f"manage.py {step[0]} failed ({rc}): {tail(log_path)}")
+        self.database.copy_from(migrated(self.database, self.env()))
+        manage(["load_gateway_config", str(config_path)], self.env(), self.workdir)
 
     def start(self, ready_timeout: float = 60.0) -> None:
         self.launch()

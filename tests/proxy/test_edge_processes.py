@@ -14,7 +14,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -95,25 +94,27 @@ class EndlessStream:
         self.thread.join(5)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def endless() -> Iterator[EndlessStream]:
     upstream = EndlessStream()
     yield upstream
     upstream.stop()
 
 
-@pytest.fixture
-def served(tmp_path: Path, endless, monkeypatch) -> Iterator[GatewayProcess]:
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, endless) -> Iterator[GatewayProcess]:
     """The gateway started by `python -m gatewaysite.server` with short client timeouts, one pool whose
-    one assignment is the endless upstream, and the key KEY."""
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, "sk-edge-upstream")
-    database = Database.create(tmp_path)
+    one assignment is the endless upstream, and the key KEY. One process for the module: each test is
+    one client connection that ends with the test, and measures memory from a peak reset of its own."""
+    workdir = tmp_path_factory.mktemp("served")
+    database = Database.create(workdir)
     process = GatewayProcess(
         database,
-        tmp_path,
+        workdir,
         launcher=["-m", "gatewaysite.server"],
         uvicorn_args=["--no-access-log"],
         env_extra={
+            UPSTREAM_KEY_ENV: "sk-edge-upstream",
             "GATEWAY_CLIENT_TIMEOUT_S": str(CLIENT_TIMEOUT_S),
             "GATEWAY_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
         },
