@@ -42,11 +42,11 @@ from proxy import upstream
 from proxy.adapters.chat_over_messages import anthropic_to_chat_response, chat_to_anthropic_request
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.providers.base import UpstreamCall
-from proxy.providers.registry import upstream_call
+from proxy.providers.registry import provider, upstream_call
 from proxy.sse import Dialect
 from proxy.upstream import ResponseTooLarge, TransportFailure
 from routing.capabilities import Capability
-from routing.failures import FailureClass, Observation, classify
+from routing.failures import ErrorShape, FailureClass, Observation, classify
 from routing.route import Target
 from routing.types import Requirements
 
@@ -386,10 +386,10 @@ def _usage(answer: Mapping[str, Any]) -> tuple[int | None, int | None]:
 CONTENT_REJECTIONS = frozenset({400, 413, 415, 422})
 
 
-def _inconclusive_reason(status: int, body: Mapping[str, Any] | None) -> str | None:
+def _inconclusive_reason(status: int, body: Mapping[str, Any] | None, errors: ErrorShape) -> str | None:
     """None when a non-2xx answer is the route refusing the probe itself (a verdict: not qualified);
-    else why the route cannot be judged now, in the gateway's words."""
-    failure = classify(Observation(status=status, body=body, has_provenance=True))
+    else why the route cannot be judged now, in the gateway's words. `errors`: the provider's shape."""
+    failure = classify(Observation(status=status, body=body, has_provenance=True, errors=errors))
     if status in CONTENT_REJECTIONS and failure in (FailureClass.CLIENT_ERROR, FailureClass.CONTEXT_OVERFLOW):
         return None
     return f"{failure or FailureClass.UPSTREAM_ERROR} (HTTP {status})"
@@ -404,7 +404,13 @@ async def send(call: UpstreamCall, timeout_s: float) -> tuple[int, bytes]:
 
 
 async def _attempt(
-    probe: Probe, call: UpstreamCall, expect: Mapping[str, Any], run: RouteRun, *, timeout_s: float
+    probe: Probe,
+    call: UpstreamCall,
+    expect: Mapping[str, Any],
+    run: RouteRun,
+    *,
+    timeout_s: float,
+    errors: ErrorShape,
 ) -> str:
     """One probe's request as the upstream receives it, judged: a check code. Raises Inconclusive."""
     try:
@@ -418,7 +424,7 @@ async def _attempt(
             parsed = json.loads(raw)
         except ValueError:
             parsed = None
-        reason = _inconclusive_reason(status, parsed if isinstance(parsed, dict) else None)
+        reason = _inconclusive_reason(status, parsed if isinstance(parsed, dict) else None, errors)
         if reason is not None:
             raise Inconclusive(probe.id, reason)
         return f"{REJECTED}_{status}"
@@ -474,7 +480,9 @@ async def replay(
             if call.payload in sent:
                 continue
             sent.append(call.payload)
-            code = await _attempt(probe, call, expect, run, timeout_s=timeout_s)
+            code = await _attempt(
+                probe, call, expect, run, timeout_s=timeout_s, errors=provider(target.adapter).errors
+            )
             if code != OK:
                 outcome = Outcome(label, False, code)
                 break

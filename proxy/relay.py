@@ -39,7 +39,7 @@ from proxy.apis.base import ClientApi
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Lease, Memory, Stream, settle
 from proxy.providers.base import COUNT_TOKENS, StreamTranslator, UpstreamCall
-from proxy.providers.registry import upstream_call
+from proxy.providers.registry import provider, upstream_call
 from proxy.sse import (
     Action,
     Block,
@@ -602,7 +602,7 @@ class Relay:
     ) -> Failure:
         failure = classify(observation) or FailureClass.UPSTREAM_ERROR
         # Only sanitized fields go on (SPEC §4): to the client, the ledger, the log and the metrics.
-        error = sanitized(canonical_error(observation.body), failure)
+        error = sanitized(canonical_error(observation.body, observation.errors), failure)
         return Failure(
             failure=failure,
             dispatch=dispatch_state(observation.transport, observation.status),
@@ -644,7 +644,12 @@ class Relay:
                 return self.unrelayable(status, "upstream_untranslatable")
         # A failed attempt is charged too when the upstream reported usage with its error.
         log.input_tokens, log.output_tokens = payloads.usage(body)
-        observation = Observation(status=status, body=body, has_provenance=c.provenance is not None)
+        observation = Observation(
+            status=status,
+            body=body,
+            has_provenance=c.provenance is not None,
+            errors=provider(c.adapter).errors,
+        )
         return self.failure(observation, retry_after=retry_after)
 
     @staticmethod
@@ -702,6 +707,7 @@ class Relay:
                                 body=cls.payload if isinstance(cls.payload, dict) else None,
                                 transport=TransportEvent.STREAM_ERROR_EVENT,
                                 has_provenance=c.provenance is not None,
+                                errors=provider(c.adapter).errors,
                             ),
                             tuple(reading.output(reading.withholder.withheld())),
                         )
@@ -737,6 +743,7 @@ class Relay:
                         body=cls.payload if isinstance(cls.payload, dict) else None,
                         transport=TransportEvent.STREAM_ERROR_EVENT,
                         has_provenance=c.provenance is not None,
+                        errors=provider(c.adapter).errors,
                     )
                 )
                 fields = sanitized(

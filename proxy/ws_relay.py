@@ -24,6 +24,7 @@ from collections.abc import AsyncGenerator
 from proxy import upstream_ws
 from proxy.exchange import AttemptLog, Failure, Final, Stream
 from proxy.providers.base import UpstreamCall
+from proxy.providers.registry import provider
 from proxy.relay import Relay
 from proxy.sse import Block, Dialect, responses_error_event
 from proxy.upstream import TransportFailure
@@ -98,7 +99,10 @@ class WebsocketDispatch:
             except HandshakeRejected as rejected:
                 return relay.failure(
                     Observation(
-                        status=rejected.status, body=rejected.body, has_provenance=c.provenance is not None
+                        status=rejected.status,
+                        body=rejected.body,
+                        has_provenance=c.provenance is not None,
+                        errors=provider(c.adapter).errors,
                     )
                 )
         else:

@@ -1,10 +1,12 @@
 """Failure classification and disposition (SPEC §5.6).
 
 Contract:
-- `canonical_error(body)` extracts only the canonical (type, code, param) strings of a parsed
-  error body, never its message. The error object is looked up in the fixed order
-  `response.error`, `error`, `status_details.error`; a Bedrock top-level `__type` supplies the type
-  when the object has none. Non-string values count as absent.
+- `canonical_error(body, shape)` extracts only the canonical (type, code, param) strings of a parsed
+  error body, never its message. Where they are is the upstream provider's `ErrorShape` (data of its
+  module in `proxy.providers`): the error object is looked up at its paths in order (by default
+  `response.error`, `error`, `status_details.error`), and a provider whose errors may name their type
+  in a top-level field (AWS's `__type`, `namespace#Type:uri`) reads the type from it when the object has
+  none. Non-string values count as absent.
 - `classify(observation)` maps one attempt's typed observation (HTTP status, parsed body, transport
   event, finish/stop reason, catalog provenance for (assignment, model)) to a FailureClass, or None
   when nothing failed. Decisions use exact enumerated values only: no message text, no substring.
@@ -34,11 +36,16 @@ from routing.types import CircuitReason
 from routing.vocabulary import DispatchState as DispatchState
 from routing.vocabulary import FailureClass as FailureClass
 
-ERROR_OBJECT_PATHS: tuple[tuple[str, ...], ...] = (
-    ("response", "error"),
-    ("error",),
-    ("status_details", "error"),
-)
+
+@dataclass(frozen=True, slots=True)
+class ErrorShape:
+    """Where one provider's error bodies keep their canonical fields."""
+
+    # The error object's paths, tried in order (Responses, Chat/Anthropic, a Responses status event).
+    paths: tuple[tuple[str, ...], ...] = (("response", "error"), ("error",), ("status_details", "error"))
+    # A top-level field naming the type as `namespace#Type:uri` (AWS), read when the object has none.
+    type_field: str | None = None
+
 
 REFUSAL_FINISH_REASONS = frozenset({"content_filter", "refusal"})
 REFUSAL_CODES = frozenset({"content_filter", "content_policy_violation"})
@@ -107,14 +114,17 @@ class Observation:
     finish_reason: str | None = None  # finish_reason / stop_reason / incomplete reason, verbatim
     safety_block: bool = False  # the adapter saw a structured provider safety block
     has_provenance: bool = False  # the catalog holds an entry for (assignment, model)
+    errors: ErrorShape = ErrorShape()  # where the upstream provider's error bodies keep their fields
 
 
 def _string(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _error_object(body: Mapping[str, object]) -> Mapping[str, object] | None:
-    for path in ERROR_OBJECT_PATHS:
+def _error_object(
+    body: Mapping[str, object], paths: tuple[tuple[str, ...], ...]
+) -> Mapping[str, object] | None:
+    for path in paths:
         node: object = body
         for step in path:
             node = node.get(step) if isinstance(node, Mapping) else None
@@ -123,7 +133,7 @@ def _error_object(body: Mapping[str, object]) -> Mapping[str, object] | None:
     return None
 
 
-def _aws_type(value: object) -> str | None:
+def _namespaced_type(value: object) -> str | None:
     """`com.amazonaws.bedrock#ValidationException:http://...` -> `ValidationException`."""
     text = _string(value)
     if text is None:
@@ -131,13 +141,14 @@ def _aws_type(value: object) -> str | None:
     return text.rpartition("#")[2].partition(":")[0] or None
 
 
-def canonical_error(body: Mapping[str, object] | None) -> CanonicalError:
+def canonical_error(body: Mapping[str, object] | None, shape: ErrorShape = ErrorShape()) -> CanonicalError:
     if not isinstance(body, Mapping):
         return CanonicalError()
-    error = _error_object(body)
+    error = _error_object(body, shape.paths)
     fields = error if error is not None else {}
+    named = _namespaced_type(body.get(shape.type_field)) if shape.type_field is not None else None
     return CanonicalError(
-        type=_string(fields.get("type")) or _aws_type(body.get("__type")),
+        type=_string(fields.get("type")) or named,
         code=_string(fields.get("code")),
         param=_string(fields.get("param")),
     )
@@ -178,7 +189,7 @@ def _by_stream_error(error: CanonicalError) -> FailureClass:
 
 def classify(observation: Observation) -> FailureClass | None:
     obs = observation
-    error = canonical_error(obs.body)
+    error = canonical_error(obs.body, obs.errors)
     # A refusal stays terminal whatever else the attempt shows.
     if obs.safety_block or obs.finish_reason in REFUSAL_FINISH_REASONS or error.code in REFUSAL_CODES:
         return FailureClass.SAFETY_REFUSAL

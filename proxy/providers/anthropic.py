@@ -14,6 +14,7 @@ from proxy.adapters.chat_over_messages import (
     chat_to_anthropic_request,
 )
 from proxy.providers.base import (
+    AWS_FRONTED,
     CHAT,
     COUNT_TOKENS,
     MESSAGES,
@@ -36,6 +37,7 @@ class Anthropic:
     name = "anthropic"
     routes = frozenset({CHAT, MESSAGES, COUNT_TOKENS})
     protocol = {"anthropic-version": VERSION}
+    errors = AWS_FRONTED
 
     def auth_headers(self, credential: str) -> dict[str, str]:
         return {**self.protocol, "x-api-key": credential} if credential else dict(self.protocol)

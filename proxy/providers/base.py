@@ -5,7 +5,7 @@ A provider is one module of `proxy.providers` holding one object that satisfies 
 (`proxy.providers.registry`) keys them by their `Adapter` value. Everything that differs between two
 upstream APIs is decided behind this protocol: which client routes the provider carries (as sent or
 translated), its URLs, its credential headers, the request it is sent and how its answer comes back to
-the client, and how it lists its models.
+the client, where its error bodies keep their canonical fields, and how it lists its models.
 """
 
 import json
@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from proxy.adapters.translate import ResponseTranslationError
 from proxy.sse import Block, Dialect
+from routing.failures import ErrorShape
 from routing.route import Target
 from routing.types import Requirements
 
@@ -30,6 +31,11 @@ EMBEDDINGS = "/embeddings"
 
 
 Json = dict[str, Any]  # a parsed JSON object
+
+
+# An account behind an AWS-fronted endpoint (a Bedrock-compatible proxy) may answer with AWS's top-level
+# `__type` instead of its provider's envelope: the OpenAI- and Anthropic-shaped providers read it as the type.
+AWS_FRONTED = ErrorShape(type_field="__type")
 
 
 class StreamTranslator(Protocol):
@@ -151,6 +157,11 @@ class Provider(Protocol):
     def protocol(self) -> Mapping[str, str]:
         """The protocol settings sent with every request (e.g. an API version header): part of a
         route's configuration hash, so a change invalidates capability evidence."""
+        ...
+
+    @property
+    def errors(self) -> ErrorShape:
+        """Where its error bodies keep the canonical type, code and param (SPEC §5.6)."""
         ...
 
     def auth_headers(self, credential: str) -> dict[str, str]:

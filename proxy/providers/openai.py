@@ -15,6 +15,7 @@ from proxy.adapters.messages_over_chat import (
     chat_to_anthropic_response,
 )
 from proxy.providers.base import (
+    AWS_FRONTED,
     CHAT,
     COMPACT,
     EMBEDDINGS,
@@ -40,6 +41,7 @@ class OpenAI:
     protocol: dict[str, str] = {}
     # Whether a stream is asked for usage (`stream_options`) the client did not ask for.
     asks_stream_usage = True
+    errors = AWS_FRONTED
 
     def auth_headers(self, credential: str) -> dict[str, str]:
         return {"authorization": f"Bearer {credential}"} if credential else {}

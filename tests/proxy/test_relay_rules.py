@@ -63,7 +63,7 @@ def _relay(*, deadline: float = 0.0, backoff_base_ms: int = 0) -> Relay:
     ],
 )
 def test_a_codeless_404_is_a_model_failure_only_with_catalog_provenance(provenance, expected):
-    c = Candidate(assignment_id=1, model="gpt-5", provenance=provenance)
+    c = Candidate(assignment_id=1, model="gpt-5", adapter="openai", provenance=provenance)
     log = AttemptLog(1, 1, "gpt-5", "http", "failed")
     failure = _relay().plain(c, log, None, 404, CODELESS_404)  # type: ignore[arg-type]
     assert failure.failure is expected

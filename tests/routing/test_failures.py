@@ -7,6 +7,7 @@ from routing.failures import (
     CanonicalError,
     DispatchState,
     Disposition,
+    ErrorShape,
     FailureClass,
     Observation,
     TransportEvent,
@@ -23,6 +24,8 @@ from routing.types import CircuitReason
 FC = FailureClass
 TE = TransportEvent
 DS = DispatchState
+# Errors that may name their type in a top-level `__type` (AWS's shape, declared by a provider module).
+AWS = ErrorShape(type_field="__type")
 
 
 def err(*, code=None, type=None, param=None, message="a provider message, never read"):
@@ -128,12 +131,18 @@ def test_bare_404_and_anthropic_not_found_are_model_not_found_cross(body, proven
     ],
 )
 def test_bedrock_validation_exception_at_400_is_model_not_found_cross(body):
-    assert classify(Observation(status=400, body=body)) is FC.MODEL_NOT_FOUND_CROSS
+    assert classify(Observation(status=400, body=body, errors=AWS)) is FC.MODEL_NOT_FOUND_CROSS
+
+
+def test_a_top_level_type_is_read_only_for_a_provider_whose_errors_may_have_one():
+    body = {"__type": "ValidationException"}
+    assert classify(Observation(status=400, body=body)) is FC.CLIENT_ERROR
+    assert canonical_error(body) == CanonicalError()
 
 
 @pytest.mark.parametrize("status", [403, 422, 429])
 def test_validation_exception_at_other_statuses_is_not_cross(status):
-    result = classify(Observation(status=status, body={"__type": "ValidationException"}))
+    result = classify(Observation(status=status, body={"__type": "ValidationException"}, errors=AWS))
     assert result is not FC.MODEL_NOT_FOUND_CROSS
 
 
@@ -351,7 +360,7 @@ def test_error_object_lookup_skips_non_objects():
     ],
 )
 def test_canonical_error_extracts_only_type_code_param(body, expected):
-    result = canonical_error(body)
+    result = canonical_error(body, AWS)
     assert result == expected
     assert "secret" not in repr(result) and "provider message" not in repr(result)
 
