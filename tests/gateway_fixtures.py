@@ -1,17 +1,23 @@
 """Pytest fixtures for end-to-end tests: the gateway's ASGI app served on a real loopback socket
 (uvicorn in a thread, sharing the test database), and pools of assignments on fake upstreams with the
-e2e key. Registered for the whole suite by tests/conftest.py, so tests in any directory request them
-by name."""
+e2e key; and several gateway processes on the test database (`gateway_nodes`, PostgreSQL). Registered
+for the whole suite by tests/conftest.py, so tests in any directory request them by name."""
 
 import asyncio
+import os
 import socket
+import subprocess
 import threading
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
+from django.db import connection
 
 from catalog.models import Provenance
+from devkit.harness import PYTHON, free_port, spawn, stop, tail
 from devkit.upstream import FakeUpstream
 from pools.models import Assignment, GatewaySettings
 from proxy import ledger, upstream
@@ -97,3 +103,62 @@ def two_assignments(build_assignments):
 def three_assignments(build_assignments):
     """Pool `main`: `acct-a`, `acct-b`, `acct-c` (tiers 0, 1, 2), each on its own fake, all for gpt-5."""
     return build_assignments(3)
+
+
+class GatewayNodes:
+    """Gateway nodes (`uvicorn gatewaysite.asgi:application`, one process each) on the test database,
+    as several nodes share one PostgreSQL; logs in `log_dir`."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, count: int = 2, **env_extra: str) -> list[str]:
+        """Start `count` nodes (the environment plus `env_extra`) and wait until each answers
+        /healthz: their base URLs."""
+        db = connection.settings_dict
+        url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "DATABASE_CONN_MAX_AGE": "0",
+            "DJANGO_SECRET_KEY": "test-only-secret-key-not-for-deployment",
+            "DJANGO_DEBUG": "false",
+            "GATEWAY_LOG_LEVEL": "WARNING",
+            **env_extra,
+        }
+        started = []
+        for _ in range(count):
+            port = free_port()
+            log_path = self.log_dir / f"node-{len(self.procs)}.log"
+            cmd = [PYTHON, "-m", "uvicorn", "gatewaysite.asgi:application", "--port", str(port)]
+            self.procs.append(spawn(cmd, env, log_path))
+            started.append((f"http://127.0.0.1:{port}", self.procs[-1], log_path))
+        for base, proc, log_path in started:
+            deadline = time.monotonic() + 30
+            while not self._healthy(base):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"gateway node at {base} did not start: {tail(log_path)}")
+                time.sleep(0.05)
+        return [base for base, _, _ in started]
+
+    @staticmethod
+    def _healthy(base: str) -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop(proc, 15)
+        self.procs.clear()
+
+
+@pytest.fixture
+def gateway_nodes(transactional_db, tmp_path):
+    """`gateway_nodes.start(n, **env)`: n gateway processes on the test database; stopped after the
+    test (or by `gateway_nodes.stop()`)."""
+    nodes = GatewayNodes(tmp_path)
+    yield nodes
+    nodes.stop()

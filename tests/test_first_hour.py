@@ -6,7 +6,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devkit.harness import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 VENV = Path(sys.prefix)  # the venv running the tests: `make test`'s .venv
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _readme_blocks() -> list[str]:
@@ -98,7 +93,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def test_the_readme_works_as_written_from_a_second_terminal(tree):
-    port = _free_port()
+    port = free_port()
     first = _make_run(tree, port)
     second = None
     try:
@@ -144,7 +139,7 @@ def test_the_readme_works_as_written_from_a_second_terminal(tree):
         assert superuser.returncode == 0, superuser.stderr
 
         # A second `make run` on another port comes up beside the first (no fixed demo ports).
-        other = _free_port()
+        other = free_port()
         second = _make_run(tree, other)
         _wait_healthy(other, second)
         assert first.poll() is None
@@ -169,7 +164,7 @@ def _processes_in(tree: Path) -> list[int]:
 @pytest.mark.parametrize("after_s", [0.5, 3.0])
 def test_stopping_make_run_while_it_starts_leaves_nothing_running(tree, after_s):
     # Ctrl-C (or a test's SIGTERM) during migrate or while the demo upstreams start.
-    proc = _make_run(tree, _free_port())
+    proc = _make_run(tree, free_port())
     time.sleep(after_s)
     os.kill(proc.pid, signal.SIGTERM)
     proc.wait(30)

@@ -3,10 +3,6 @@
 with its own connection (the way several nodes reach the same rows and keys)."""
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -31,12 +27,6 @@ postgres = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _redis_clean(prefix: str) -> None:
     import redis
 
@@ -49,46 +39,15 @@ def _redis_clean(prefix: str) -> None:
 
 
 @pytest.fixture(params=["database", "redis"])
-def nodes(request, two_assignments):
+def nodes(request, two_assignments, gateway_nodes):
     """Two uvicorn processes serving the gateway on the test database, counting limits in the
     database or in Redis (a prefix of this test's own)."""
-    db = connection.settings_dict
-    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     prefix = f"gw-test-{uuid.uuid4().hex[:12]}"
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "DATABASE_CONN_MAX_AGE": "0",
-        "DJANGO_SECRET_KEY": "test-only-secret-key-not-for-deployment",
-        "DJANGO_DEBUG": "false",
-        "GATEWAY_LOG_LEVEL": "WARNING",
-        "REDIS_URL": REDIS_URL if request.param == "redis" else "",
-        "GATEWAY_REDIS_PREFIX": prefix,
-    }
-    procs, urls = [], []
-    for _ in range(2):
-        port = _free_port()
-        cmd = [sys.executable, "-m", "uvicorn", "gatewaysite.asgi:application", "--port", str(port)]
-        procs.append(
-            subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        )
-        urls.append(f"http://127.0.0.1:{port}")
+    redis_url = REDIS_URL if request.param == "redis" else ""
     try:
-        for node in urls:
-            for _ in range(300):
-                try:
-                    if httpx.get(f"{node}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.05)
-            else:
-                pytest.fail(f"gateway node at {node} did not start")
-        yield urls
+        yield gateway_nodes.start(2, REDIS_URL=redis_url, GATEWAY_REDIS_PREFIX=prefix)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(15)
+        gateway_nodes.stop()
         _redis_clean(prefix)
 
 

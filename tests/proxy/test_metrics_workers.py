@@ -2,7 +2,6 @@
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 from django.db import connection
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from devkit.harness import free_port
 from gatewaysite.server import workers
 from tests.gateway_fixtures import GATEWAY_KEY
 
@@ -22,12 +22,6 @@ CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
 OK_SERIES = re.compile(
     r'^gateway_requests_total\{outcome="ok",route="/v1/chat/completions",transport="http"\} (\S+)$', re.M
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ok_requests(families) -> float:
@@ -79,7 +73,7 @@ def test_a_scrape_sums_every_workers_requests(two_assignments, tmp_path):
         "GATEWAY_LOG_LEVEL": "WARNING",
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
     }
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "gatewaysite.server", "--port", str(port), "--workers", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,9 +1,5 @@
 """Two gateway processes on one PostgreSQL: health is shared through the database, not the process."""
 
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,47 +24,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def nodes(two_assignments):
+def nodes(two_assignments, gateway_nodes):
     """Two uvicorn processes serving the gateway on the test database."""
-    db = connection.settings_dict
-    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "DATABASE_CONN_MAX_AGE": "0",
-        "DJANGO_SECRET_KEY": "test-only-secret-key-not-for-deployment",
-        "DJANGO_DEBUG": "false",
-        "GATEWAY_LOG_LEVEL": "WARNING",
-    }
-    procs, urls = [], []
-    for _ in range(2):
-        port = _free_port()
-        cmd = [sys.executable, "-m", "uvicorn", "gatewaysite.asgi:application", "--port", str(port)]
-        procs.append(
-            subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        )
-        urls.append(f"http://127.0.0.1:{port}")
-    for url in urls:
-        for _ in range(200):
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
-        else:
-            pytest.fail(f"gateway node at {url} did not start")
-    yield urls
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        proc.wait(15)
+    return gateway_nodes.start(2)
 
 
 def test_a_circuit_opened_through_one_node_is_honoured_by_the_other(nodes, two_assignments):

@@ -11,7 +11,6 @@ RequestRecord, written from the gateway's local spool once the database returned
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import httpx
 import psycopg
 import pytest
 
+from devkit.harness import free_port
 from devkit.upstream import FakeUpstream, slow_stream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,19 +36,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
     """A throwaway PostgreSQL cluster (as the `postgres` user when the tests run as root)."""
 
     def __init__(self, root: Path) -> None:
         self.bin = Path(PG_BINS[-1])
         self.data, self.log = root / "data", root / "server.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if self.as_owner:
             shutil.chown(root, "postgres")
@@ -128,7 +122,7 @@ keys:
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v0"], cwd=REPO, env=env, check=True, timeout=300)
     subprocess.run([*manage, "load_gateway_config", str(config)], cwd=REPO, env=env, check=True, timeout=120)
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "uvicorn", "gatewaysite.asgi:application", "--port", str(port)]
     log = (tmp_path / "gateway.log").open("wb")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
