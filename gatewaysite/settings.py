@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "channels",
     "pools",
     "catalog",
+    "gatewayconfig",
     "routing",
     "proxy",
 ]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_imports import PACKAGES
+
 ROOT = Path(__file__).resolve().parent.parent
 ROUTING = ROOT / "routing"
-PROJECT = frozenset(
-    {"gatewaysite", "pools", "catalog", "routing", "proxy", "runtime", "devkit", "soak", "bench"}
-)
+PROJECT = frozenset(PACKAGES)
 # The routing modules that may touch Django: everything else in routing/ is the pure core.
 ORM_MODULES = frozenset({"__init__", "apps", "models", "services", "selectors", "admin"})
 EXPECTED_PURE = frozenset(

@@ -28,6 +28,7 @@ from routing.vocabulary import (
     ToolRepresentation,
     TriState,
 )
+from tests.test_imports import PACKAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -83,7 +84,7 @@ def test_no_vocabulary_is_declared_twice():
     once in routing/vocabulary.py and build the ORM's choices from it."""
     declared: dict[object, str] = {}
     twice = []
-    for package in ("gatewaysite", "pools", "catalog", "routing", "proxy", "devkit", "soak", "bench"):
+    for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             for name, members in _enum_classes(path):
                 where = f"{path.relative_to(ROOT)}:{name}"

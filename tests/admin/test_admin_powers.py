@@ -192,7 +192,7 @@ def test_a_forbidden_base_url_is_refused_in_the_admin(root, pools, url):
 
 @pytest.mark.parametrize("url", FORBIDDEN_URLS)
 def test_a_forbidden_base_url_is_refused_in_yaml(url):
-    from pools.config import IssueCode, parse_config
+    from gatewayconfig.document import IssueCode, parse_config
 
     text = f"""
 pools:

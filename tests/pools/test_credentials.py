@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from gatewayconfig.document import IssueCode, parse_config
 from pools import credentials
-from pools.config import IssueCode, parse_config
 from pools.credentials import credential_of
 from pools.models import Assignment, ConfigVersion
 from proxy.providers.registry import provider

@@ -3,9 +3,9 @@
 import pytest
 import yaml
 
-from pools.config import IssueCode, database_facts, parse_config
+from gatewayconfig.document import IssueCode, database_facts, parse_config
 from pools.models import GatewayKey
-from tests.pools.test_config import (
+from tests.gatewayconfig.test_document import (
     OPS_KEY,
     base,
     db_state,

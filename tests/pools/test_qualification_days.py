@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from pools.models import GatewaySettings
-from tests.pools.test_config import base, dump, environment, load, load_fails  # noqa: F401 (fixture)
+from tests.gatewayconfig.test_document import base, dump, environment, load, load_fails  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,9 @@ import yaml
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from gatewayconfig.services import gateway_config_load
 from pools.models import GatewayKey, hash_key
-from pools.services import KeyRefused, gateway_config_load, parse_overlap
+from pools.services import KeyRefused, parse_overlap
 from proxy import edge
 from tests.factories import GatewayKeyFactory, PoolFactory
 

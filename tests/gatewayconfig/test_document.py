@@ -16,7 +16,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from catalog.models import CatalogEntry, Provenance
-from pools.config import DatabaseFacts, IssueCode, database_facts, parse_config, parse_yaml, validate_config
+from gatewayconfig.document import (
+    DatabaseFacts,
+    IssueCode,
+    database_facts,
+    parse_config,
+    parse_yaml,
+    validate_config,
+)
 from pools.models import (
     Assignment,
     GatewayKey,

@@ -1,4 +1,4 @@
-"""The configuration schema is declared once (pools/config_schema.py) and takes its limits and defaults
+"""The configuration schema is declared once (gatewayconfig/schema.py) and takes its limits and defaults
 from the models (issue 16 point 7): a new column is in the file or named here as not configurable, and a
 column's length is the file's limit without a second number to keep in step."""
 
@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from catalog.models import CatalogEntry
-from pools.config import parse_config
-from pools.config_schema import ASSIGNMENT, KEY, MODEL, POOL, SETTINGS, columns
+from gatewayconfig.document import parse_config
+from gatewayconfig.schema import ASSIGNMENT, KEY, MODEL, POOL, SETTINGS, columns
 from pools.models import Assignment, GatewayKey, GatewaySettings, Pool
 
 # Columns the file never declares: identities and relations it spells otherwise, secrets and their

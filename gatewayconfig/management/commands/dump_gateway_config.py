@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from pools.config import dump_config
+from gatewayconfig.document import dump_config
 
 
 class Command(BaseCommand):

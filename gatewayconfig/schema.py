@@ -7,7 +7,7 @@ file accepts; only the policy the models do not state (a minimum stricter than t
 that is a fraction) is declared here. `read_fields` walks one mapping of the file through a section and
 `render_fields` writes one back: the same declaration both ways, so the loader and the dumper cannot
 drift apart. The rules between fields (duplicates, references between sections, secrets) are
-`pools.config`'s.
+`gatewayconfig.document`'s.
 """
 
 from collections.abc import Callable, Iterable, Mapping
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from django.db import models
 
 from catalog.models import CatalogEntry
-from pools.config_checker import INT32_MAX, INT64_MAX, MISSING, Checker, join
+from gatewayconfig.checker import INT32_MAX, INT64_MAX, MISSING, Checker, join
 from pools.models import Adapter, Assignment, GatewayKey, GatewaySettings, Pool
 from routing.vocabulary import Router, TriState
 
@@ -104,7 +104,7 @@ def string(max_length: int, what: str = "") -> Kind:
 @dataclass(frozen=True, slots=True)
 class Field:
     """One YAML key. `column` is the model column it fills (the key itself unless named); a field
-    without `kind` is read and rendered by `pools.config` (a list of sub-sections, a secret, a
+    without `kind` is read and rendered by `gatewayconfig.document` (a list of sub-sections, a secret, a
     reference). `always`: dumped even at its default (else a default is left out, so an unknown stays
     unknown on reload). `default` may be a function of the values read before it."""
 

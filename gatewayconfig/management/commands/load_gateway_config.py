@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pools.services import gateway_config_load
+from gatewayconfig.services import gateway_config_load
 
 
 class Command(BaseCommand):

@@ -10,9 +10,9 @@ Contract:
 - `render_config(config)` is the inverse: the same schema, no secrets, unknown tri-states and unknown
   prices omitted (so they stay unknown on reload), stable ordering.
 - `database_facts()` and `config_from_database()` are the two reads the loader and the dumper need.
-  The write side is `pools.services.gateway_config_apply`.
+  The write side is `gatewayconfig.services.gateway_config_apply`.
 
-Each field is declared once, in `pools.config_schema`: this module holds the rules between fields
+Each field is declared once, in `gatewayconfig.schema`: this module holds the rules between fields
 (duplicates, references, secrets, one hop for aliases and fallbacks). Undeclared capability and privacy
 values are unknown, never false; undeclared prices are unknown (NULL), never zero.
 """
@@ -24,12 +24,12 @@ from typing import Any
 import yaml
 
 from catalog.models import CatalogEntry, Provenance
-from pools.config_checker import ROOT, Checker, join
-from pools.config_checker import ConfigIssue as ConfigIssue
-from pools.config_checker import ConfigSyntaxError as ConfigSyntaxError
-from pools.config_checker import IssueCode as IssueCode
-from pools.config_checker import parse_yaml as parse_yaml
-from pools.config_schema import (
+from gatewayconfig.checker import ROOT, Checker, join
+from gatewayconfig.checker import ConfigIssue as ConfigIssue
+from gatewayconfig.checker import ConfigSyntaxError as ConfigSyntaxError
+from gatewayconfig.checker import IssueCode as IssueCode
+from gatewayconfig.checker import parse_yaml as parse_yaml
+from gatewayconfig.schema import (
     ASSIGNMENT,
     AUTO_MODEL,
     ENV_NAME_MAX,

@@ -1,0 +1,257 @@
+"""The YAML configuration's writes (SPEC §3).
+
+`gateway_config_load` reads what validation needs, validates, and applies, all in one transaction:
+a file with any error writes nothing. `gateway_config_apply` upserts by name and saves only the rows
+whose values differ, so applying the same configuration twice issues no INSERT, UPDATE or DELETE.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from django.db import models, transaction
+
+from catalog.models import CatalogEntry, Provenance
+from gatewayconfig.document import ConfigIssue, GatewayConfig, IssueCode, database_facts, parse_config
+from pools import credentials
+from pools.models import (
+    Assignment,
+    GatewayKey,
+    GatewaySettings,
+    ModelAlias,
+    ModelFallback,
+    Pool,
+    hash_key,
+)
+
+M = TypeVar("M", bound=models.Model)
+
+KINDS = ("settings", "model aliases", "model fallbacks", "pools", "assignments", "catalog entries", "keys")
+# Django's delete() counts per model label, cascades included.
+KIND_OF_LABEL = {
+    "pools.ModelAlias": "model aliases",
+    "pools.ModelFallback": "model fallbacks",
+    "pools.Pool": "pools",
+    "pools.Assignment": "assignments",
+    "catalog.CatalogEntry": "catalog entries",
+    "pools.GatewayKey": "keys",
+}
+
+
+@dataclass(slots=True)
+class KindCounts:
+    created: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+
+
+@dataclass(slots=True)
+class ApplySummary:
+    counts: dict[str, KindCounts] = field(default_factory=lambda: {kind: KindCounts() for kind in KINDS})
+
+    @property
+    def changed(self) -> bool:
+        return any(c.created or c.updated or c.deleted for c in self.counts.values())
+
+    def lines(self) -> list[str]:
+        return [
+            f"{kind}: {c.created} created, {c.updated} updated, {c.unchanged} unchanged, {c.deleted} deleted"
+            for kind, c in self.counts.items()
+        ]
+
+    def record_deleted(self, result: tuple[int, dict[str, int]]) -> None:
+        for label, count in result[1].items():
+            kind = KIND_OF_LABEL.get(label)
+            if kind:
+                self.counts[kind].deleted += count
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    errors: tuple[ConfigIssue, ...]
+    warnings: tuple[ConfigIssue, ...]
+    summary: ApplySummary | None  # None when there were errors and nothing was applied
+
+
+def _sync(obj: models.Model, values: Mapping[str, Any]) -> list[str]:
+    """Set the fields that differ; return their names (the `update_fields` of the save)."""
+    changed = [name for name, value in values.items() if getattr(obj, name) != value]
+    for name in changed:
+        setattr(obj, name, values[name])
+    return changed
+
+
+def _upsert(
+    counts: KindCounts,
+    existing: M | None,
+    model: type[M],
+    identity: Mapping[str, Any],
+    values: Mapping[str, Any],
+) -> M:
+    """Create the row, or save only the fields of `existing` that differ from `values`."""
+    if existing is None:
+        obj = model(**identity, **values)
+        obj.save()
+        counts.created += 1
+        return obj
+    changed = _sync(existing, values)
+    if changed:
+        existing.save(update_fields=changed)
+        counts.updated += 1
+    else:
+        counts.unchanged += 1
+    return existing
+
+
+@transaction.atomic
+def gateway_config_load(*, text: str, prune: bool, env: Mapping[str, str]) -> LoadResult:
+    validation = parse_config(text, env=env, facts=database_facts(), prune=prune)
+    if validation.config is None:
+        return LoadResult(errors=validation.errors, warnings=validation.warnings, summary=None)
+    if validation.config.credentials and not credentials.can_encrypt():
+        missing = tuple(
+            ConfigIssue(
+                f"pools[{p}].assignments[{a}].api_key_from_env",
+                IssueCode.ENV_UNSET,
+                "GATEWAY_CREDENTIALS_KEY is not set: a credential cannot be stored encrypted",
+            )
+            for p, pool in enumerate(validation.config.pools)
+            for a, spec in enumerate(pool.assignments)
+            if spec.name in validation.config.credentials
+        )
+        return LoadResult(errors=missing, warnings=validation.warnings, summary=None)
+    summary = gateway_config_apply(config=validation.config, prune=prune)
+    return LoadResult(errors=(), warnings=validation.warnings, summary=summary)
+
+
+def _credential_values(existing: Assignment | None, api_key_env: str, plain: str | None) -> dict[str, str]:
+    """The credential columns a file's assignment asks for: `api_key_from_env` stores its value
+    (re-encrypted only when it differs from the stored one, so a reload writes nothing), `api_key_env`
+    clears a stored credential, neither keeps what is stored (a dump, which has no secret, reloads
+    without losing it)."""
+    if plain is not None:
+        if existing is not None and existing.credential:
+            try:
+                if credentials.credential_decrypt(existing.credential) == plain:
+                    return {}
+            except credentials.CredentialUnreadable:
+                pass
+        return {
+            "credential": credentials.credential_encrypt(plain),
+            "credential_hint": credentials.credential_hint(plain),
+        }
+    if api_key_env:
+        return {"credential": "", "credential_hint": ""}
+    return {}
+
+
+@transaction.atomic
+def gateway_config_apply(*, config: GatewayConfig, prune: bool) -> ApplySummary:
+    """Upsert everything `config` names; with `prune`, delete what it does not name.
+
+    Observed and preserved catalog entries belong to discovery: they are only ever deleted along
+    with their assignment. A declared model that discovery already saw becomes `configured` and
+    takes the declared values."""
+    summary = ApplySummary()
+    counts = summary.counts
+
+    keys = {k.name: k for k in GatewayKey.objects.prefetch_related("pools")}
+    if prune:
+        # First, so a key hash that moves to another name never meets its old row.
+        stale = set(keys) - {k.name for k in config.keys}
+        summary.record_deleted(GatewayKey.objects.filter(name__in=stale).delete())
+
+    settings = GatewaySettings.objects.filter(pk=1).first()
+    _upsert(counts["settings"], settings, GatewaySettings, {"pk": 1}, config.settings.values())
+
+    for model, name_field, target_field, kind, entries in (
+        (ModelAlias, "alias", "canonical", "model aliases", config.aliases),
+        (ModelFallback, "requested", "served", "model fallbacks", config.fallbacks),
+    ):
+        existing = {getattr(row, name_field): row for row in model.objects.all()}
+        for name, target in entries:
+            _upsert(counts[kind], existing.get(name), model, {name_field: name}, {target_field: target})
+        if prune:
+            stale = set(existing) - {name for name, _ in entries}
+            summary.record_deleted(model.objects.filter(**{f"{name_field}__in": stale}).delete())
+
+    pools = {p.name: p for p in Pool.objects.all()}
+    for spec in config.pools:
+        pools[spec.name] = _upsert(
+            counts["pools"],
+            pools.get(spec.name),
+            Pool,
+            {"name": spec.name},
+            {"auto_models": list(spec.auto_models)},
+        )
+
+    assignments = {a.name: a for a in Assignment.objects.all()}
+    for pool_spec, spec in config.assignments():
+        existing = assignments.get(spec.name)
+        assignments[spec.name] = _upsert(
+            counts["assignments"],
+            existing,
+            Assignment,
+            {"name": spec.name},
+            {
+                "pool_id": pools[pool_spec.name].pk,
+                **spec.values(),
+                **_credential_values(existing, spec.api_key_env, config.credentials.get(spec.name)),
+            },
+        )
+
+    named_assignments = [assignments[spec.name] for _, spec in config.assignments()]
+    entries = {
+        (e.assignment_id, e.model): e
+        for e in CatalogEntry.objects.filter(assignment__in=[a.pk for a in named_assignments])
+    }
+    declared: set[tuple[int, str]] = set()
+    for _, spec in config.assignments():
+        assignment_id = assignments[spec.name].pk
+        for model_spec in spec.models:
+            declared.add((assignment_id, model_spec.model))
+            _upsert(
+                counts["catalog entries"],
+                entries.get((assignment_id, model_spec.model)),
+                CatalogEntry,
+                {"assignment_id": assignment_id, "model": model_spec.model},
+                {"provenance": Provenance.CONFIGURED, **model_spec.values()},
+            )
+
+    for spec in config.keys:
+        key = keys.get(spec.name)
+        pool_ids = {pools[name].pk for name in spec.pools}
+        if key is None:
+            key = GatewayKey(name=spec.name, **spec.values())
+            assert spec.secret is not None  # validation requires a secret for a new key
+            key.set_key(spec.secret)
+            key.save()
+            key.pools.set(pool_ids)
+            counts["keys"].created += 1
+            continue
+        changed = _sync(key, spec.values())
+        if spec.secret is not None and hash_key(spec.secret) != key.key_hash:
+            key.set_key(spec.secret)
+            changed += ["key_hash", "prefix"]
+        if changed:
+            key.save(update_fields=changed)
+        pools_changed = {p.pk for p in key.pools.all()} != pool_ids
+        if pools_changed:
+            key.pools.set(pool_ids)
+        if changed or pools_changed:
+            counts["keys"].updated += 1
+        else:
+            counts["keys"].unchanged += 1
+
+    if prune:
+        stale_entries = [
+            e.pk for k, e in entries.items() if e.provenance == Provenance.CONFIGURED and k not in declared
+        ]
+        summary.record_deleted(CatalogEntry.objects.filter(pk__in=stale_entries).delete())
+        # Assignments before pools: an assignment that moved to a pool the file names must not be
+        # cascaded away with its old pool (it was already moved above).
+        named = {spec.name for _, spec in config.assignments()}
+        summary.record_deleted(Assignment.objects.exclude(name__in=named).delete())
+        summary.record_deleted(Pool.objects.exclude(name__in=[p.name for p in config.pools]).delete())
+    return summary
