@@ -51,6 +51,7 @@ class Adapter(models.TextChoices):
     OPENROUTER = "openrouter"
     AZURE_OPENAI = "azure_openai"
     OPENAI_COMPATIBLE = "openai_compatible"
+    GEMINI = "gemini"
 
 
 class GatewaySettings(models.Model):

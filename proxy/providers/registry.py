@@ -9,7 +9,7 @@ here.
 
 from collections.abc import Mapping
 
-from proxy.providers import anthropic, azure_openai, openai, openai_compatible, openrouter
+from proxy.providers import anthropic, azure_openai, gemini, openai, openai_compatible, openrouter
 from proxy.providers.base import Json, Provider, UpstreamCall
 from routing.route import Target
 from routing.routes import carrier_table
@@ -21,6 +21,7 @@ _ALL: tuple[Provider, ...] = (
     openrouter.PROVIDER,
     azure_openai.PROVIDER,
     openai_compatible.PROVIDER,
+    gemini.PROVIDER,
 )
 PROVIDERS: Mapping[str, Provider] = {p.name: p for p in _ALL}
 

@@ -22,8 +22,11 @@ def test_every_adapter_has_exactly_one_provider_under_its_name():
 @pytest.mark.parametrize(
     ("route", "adapters"),
     [
-        ("/chat/completions", {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible"}),
-        ("/messages", {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible"}),
+        (
+            "/chat/completions",
+            {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini"},
+        ),
+        ("/messages", {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini"}),
         # No Anthropic form; compatible servers are declared without it.
         ("/responses", {"openai", "openrouter", "azure_openai"}),
         ("/responses/compact", {"openai", "openrouter", "azure_openai"}),

@@ -1,0 +1,128 @@
+"""Strict reading of a Chat Completions request for providers whose own API it is translated into
+(`gemini_translate`, `bedrock_translate`).
+
+PURE: standard library and `proxy.adapters.translate` only.
+
+The field policy is `proxy.adapters.translate`'s: a top-level field is translated by the provider,
+dropped as a hint that cannot change what the answer may contain or do (`DROPPED`), accepted only at
+its neutral value (`NEUTRAL`), or refused with `RequestTranslationError(param)`, `param` naming the field
+and never holding any of the body's content.
+"""
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+from proxy.adapters.translate import RequestTranslationError
+
+# Hints and OpenAI-side storage/caching: the answer may contain and do the same without them.
+DROPPED = frozenset(
+    {
+        "user",
+        "service_tier",
+        "store",
+        "metadata",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "reasoning_effort",
+        "verbosity",
+        "stream_options",  # these providers always report usage; the relay decides what the client sees
+    }
+)
+# Fields clients often send at their default: only the default is accepted.
+NEUTRAL: Mapping[str, Callable[[object], bool]] = {
+    "n": lambda v: v == 1 and not isinstance(v, bool),
+    "logprobs": lambda v: v is False,
+    "top_logprobs": lambda v: v == 0 and not isinstance(v, bool),
+    "logit_bias": lambda v: v == {},
+    "modalities": lambda v: v == ["text"],
+    "functions": lambda v: v == [],
+}
+DATA_URL = re.compile(r"data:(?P<mime>[^;,]+);base64,(?P<data>.*)", re.DOTALL)
+
+
+def refuse(param: str) -> NoReturn:
+    raise RequestTranslationError(param)
+
+
+def kind(value: object, expected: type | tuple[type, ...], param: str) -> Any:
+    """`value` when it is of the `expected` JSON type (a bool is never a number), else refused."""
+    if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+        refuse(param)
+    return value
+
+
+def present(value: object, param: str) -> dict[str, Any]:
+    """A JSON object without its null fields (null is absent in every API's eyes)."""
+    return {k: v for k, v in kind(value, Mapping, param).items() if v is not None}
+
+
+def check_fields(body: Mapping[str, Any], translated: frozenset[str]) -> None:
+    for key, value in body.items():
+        if key in NEUTRAL:
+            if not NEUTRAL[key](value):
+                refuse(key)
+        elif key not in translated and key not in DROPPED:
+            refuse(key)
+
+
+def texts(content: object, param: str) -> list[str]:
+    """The texts of a string or a list of text (or refusal) parts."""
+    if isinstance(content, str):
+        return [content]
+    found = []
+    for index, part in enumerate(kind(content, list, param)):
+        part = kind(part, Mapping, f"{param}[{index}]")
+        if part.get("type") not in ("text", "refusal"):
+            refuse(f"{param}[{index}].type")
+        found.append(kind(part.get(part["type"]), str, f"{param}[{index}].{part['type']}"))
+    return found
+
+
+def image_data(part: Mapping[str, Any], param: str) -> tuple[str, str]:
+    """(media type, base64 data) of an `image_url` part; an image by URL is refused (these providers
+    fetch no arbitrary URL, so the same input cannot be given)."""
+    image = part.get("image_url")
+    url = image if isinstance(image, str) else kind(image, Mapping, f"{param}.image_url").get("url")
+    found = DATA_URL.fullmatch(kind(url, str, f"{param}.image_url.url"))
+    if found is None:
+        refuse(f"{param}.image_url.url")
+    return found["mime"], found["data"]
+
+
+def arguments(value: object, param: str, error: type[Exception]) -> dict[str, Any]:
+    """A tool call's arguments (a JSON string) as an object; anything else raises `error(param)`."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            raise error(param) from None
+        if isinstance(parsed, dict):
+            return parsed
+    raise error(param)
+
+
+def tool_function(tool: object, param: str) -> Mapping[str, Any]:
+    """The `function` of a Chat tool; other tool types (custom grammars) have no counterpart."""
+    read: Mapping[str, Any] = kind(tool, Mapping, param)
+    if read.get("type") != "function":
+        refuse(f"{param}.type")
+    function: Mapping[str, Any] = kind(read.get("function"), Mapping, f"{param}.function")
+    return function
+
+
+def stops(body: Mapping[str, Any]) -> list[str]:
+    value = body["stop"]
+    return [kind(s, str, "stop") for s in ([value] if isinstance(value, str) else kind(value, list, "stop"))]
+
+
+def max_tokens(body: Mapping[str, Any]) -> int | None:
+    name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    if name not in body:
+        return None
+    limit: int = kind(body[name], int, name)
+    return limit if limit > 0 else refuse(name)

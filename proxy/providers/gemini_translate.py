@@ -1,0 +1,419 @@
+"""Translation between OpenAI Chat Completions and Google Gemini's generateContent: requests, answers and
+streams (a Chat client served by a `gemini` account).
+
+PURE: standard library and `proxy.sse` only. The rules are `proxy.adapters.translate`'s:
+
+- Roles survive: Chat `system`/`developer` messages become `systemInstruction` (joined in order), user
+  turns `user` contents, assistant turns `model` contents. A tool result stays a tool result: a Chat
+  `tool` message becomes a `functionResponse` part (in a `user` content, as Gemini requires) carrying the
+  text verbatim as `response.content`, paired with its call by id and by the call's name; it is never
+  parsed, split or promoted. Tool calls stay `functionCall` parts.
+- Requests are strict: every top-level field is translated, dropped as a hint that cannot change what the
+  answer may contain or do, accepted only at its neutral value (`chat_request`), or refused with
+  `RequestTranslationError(param)`; so is any content Gemini cannot take as the same input (an image by
+  URL, audio, files, a final assistant message, a tool result whose call is not in the history).
+- Answers: `finishReason` SAFETY, RECITATION, PROHIBITED_CONTENT, BLOCKLIST, SPII or IMAGE_SAFETY, and a
+  prompt blocked by `promptFeedback.blockReason`, are Chat's `content_filter` (a safety refusal); a
+  `thought` part (the model's reasoning summary) has no Chat field and is not relayed;
+  MALFORMED_FUNCTION_CALL is a `ResponseTranslationError` (a guessed tool call is worse than a failure).
+  Usage: `promptTokenCount` is Chat's prompt, `candidatesTokenCount` + `thoughtsTokenCount` its
+  completion (thinking is billed as output).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
+from proxy.providers.chat_request import (
+    arguments,
+    check_fields,
+    image_data,
+    kind,
+    max_tokens,
+    present,
+    refuse,
+    stops,
+    texts,
+    tool_function,
+)
+from proxy.sse import Block, encode_block
+
+REFUSALS = frozenset({"SAFETY", "RECITATION", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "IMAGE_SAFETY"})
+_FINISH = {"STOP": "stop", "MAX_TOKENS": "length", **{reason: "content_filter" for reason in REFUSALS}}
+_TRANSLATED = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "stream",
+        "temperature",
+        "top_p",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    }
+)
+_TOOL_MODES = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
+
+
+def _user_parts(content: object, param: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"text": content}] if content else []
+    parts: list[dict[str, Any]] = []
+    for index, part in enumerate(kind(content, list, param)):
+        where = f"{param}[{index}]"
+        part = kind(part, Mapping, where)
+        if part.get("type") == "text":
+            if text := kind(part.get("text"), str, f"{where}.text"):
+                parts.append({"text": text})
+        elif part.get("type") == "image_url":
+            mime, data = image_data(part, where)
+            parts.append({"inlineData": {"mimeType": mime, "data": data}})
+        else:
+            refuse(f"{where}.type")
+    return parts
+
+
+def _model_parts(message: Mapping[str, Any], param: str, names: dict[str, str]) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    if message.get("content") is not None:
+        parts += [{"text": t} for t in texts(message["content"], f"{param}.content") if t]
+    if message.get("refusal") is not None:
+        parts.append({"text": kind(message["refusal"], str, f"{param}.refusal")})
+    for index, call in enumerate(kind(message.get("tool_calls") or [], list, f"{param}.tool_calls")):
+        where = f"{param}.tool_calls[{index}]"
+        call = kind(call, Mapping, where)
+        if call.get("type", "function") != "function":
+            refuse(f"{where}.type")
+        function = kind(call.get("function"), Mapping, f"{where}.function")
+        call_id = kind(call.get("id"), str, f"{where}.id")
+        name = kind(function.get("name"), str, f"{where}.function.name")
+        names[call_id] = name
+        args = arguments(function.get("arguments"), f"{where}.function.arguments", RequestTranslationError)
+        parts.append({"functionCall": {"id": call_id, "name": name, "args": args}})
+    return parts
+
+
+def _tool_result(message: Mapping[str, Any], param: str, names: Mapping[str, str]) -> dict[str, Any]:
+    call_id = kind(message.get("tool_call_id"), str, f"{param}.tool_call_id")
+    if call_id not in names:  # Gemini pairs a result with its call by name: without the call, no pair
+        refuse(f"{param}.tool_call_id")
+    text = "\n\n".join(texts(message.get("content", ""), f"{param}.content"))
+    return {"functionResponse": {"id": call_id, "name": names[call_id], "response": {"content": text}}}
+
+
+def _tool(tool: object, param: str) -> tuple[dict[str, Any], bool]:
+    function = tool_function(tool, param)
+    out: dict[str, Any] = {"name": kind(function.get("name"), str, f"{param}.function.name")}
+    if function.get("description") is not None:
+        out["description"] = kind(function["description"], str, f"{param}.function.description")
+    if function.get("parameters") is not None:
+        # The JSON Schema as given (not Gemini's OpenAPI subset): nothing of the contract is lost.
+        out["parametersJsonSchema"] = dict(
+            kind(function["parameters"], Mapping, f"{param}.function.parameters")
+        )
+    strict = function.get("strict")
+    return out, bool(strict is not None and kind(strict, bool, f"{param}.function.strict"))
+
+
+def _tool_config(choice: object, strict: bool) -> dict[str, Any] | None:
+    if choice is None:
+        mode, names = "AUTO", None
+    elif isinstance(choice, str):
+        mode, names = _TOOL_MODES.get(choice) or refuse("tool_choice"), None
+    else:
+        named: Mapping[str, Any] = kind(choice, Mapping, "tool_choice")
+        if named.get("type") != "function":
+            refuse("tool_choice.type")
+        function = kind(named.get("function"), Mapping, "tool_choice.function")
+        mode, names = "ANY", [kind(function.get("name"), str, "tool_choice.function.name")]
+    if strict and mode == "AUTO":
+        mode = "VALIDATED"  # strict schemas: Gemini's schema-adherent calling
+    config: dict[str, Any] = {"mode": mode}
+    if names:
+        config["allowedFunctionNames"] = names
+    return {"functionCallingConfig": config}
+
+
+def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Chat Completions body as a generateContent body (the model and streaming are in the URL)."""
+    body = present(body, "body")
+    check_fields(body, _TRANSLATED)
+    system: list[str] = []
+    contents: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # tool call id -> function name, from the history's calls
+    last_role = ""
+    for index, message in enumerate(kind(body.get("messages"), list, "messages")):
+        param = f"messages[{index}]"
+        message = present(message, param)
+        role = message.get("role")
+        if role in ("system", "developer"):
+            system += [t for t in texts(message.get("content"), f"{param}.content") if t]
+            continue
+        if role == "user":
+            gemini_role, parts = "user", _user_parts(message.get("content"), f"{param}.content")
+        elif role == "assistant":
+            gemini_role, parts = "model", _model_parts(message, param, names)
+        elif role == "tool":
+            gemini_role, parts = "user", [_tool_result(message, param, names)]
+        else:
+            refuse(f"{param}.role")
+        last_role = role
+        if not parts:
+            continue
+        if contents and contents[-1]["role"] == gemini_role:
+            contents[-1]["parts"] += parts  # parallel tool results (and text after them): one turn
+        else:
+            contents.append({"role": gemini_role, "parts": parts})
+    if not contents:
+        refuse("messages")
+    if last_role == "assistant":  # Gemini would continue it; Chat asks for an answer after it
+        refuse(f"messages[{len(body['messages']) - 1}].role")
+    out: dict[str, Any] = {"contents": contents}
+    if system:
+        out["systemInstruction"] = {"parts": [{"text": text} for text in system]}
+    out["generationConfig"] = _generation_config(body)
+    if tools := body.get("tools"):
+        declared = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(kind(tools, list, "tools"))]
+        out["tools"] = [{"functionDeclarations": [d for d, _ in declared]}]
+        out["toolConfig"] = _tool_config(body.get("tool_choice"), any(strict for _, strict in declared))
+    if body.get("parallel_tool_calls") is False:
+        refuse("parallel_tool_calls")  # Gemini may call several functions at once: not enforceable
+    return out
+
+
+def _generation_config(body: Mapping[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if (limit := max_tokens(body)) is not None:
+        config["maxOutputTokens"] = limit
+    for chat_name, name in (
+        ("temperature", "temperature"),
+        ("top_p", "topP"),
+        ("presence_penalty", "presencePenalty"),
+        ("frequency_penalty", "frequencyPenalty"),
+    ):
+        if chat_name in body:
+            config[name] = kind(body[chat_name], (int, float), chat_name)
+    if "seed" in body:
+        config["seed"] = kind(body["seed"], int, "seed")
+    if "stop" in body:
+        config["stopSequences"] = stops(body)
+    if "response_format" in body:
+        fmt = kind(body["response_format"], Mapping, "response_format")
+        if fmt.get("type") == "json_object":
+            config["responseMimeType"] = "application/json"
+        elif fmt.get("type") == "json_schema":
+            spec = kind(fmt.get("json_schema"), Mapping, "response_format.json_schema")
+            config["responseMimeType"] = "application/json"
+            config["responseJsonSchema"] = dict(
+                kind(spec.get("schema"), Mapping, "response_format.json_schema.schema")
+            )
+        elif fmt.get("type") != "text":
+            refuse("response_format.type")
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------
+# Answers
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def usage(payload: object) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens of a generateContent answer or stream chunk; None when absent."""
+    meta = payload.get("usageMetadata") if isinstance(payload, Mapping) else None
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("promptTokenCount"), int):
+        return None, None
+    return _count(meta["promptTokenCount"]), _count(meta.get("candidatesTokenCount")) + _count(
+        meta.get("thoughtsTokenCount")
+    )
+
+
+def _chat_usage(payload: Mapping[str, Any]) -> dict[str, int]:
+    prompt, completion = usage(payload)
+    return {
+        "prompt_tokens": prompt or 0,
+        "completion_tokens": completion or 0,
+        "total_tokens": (prompt or 0) + (completion or 0),
+    }
+
+
+def finish_reason(payload: object) -> str | None:
+    """The answer's end as Chat names it (`content_filter` for every safety block), None while open."""
+    if not isinstance(payload, Mapping):
+        return None
+    feedback = payload.get("promptFeedback")
+    if isinstance(feedback, Mapping) and isinstance(feedback.get("blockReason"), str):
+        return "content_filter"
+    candidates = payload.get("candidates")
+    first = candidates[0] if isinstance(candidates, list) and candidates else None
+    reason = first.get("finishReason") if isinstance(first, Mapping) else None
+    if not isinstance(reason, str):
+        return None
+    if reason == "MALFORMED_FUNCTION_CALL":
+        raise ResponseTranslationError("candidates[0].finishReason")
+    return _FINISH.get(reason, "stop")
+
+
+def _parts(payload: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    candidates = payload.get("candidates")
+    first = candidates[0] if isinstance(candidates, list) and candidates else None
+    content = first.get("content") if isinstance(first, Mapping) else None
+    parts = content.get("parts") if isinstance(content, Mapping) else None
+    return [p for p in parts if isinstance(p, Mapping)] if isinstance(parts, list) else []
+
+
+def _call(part: Mapping[str, Any], ordinal: int) -> dict[str, Any] | None:
+    call = part.get("functionCall")
+    if call is None:
+        return None
+    if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
+        raise ResponseTranslationError("candidates[0].content.parts.functionCall")
+    args = call.get("args", {})
+    if not isinstance(args, Mapping):
+        raise ResponseTranslationError("candidates[0].content.parts.functionCall.args")
+    call_id = call.get("id") if isinstance(call.get("id"), str) and call["id"] else f"call_{ordinal}"
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": call["name"], "arguments": json.dumps(args, separators=(",", ":"))},
+    }
+
+
+def _text(part: Mapping[str, Any]) -> str:
+    # A thought part is the model's reasoning summary: Chat has no field for it.
+    return part["text"] if isinstance(part.get("text"), str) and part.get("thought") is not True else ""
+
+
+def gemini_to_chat_response(payload: Mapping[str, Any], *, model: str, created: int = 0) -> dict[str, Any]:
+    """A generateContent answer as a Chat Completions response reporting `model`."""
+    parts = _parts(payload)
+    calls = [c for i, p in enumerate(parts) if (c := _call(p, i)) is not None]
+    text = "".join(_text(p) for p in parts)
+    finish = finish_reason(payload) or "stop"
+    message: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+        finish = "tool_calls" if finish == "stop" else finish
+    return {
+        "id": f"chatcmpl-{payload.get('responseId') or 'gateway'}",
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": _chat_usage(payload),
+    }
+
+
+class GeminiToChatStream:
+    """streamGenerateContent SSE blocks in, Chat Completions SSE bytes out (one per upstream response).
+
+    Each Gemini chunk is a partial answer: its text parts become content deltas, its function calls whole
+    tool-call deltas, its `finishReason` the finish reason; the chunk that carries the finish reason
+    carries the final usage, sent as Chat's usage-only chunk (the relay strips it when the client did not
+    ask for usage), then `[DONE]`. An in-stream error becomes a Chat error chunk naming only Google's
+    status (never its message), so the relay classifies it like any stream error."""
+
+    def __init__(self, *, model: str, created: int) -> None:
+        self._model = model
+        self._id = "chatcmpl-gateway"
+        self._created = created
+        self._started = False
+        self._calls = 0
+        self._ended = False
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk = {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": self._model,
+            "choices": choices,
+            **extra,
+        }
+        return encode_block(None, json.dumps(chunk, separators=(",", ":"), ensure_ascii=False))
+
+    def _delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
+
+    def feed(self, block: Block) -> bytes:
+        if self._ended:
+            return b""
+        if block.data is None:
+            return b": keep-alive\n\n" if block.comment_only else b""
+        try:
+            payload = json.loads(block.data)
+        except (ValueError, RecursionError):
+            return b""
+        if not isinstance(payload, dict):
+            return b""
+        if isinstance(payload.get("error"), Mapping):
+            self._ended = True
+            return encode_block(None, json.dumps(chat_error(payload["error"])))
+        out = bytearray()
+        if not self._started:
+            self._started = True
+            self._id = f"chatcmpl-{payload.get('responseId') or 'gateway'}"
+            out += self._delta({"role": "assistant", "content": ""})
+        for part in _parts(payload):
+            if text := _text(part):
+                out += self._delta({"content": text})
+            call = _call(part, self._calls)
+            if call is not None:
+                out += self._delta({"tool_calls": [{"index": self._calls, **call}]})
+                self._calls += 1
+        try:
+            finish = finish_reason(payload)
+        except ResponseTranslationError:
+            self._ended = True  # a malformed call: end without a counterfeit success
+            return bytes(out) + encode_block(
+                None, json.dumps(chat_error({"status": "INTERNAL", "code": 500}))
+            )
+        if finish is not None:
+            out += self._delta({}, "tool_calls" if finish == "stop" and self._calls else finish)
+            out += self._chunk([], usage=_chat_usage(payload))
+            out += encode_block(None, "[DONE]")
+            self._ended = True
+        return bytes(out)
+
+    def finish(self) -> bytes:
+        return b""
+
+
+# Google's error statuses that mean what a canonical type already names (SPEC §5.6); others keep theirs.
+_CANONICAL_TYPES = {
+    "NOT_FOUND": "not_found_error",  # the model is not served here: the bare 404 of another model
+    "PERMISSION_DENIED": "permission_denied",  # this key or project may not use it: the credential's
+}
+
+
+def chat_error(error: Mapping[str, Any]) -> dict[str, Any]:
+    """Google's error object as the Chat wire's: its status (as the type), the reason its ErrorInfo
+    detail gives (as the code), its HTTP code; never its message."""
+    status = error.get("status") if isinstance(error.get("status"), str) else None
+    reason = None
+    details = error.get("details")
+    for detail in details if isinstance(details, list) else []:
+        if isinstance(detail, Mapping) and isinstance(detail.get("reason"), str):
+            reason = detail["reason"]
+            break
+    kind_name = _CANONICAL_TYPES.get(status, status) if status is not None else None
+    out: dict[str, Any] = {"error": {"type": kind_name, "code": reason}}
+    if isinstance(error.get("code"), int):
+        out["status"] = error["code"]
+    return out
