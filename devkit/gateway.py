@@ -228,8 +228,10 @@ class GatewayProcess:
             return None
 
     def kill(self) -> None:
+        """Stop it now (cleanup, nothing left to flush that anyone reads): SIGTERM, a second's grace,
+        then SIGKILL of its group. A server holding stalled streams would use all of a longer one."""
         if self.proc is not None and self.proc.poll() is None:
-            stop(self.proc, 5)
+            stop(self.proc, 1)
 
 
 @dataclass
