@@ -212,10 +212,10 @@ def ws_report(websocket: dict[str, Any], gws: list[Target]) -> list[str]:
             )
         L.append("")
     L.append(
-        "The gateway settles a response before it relays the terminal event (proxy/relay.py `_relay_rest`: "
-        "the response-id affinity is written and the ledger row handed over first, so that a continuation "
-        "sent at once finds them), so `response.completed` takes longer than a delta; create -> completed "
-        "also holds the routing of the frame. Neither is part of the per-event target."
+        "The gateway settles a response before it relays the terminal event (proxy/output.py "
+        "`AttemptStream._relay`: the response-id affinity is written and the ledger row handed over first, "
+        "so that a continuation sent at once finds them), so `response.completed` takes longer than a delta; "
+        "create -> completed also holds the routing of the frame. Neither is part of the per-event target."
     )
     L.append("")
     return L

@@ -11,7 +11,17 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from routing.failures import DispatchState, FailureClass
+from routing.failures import (
+    DispatchState,
+    Disposition,
+    FailureClass,
+    Observation,
+    canonical_error,
+    classify,
+    dispatch_state,
+    disposition,
+)
+from routing.sanitize import sanitized
 from routing.services import CircuitKey
 from routing.vocabulary import AttemptStatus
 
@@ -115,6 +125,43 @@ class Failure:
     withheld: tuple[bytes, ...] = ()  # the client output held back before the failure
     final: bool = False  # the upstream answered, but not in a relayable form: returned as is, never replayed
     retry_after: int | None = None  # a relayed 429's `retry-after`, whole seconds (bounded)
+
+    @classmethod
+    def observed(
+        cls, observation: Observation, withheld: tuple[bytes, ...] = (), retry_after: int | None = None
+    ) -> "Failure":
+        """What an attempt's failure was (SPEC §5.6), from what was observed of it."""
+        failure = classify(observation) or FailureClass.UPSTREAM_ERROR
+        # Only sanitized fields go on (SPEC §4): to the client, the ledger, the log and the metrics.
+        error = sanitized(canonical_error(observation.body, observation.errors), failure)
+        return cls(
+            failure=failure,
+            dispatch=dispatch_state(observation.transport, observation.status),
+            status=observation.status,
+            error_type=error.type,
+            code=error.code,
+            param=error.param,
+            withheld=withheld,
+            retry_after=retry_after if observation.status == 429 else None,
+        )
+
+    @classmethod
+    def unrelayable(cls, status: int, code: str) -> "Failure":
+        """An answer the upstream completed that the client cannot be given (too large, or not
+        expressible in its API): a typed 502, never a guess, never a replay."""
+        return cls(
+            failure=FailureClass.UPSTREAM_ERROR,
+            dispatch=DispatchState.COMPLETED,
+            status=status,
+            error_type="upstream_error",
+            code=code,
+            param=None,
+            final=True,
+        )
+
+    @property
+    def disposition(self) -> Disposition:
+        return Disposition.RETURN_FAILURE if self.final else disposition(self.failure, self.dispatch)
 
 
 async def settle(work: Awaitable[None]) -> None:

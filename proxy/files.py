@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import IO
 
@@ -43,7 +43,8 @@ from django.views.decorators.http import require_http_methods
 
 from pools.selectors import Authenticated, key_authenticate
 from proxy import edge, upstream
-from proxy.exchange import AttemptLog, Exchange, Failure, Final, Memory, Stream, settle
+from proxy.dispatch import HttpDispatch, read_answer
+from proxy.exchange import Exchange, Failure, Final, Memory, Stream
 from proxy.ingress import (
     READ_TIMEOUT_S,
     RequestFailed,
@@ -57,8 +58,8 @@ from proxy.ledger import record
 from proxy.limits import Finishing, guarded
 from proxy.providers.base import FILES, UpstreamCall
 from proxy.providers.registry import carriers
-from proxy.relay import HttpDispatch, Relay
-from proxy.upstream import TransportFailure
+from proxy.relay import Relay
+from proxy.transport import Answer, TransportFailure
 from routing.eligibility import tighten
 from routing.failures import DispatchState, FailureClass, Observation
 from routing.files import files_plan
@@ -168,8 +169,27 @@ def _file_id(raw: bytes) -> str | None:
     return value if isinstance(value, str) and FILE_ID.fullmatch(value) else None
 
 
+class ContentBody:
+    """A file's bytes as they come (never held whole)."""
+
+    status = 200
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.response.aiter_bytes():
+                yield chunk
+        except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
+            raise TransportFailure(upstream.transport_event(exc)) from None
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
 class FilesDispatch(HttpDispatch):
-    """One Files API attempt (a `proxy.relay.Dispatch`): the OpenAI error envelope of HttpDispatch, a
+    """One Files API attempt (a `proxy.transport.Dispatch`): the OpenAI error envelope of HttpDispatch, a
     streamed multipart body for an upload, a streamed answer for a file's content."""
 
     def __init__(
@@ -205,9 +225,7 @@ class FilesDispatch(HttpDispatch):
             None,
         )
 
-    async def attempt(
-        self, relay: Relay, c: Candidate, log: AttemptLog, call: UpstreamCall
-    ) -> Failure | Final | Stream:
+    async def open(self, c: Candidate, call: UpstreamCall, *, stream: bool) -> Failure | Answer | ContentBody:
         headers = dict(call.headers)
         body = None
         if self.upload is not None:
@@ -222,44 +240,22 @@ class FilesDispatch(HttpDispatch):
                 headers=headers,
                 json=None,
                 content=body,
-                read_timeout_s=relay.read_timeout_s(),
+                read_timeout_s=settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S,
             )
         except TransportFailure as failure:
-            return self._refused() or relay.failure(Observation(transport=failure.event))
-        log.upstream_status = response.status_code
+            return self._refused() or Failure.observed(Observation(transport=failure.event))
         if self.content and response.status_code == 200:
             self.content_type = response.headers.get("content-type", "application/octet-stream")
-            return Stream(self._relay_content(relay, c, log, response))
-        try:
-            raw = await upstream.read_body(response)
-        except TransportFailure as failure:
-            return relay.failure(Observation(status=response.status_code, transport=failure.event))
-        except upstream.ResponseTooLarge:
-            return relay.unrelayable(response.status_code, "upstream_response_too_large")
+            return ContentBody(response)
+        answer = await read_answer(response)
+        if isinstance(answer, Failure):
+            return answer
         refused = self._refused()
         if refused is not None:
             return refused
-        result = relay.plain(c, log, call, response.status_code, raw)
-        if isinstance(result, Final) and self.upload is not None:
-            relay.file_id = _file_id(raw)
-        return result
-
-    async def _relay_content(
-        self, relay: Relay, c: Candidate, log: AttemptLog, response: httpx.Response
-    ) -> AsyncIterator[bytes]:
-        """A file's bytes as they come (never held whole); the exchange settles when they end."""
-        outcome = Outcome.CANCELLED
-        started = time.monotonic()
-        try:
-            async for chunk in response.aiter_bytes():
-                yield chunk
-            outcome = Outcome.OK
-        except (httpx.HTTPError, aiohttp.ClientError, TimeoutError):
-            outcome = Outcome.UPSTREAM_INTERRUPTED  # the client sees a body cut short, as the upstream cut it
-        finally:
-            log.elapsed_ms += int((time.monotonic() - started) * 1000)
-            await settle(response.aclose())
-            await settle(relay.end_passthrough(c, log, outcome=outcome))
+        if self.upload is not None:
+            return replace(answer, file_id=_file_id(answer.body))
+        return answer
 
 
 # -- the request path ------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class EventStreamSource:
     (data: its JSON payload), or `exception` (data: `{"type": <its :exception-type>}`)."""
 
     ends_at_terminal = False
+    status = 200
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
@@ -59,6 +60,9 @@ class EventStreamSource:
         except httpx.HTTPError as exc:
             raise upstream.TransportFailure(upstream.transport_event(exc)) from None
 
+    def released(self) -> None:
+        pass
+
     async def aclose(self, *, complete: bool) -> None:
         await self.response.aclose()
 
@@ -67,6 +71,7 @@ class Rewritten:
     """An event source whose blocks a provider's `Wire` rewrites as Chat SSE blocks."""
 
     ends_at_terminal = False
+    status = 200
 
     def __init__(self, inner: Any, rewrite: StreamTranslator) -> None:
         self.inner = inner
@@ -79,6 +84,9 @@ class Rewritten:
                 yield parser.feed(out)
         if tail := self.rewrite.finish():
             yield parser.feed(tail)
+
+    def released(self) -> None:
+        self.inner.released()
 
     async def aclose(self, *, complete: bool) -> None:
         await self.inner.aclose(complete=complete)

@@ -24,13 +24,16 @@ from django.http import HttpRequest, HttpResponse
 from pools.selectors import Authenticated
 from proxy import edge, limits
 from proxy.apis.registry import api_for
+from proxy.dispatch import HttpDispatch
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.exchange import Exchange, Lease, Memory
+from proxy.health import probe_circuit
 from proxy.ledger import record
 from proxy.limits import Finishing, Ticket, guarded
 from proxy.providers.registry import carriers
-from proxy.relay import Dispatch, HttpDispatch, Relay, probe_circuit
+from proxy.relay import Relay
 from proxy.sse import Dialect
+from proxy.transport import Dispatch
 from routing import services
 from routing.auto import AutoError
 from routing.eligibility import tighten

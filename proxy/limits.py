@@ -401,7 +401,7 @@ def guarded(relay, ticket: Ticket | None):
         try:
             return await run()
         except BaseException:
-            await ticket.end(tokens_of(relay.x))
+            await ticket.end(tokens_of(relay.exchange))
             raise
 
     relay.run = run_then_end_on_error

@@ -14,7 +14,6 @@ import logging
 import math
 import socket
 from collections.abc import AsyncIterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -29,6 +28,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from pools import destinations
 from proxy.providers.base import SigV4
+from proxy.transport import TransportFailure
 from routing.failures import TransportEvent
 
 logger = logging.getLogger("gateway")
@@ -99,11 +99,6 @@ async def close_client() -> None:
     shared = _clients.pop(asyncio.get_running_loop(), None)
     if shared is not None:
         await shared.aclose()
-
-
-@dataclass(frozen=True, slots=True)
-class TransportFailure(Exception):
-    event: TransportEvent
 
 
 def transport_event(exc: Exception) -> TransportEvent:

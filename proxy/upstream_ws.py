@@ -24,7 +24,7 @@ from websockets.protocol import State
 
 from pools import destinations
 from proxy.sse import MAX_BLOCK_BYTES
-from proxy.upstream import TransportFailure
+from proxy.transport import TransportFailure
 from routing.failures import TransportEvent
 
 logger = logging.getLogger("gateway")

@@ -21,13 +21,14 @@ Contract:
 import json
 from collections.abc import AsyncGenerator
 
+from django.conf import settings
+
 from proxy import upstream_ws
-from proxy.exchange import AttemptLog, Failure, Final, Stream
+from proxy.exchange import Failure, Final
 from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import provider
-from proxy.relay import Relay
 from proxy.sse import Block, Dialect, responses_error_event
-from proxy.upstream import TransportFailure
+from proxy.transport import TransportFailure
 from proxy.upstream_ws import HandshakeRejected, UpstreamSocket
 from routing.failures import Observation
 from routing.types import Candidate
@@ -57,34 +58,53 @@ class UpstreamLink:
 
 
 class WebsocketSource:
-    """The events of one response on an upstream websocket, one frame per batch."""
+    """The events of one response on an upstream websocket, one frame per batch. A connection opened
+    for this attempt becomes the client's live one once its output is released; until then the
+    client has never seen it, and it is closed when the attempt ends."""
 
     ends_at_terminal = True
+    status = None
 
-    def __init__(self, socket: UpstreamSocket, read_timeout_s: float) -> None:
+    def __init__(self, socket: UpstreamSocket, link: UpstreamLink, *, fresh: bool) -> None:
         self.socket = socket
-        self.read_timeout_s = read_timeout_s
+        self.link = link
+        self.fresh = fresh  # opened for this attempt (not the client's live connection)
 
     async def batches(self) -> AsyncGenerator[list[Block], None]:
         while True:
-            text = await self.socket.recv(self.read_timeout_s)
+            text = await self.socket.recv(settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
             yield [Block(raw=text.encode(), event=None, data=text, comment_only=False)]
+
+    def released(self) -> None:
+        if self.fresh:
+            # It served output: live from now on (the consumer pins every later frame to it, so
+            # there is no other live connection to replace).
+            self.link.live = self.socket
+            self.fresh = False
 
     async def aclose(self, *, complete: bool) -> None:
         if not complete:
             self.socket.abort()
             await self.socket.wait_closed()
+        elif self.fresh:
+            await _close(self.socket)  # the client never saw it; the next candidate gets a new one
+
+
+async def _close(socket: UpstreamSocket) -> None:
+    try:
+        await socket.close()
+    except BaseException:
+        socket.abort()
+        raise
 
 
 class WebsocketDispatch:
-    """The Responses websocket mode (a `proxy.relay.Dispatch`); one per `response.create`."""
+    """The Responses websocket mode (a `proxy.transport.Dispatch`); one per `response.create`."""
 
     def __init__(self, link: UpstreamLink) -> None:
         self.link = link
 
-    async def attempt(
-        self, relay: Relay, c: Candidate, log: AttemptLog, call: UpstreamCall
-    ) -> Failure | Final | Stream:
+    async def open(self, c: Candidate, call: UpstreamCall, *, stream: bool) -> Failure | WebsocketSource:
         url, headers, payload = call.url, dict(call.headers), call.payload
         headers.pop("content-type", None)
         live = self.link.live
@@ -95,9 +115,9 @@ class WebsocketDispatch:
                     upstream_ws.websocket_url(url), headers=headers, assignment_id=c.assignment_id
                 )
             except TransportFailure as failure:
-                return relay.failure(Observation(transport=failure.event))
+                return Failure.observed(Observation(transport=failure.event))
             except HandshakeRejected as rejected:
-                return relay.failure(
+                return Failure.observed(
                     Observation(
                         status=rejected.status,
                         body=rejected.body,
@@ -110,27 +130,15 @@ class WebsocketDispatch:
             socket = live
         try:
             await socket.send(json.dumps({"type": "response.create", **payload}))
-            result: Failure | Stream = await relay.read_events(
-                c, log, WebsocketSource(socket, relay.read_timeout_s())
-            )
         except TransportFailure as failure:  # the frame could not be sent
-            result = relay.failure(Observation(transport=failure.event))
+            if fresh:
+                await _close(socket)
+            return Failure.observed(Observation(transport=failure.event))
         except BaseException:
             if fresh:
                 socket.abort()  # cancelled before it served anything: nobody will ever use it
             raise
-        if isinstance(result, Stream):
-            if fresh:
-                # It served output: live from now on (the consumer pins every later frame to it, so
-                # there is no other live connection to replace).
-                self.link.live = socket
-        elif fresh:
-            try:
-                await socket.close()  # the client never sees it; the next candidate gets a new one
-            except BaseException:
-                socket.abort()
-                raise
-        return result
+        return WebsocketSource(socket, self.link, fresh=fresh)
 
     def pack(self, parts: list[bytes]) -> list[bytes]:
         return parts  # one event per frame

@@ -166,6 +166,9 @@ def test_every_outcome_of_the_relay_is_counted_under_its_own_name(outcome):
 SPELLED_BY_MEMBER = (
     "proxy/relay.py",
     "proxy/exchange.py",
+    "proxy/output.py",
+    "proxy/health.py",
+    "proxy/unserved.py",
     "proxy/metrics.py",
     "proxy/tracing.py",
     "proxy/ledger.py",

@@ -13,6 +13,7 @@ from devkit.upstream import (
     codeless_404,
     error,
     fail_after_visible,
+    fail_before_visible,
     generic_404,
     hang,
     model_not_found,
@@ -231,6 +232,28 @@ def test_previous_response_id_is_hard_pinned_to_the_assignment_that_created_it(
     assert_hits((a, 1), (b, 2))
     assert b.hits[-1].body["previous_response_id"] == response_id
     assert attempt_statuses(record_of(second)) == ["failed"]
+
+
+def test_a_stream_handed_on_before_output_remembers_the_response_id_the_client_was_given(
+    gateway, two_assignments
+):
+    """The failed attempt's withheld `response.created` named its own response id: the affinity is
+    the serving attempt's id (the one the client saw), on the assignment that served it."""
+    a, b, (acct_a, acct_b) = two_assignments
+    a.script("gpt-5", fail_before_visible())
+    b.script("gpt-5", serve("served by b"))
+    first = post(gateway, "/v1/responses", {**RESPONSES, "stream": True})
+    events = sse_events(first.text)
+    (completed,) = [e for e in events if e.type == "response.completed"]
+    response_id = completed.data["response"]["id"]
+    assert responses_text(events) == "served by b"
+    assert_hits((a, 1), (b, 1))
+    pin = wait_for(
+        lambda: Affinity.objects.filter(kind="response", key=response_id).first(),
+        what="the response affinity",
+    )
+    assert pin.assignment_id == acct_b.pk
+    assert not Affinity.objects.filter(kind="response", assignment_id=acct_a.pk).exists()
 
 
 # -- exhaustion ----------------------------------------------------------------------------------------

@@ -10,13 +10,15 @@ test_failure_semantics.py):
 
 import json
 import time
-from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
-from proxy.exchange import AttemptLog, Exchange, Final
-from proxy.relay import HttpDispatch, Relay
+from proxy.dispatch import HttpDispatch
+from proxy.exchange import AttemptLog, Exchange
+from proxy.output import plain_answer
+from proxy.relay import Relay
+from proxy.transport import Answer
 from routing import services
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.failures import FailureClass
@@ -34,23 +36,25 @@ async def _finish(exchange: Exchange) -> None:
     return None
 
 
-def _relay(*, deadline: float = 0.0, backoff_base_ms: int = 0) -> Relay:
+def _relay(*, deadline: float = 0.0, backoff_base_ms: int = 0, **given) -> Relay:
     exchange = Exchange("r", None, "/chat/completions", "http", "gpt-5", datetime.now(UTC))
-    return Relay(
-        exchange=exchange,
-        view=RoutingView(policy=ModelPolicy(), max_attempts=4, routes={}),
-        plan=Plan(order=(), ineligible=(), beyond_shortlist=(), disallowed=()),
-        breaker_settings=BreakerSettings(),
-        demotion_seconds=60,
-        backoff_base_ms=backoff_base_ms,
-        requirements=Requirements(),
-        deadline=deadline,
-        path="/chat/completions",
-        body={},
-        route_class=RouteClass.HTTP,
-        dialect=None,
-        on_finish=_finish,
-    )
+    arguments = {
+        "exchange": exchange,
+        "view": RoutingView(policy=ModelPolicy(), max_attempts=4, routes={}),
+        "plan": Plan(order=(), ineligible=(), beyond_shortlist=(), disallowed=()),
+        "breaker_settings": BreakerSettings(),
+        "demotion_seconds": 60,
+        "backoff_base_ms": backoff_base_ms,
+        "requirements": Requirements(),
+        "deadline": deadline,
+        "path": "/chat/completions",
+        "body": {},
+        "route_class": RouteClass.HTTP,
+        "dialect": None,
+        "on_finish": _finish,
+        "dispatch": HttpDispatch(),
+    }
+    return Relay(**{**arguments, **given})
 
 
 @pytest.mark.parametrize(
@@ -65,7 +69,8 @@ def _relay(*, deadline: float = 0.0, backoff_base_ms: int = 0) -> Relay:
 def test_a_codeless_404_is_a_model_failure_only_with_catalog_provenance(provenance, expected):
     c = Candidate(assignment_id=1, model="gpt-5", adapter="openai", provenance=provenance)
     log = AttemptLog(1, 1, "gpt-5", "http", "failed")
-    failure = _relay().plain(c, log, None, 404, CODELESS_404)  # type: ignore[arg-type]
+    exchange = Exchange("r", None, "/chat/completions", "http", "gpt-5", datetime.now(UTC))
+    failure, _ = plain_answer(Answer(404, CODELESS_404), None, candidate=c, log=log, exchange=exchange)  # type: ignore[arg-type]
     assert failure.failure is expected
 
 
@@ -83,7 +88,7 @@ async def test_the_backoff_is_full_jitter_and_never_sleeps_past_the_deadline(mon
     monkeypatch.setattr("proxy.relay.asyncio.sleep", sleep)
     relay = _relay(deadline=time.monotonic() + 0.5, backoff_base_ms=1000)
     for ordinal in (1, 2):
-        relay.x.attempts.append(AttemptLog(ordinal, ordinal, "gpt-5", "http", "retryable_failed"))
+        relay.exchange.attempts.append(AttemptLog(ordinal, ordinal, "gpt-5", "http", "retryable_failed"))
     await relay._backoff()
     assert drawn == [(0, 2.0)]  # full jitter: anywhere from 0 to base x 2^(hops-1)
     assert 0 < slept[0] <= 0.5  # but never past what is left of the deadline
@@ -96,9 +101,9 @@ class _Serves(HttpDispatch):
         super().__init__()
         self.sent: list[tuple[int, str]] = []
 
-    async def attempt(self, relay, c, log, call):
+    async def open(self, c, call, *, stream):
         self.sent.append(c.key)
-        return Final(200, b'{"choices": []}')
+        return Answer(200, b'{"choices": []}')
 
 
 async def test_the_fallback_model_is_tried_when_every_primary_turns_out_blocked_at_its_turn(monkeypatch):
@@ -122,31 +127,39 @@ async def test_the_fallback_model_is_tried_when_every_primary_turns_out_blocked_
         cooldown_seconds=60,
         open_until=datetime.now(UTC),
     )
-    relay, transport = _relay(deadline=time.monotonic() + 10), _Serves()
-    relay.dispatch = transport
-    relay.plan = Plan(order=(primary, sibling), ineligible=(), beyond_shortlist=(), disallowed=())
-    relay.body = {"model": "gpt-5.2", "messages": [{"role": "user", "content": "hi"}]}
     targets = {n: Target(n, f"acct-{n}", 1, "openai", "http://127.0.0.1:9/v1", "UNSET") for n in (1, 2)}
-    relay.view = replace(relay.view, circuits={primary.key: snapshot}, targets=targets)
+    transport = _Serves()
+    relay = _relay(
+        deadline=time.monotonic() + 10,
+        dispatch=transport,
+        plan=Plan(order=(primary, sibling), ineligible=(), beyond_shortlist=(), disallowed=()),
+        body={"model": "gpt-5.2", "messages": [{"role": "user", "content": "hi"}]},
+        view=RoutingView(
+            policy=ModelPolicy(), max_attempts=4, routes={}, circuits={primary.key: snapshot}, targets=targets
+        ),
+    )
     result = await relay.run()
     assert result.status == 200
     assert transport.sent == [(2, "gpt-5.1")]
-    assert [(a.assignment_id, a.status, a.ineligible_reason) for a in relay.x.attempts] == [
+    assert [(a.assignment_id, a.status, a.ineligible_reason) for a in relay.exchange.attempts] == [
         (1, "ineligible", "circuit_open"),
         (2, "succeeded", ""),
     ]
-    assert relay.x.model_fallback is True
+    assert relay.exchange.model_fallback is True
 
 
 async def test_a_primary_passed_over_for_another_reason_never_crosses_the_model_boundary(monkeypatch):
     primary = Candidate(assignment_id=1, model="gpt-5.2", min_deadline_ms=60_000, provenance="configured")
     sibling = Candidate(assignment_id=2, model="gpt-5.1", cross_model=True, provenance="configured")
-    relay, transport = _relay(deadline=time.monotonic() + 10), _Serves()
-    relay.dispatch = transport
-    relay.plan = Plan(order=(primary, sibling), ineligible=(), beyond_shortlist=(), disallowed=())
-    relay.body = {"model": "gpt-5.2", "messages": [{"role": "user", "content": "hi"}]}
     targets = {n: Target(n, f"acct-{n}", 1, "openai", "http://127.0.0.1:9/v1", "UNSET") for n in (1, 2)}
-    relay.view = replace(relay.view, targets=targets)
+    transport = _Serves()
+    relay = _relay(
+        deadline=time.monotonic() + 10,
+        dispatch=transport,
+        plan=Plan(order=(primary, sibling), ineligible=(), beyond_shortlist=(), disallowed=()),
+        body={"model": "gpt-5.2", "messages": [{"role": "user", "content": "hi"}]},
+        view=RoutingView(policy=ModelPolicy(), max_attempts=4, routes={}, targets=targets),
+    )
     result = await relay.run()
     assert transport.sent == []  # the deadline excluded the primary: no_eligible_backend, not the sibling
     assert (result.status, json.loads(result.body)["error"]["param"]) == (503, "deadline")

@@ -1,0 +1,123 @@
+"""The HTTP transport of the attempt loop (a `proxy.transport.Dispatch`): one attempt's call over the
+process's shared httpx client (`proxy.upstream`), its answer as the loop reads it (an `Answer` read
+whole, or an `SSESource` when the client asked for a stream and the upstream said 200), and the
+gateway's own errors in the client's envelope.
+"""
+
+from collections.abc import AsyncGenerator
+from dataclasses import replace
+
+import httpx
+from django.conf import settings
+
+from proxy import framing, upstream
+from proxy.apis import chat
+from proxy.apis.base import ClientApi
+from proxy.exchange import Failure, Final
+from proxy.providers.base import UpstreamCall
+from proxy.sse import Block, Dialect, SSEParser, SSEProtocolError
+from proxy.transport import Answer, EventSource, TransportFailure
+from routing.failures import Observation, TransportEvent
+from routing.types import Candidate
+
+
+class SSESource:
+    """An upstream SSE response; closing it drops the connection (httpx releases it)."""
+
+    ends_at_terminal = False
+    status = 200
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+
+    async def batches(self) -> AsyncGenerator[list[Block], None]:
+        parser = SSEParser()
+        try:
+            async for chunk in self.response.aiter_bytes():  # decoded: httpx undoes gzip/deflate
+                yield parser.feed(chunk)
+            tail = parser.flush()
+            if tail is not None:
+                yield [tail]
+        except SSEProtocolError:
+            raise TransportFailure(TransportEvent.STREAM_TRUNCATED) from None
+        except httpx.HTTPError as exc:
+            raise TransportFailure(upstream.transport_event(exc)) from None
+
+    def released(self) -> None:
+        pass
+
+    async def aclose(self, *, complete: bool) -> None:
+        await self.response.aclose()
+
+
+async def read_answer(response: httpx.Response) -> Failure | Answer:
+    """A plain upstream answer, read whole: the Answer, or the Failure that ended its reading."""
+    try:
+        raw = await upstream.read_body(response)
+    except TransportFailure as failure:
+        return Failure.observed(Observation(status=response.status_code, transport=failure.event))
+    except upstream.ResponseTooLarge:
+        return Failure.unrelayable(response.status_code, "upstream_response_too_large")
+    retry_after = upstream.retry_after_s(response.headers.get("retry-after"))
+    return Answer(response.status_code, raw, retry_after=retry_after)
+
+
+class HttpDispatch:
+    """Plain HTTP and SSE over the shared httpx client (`proxy.upstream`). `api`: the client's API, whose
+    envelope, error types and error events the gateway's own errors take."""
+
+    def __init__(self, *, api: ClientApi = chat.API) -> None:
+        self.api = api
+
+    async def open(self, c: Candidate, call: UpstreamCall, *, stream: bool) -> Failure | Answer | EventSource:
+        wire = call.wire  # a provider whose wire is not the relay's (its signature, framing, answers)
+        try:
+            response = await upstream.open_stream(
+                "POST",
+                call.url,
+                headers=call.headers,
+                json=call.payload,
+                read_timeout_s=settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S,
+                sigv4=wire.sigv4 if wire is not None else None,
+            )
+        except TransportFailure as failure:
+            return Failure.observed(Observation(transport=failure.event))
+        if response.status_code == 200 and stream:
+            return framing.source(response, wire, SSESource(response))
+        answer = await read_answer(response)
+        if wire is not None and isinstance(answer, Answer):
+            status, body = wire.answer(answer.status, response.headers, answer.body)
+            answer = replace(answer, status=status, body=body)
+        return answer
+
+    def pack(self, parts: list[bytes]) -> list[bytes]:
+        return [b"".join(parts)] if parts else []  # one write for all of them
+
+    def error_event(
+        self,
+        dialect: Dialect,
+        *,
+        type: str,  # the wire name of the field
+        code: str | None,
+        param: str | None,
+        message: str,
+        status: int | None,
+    ) -> bytes:
+        del dialect  # the client's API frames its own streams' errors
+        type = self.api.error_type(type, code=code, status=status or 500, param=param)
+        return self.api.error_event(type=type, code=code, param=param, message=message, status=status)
+
+    def error_final(
+        self,
+        status: int,
+        *,
+        message: str,
+        type: str,  # the wire name of the field
+        code: str | None,
+        param: str | None,
+    ) -> Final:
+        type = self.api.error_type(type, code=code, status=status, param=param)
+        return Final(status, self.api.error_body(type=type, code=code, param=param, message=message))
+
+    def events_final(self, parts: list[bytes]) -> Final:
+        return Final(200, b"".join(parts), content_type="text/event-stream")

@@ -1,0 +1,162 @@
+"""How a request ends that no attempt served (SPEC §4, §5.6): its outcome, status and typed answer.
+
+The words are the gateway's own, never the provider's text: what happened, in the wording the
+client's API documents where agents react to it (a context overflow reads as Anthropic or OpenAI
+words it). The envelope is the transport's (`Dispatch.error_final`, `error_event`).
+"""
+
+import json
+from dataclasses import dataclass, replace
+
+from proxy.adapters.token_estimate import estimate_input_tokens
+from proxy.errors import TYPED_ERRORS, should_retry
+from proxy.exchange import Failure, Final
+from proxy.providers.base import COUNT_TOKENS
+from proxy.sse import Dialect
+from proxy.transport import Dispatch
+from routing.failures import Disposition, FailureClass
+from routing.plan import Plan
+from routing.types import IneligibleReason
+from routing.vocabulary import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """What the attempt loop saw of a request nothing served."""
+
+    last: Failure | None  # the last attempt's failure; None: nothing was sent
+    window: int | None  # the context window of the candidate that failed last
+    excluded: IneligibleReason | None  # why the last candidate was passed over at its turn
+    untranslatable: str | None  # the param a translation refused (the last candidate passed over)
+    budget_unreachable: bool  # a reservation could not reach the database
+
+
+def _typed(
+    framing: Dispatch, status: int, *, code: str, type: str, message: str, param: str | None, retry: bool
+):
+    final = framing.error_final(status, message=message, type=type, code=code, param=param)
+    return code, status, replace(final, should_retry=retry)
+
+
+def unserved_answer(
+    unserved: Unserved,
+    *,
+    plan: Plan,
+    path: str,
+    body: dict,
+    tokens: int,
+    dialect: Dialect | None,
+    framing: Dispatch,
+) -> tuple[str, int, Final]:
+    """(the exchange's outcome, its status, the client's answer). `tokens`: the request's estimate,
+    `dialect`: the client's stream dialect (None: a plain request)."""
+    last = unserved.last
+    if last is None and unserved.untranslatable is not None:
+        # Nothing was sent: the last candidate could not be sent this request in its API.
+        message = UNTRANSLATABLE_MESSAGE.format(unserved.untranslatable)
+        code = "invalid_request"
+        return _typed(
+            framing, 400, code=code, type=code, message=message, param=unserved.untranslatable, retry=False
+        )
+    if last is None and path == COUNT_TOKENS:
+        # No Anthropic-shaped account could count them: the gateway's own estimate, labelled as
+        # such, rather than a 503 that stops a coding agent before every turn (SPEC §4).
+        estimate = json.dumps({"input_tokens": estimate_input_tokens(body)}).encode()
+        return Outcome.OK, 200, Final(200, estimate, headers=(("x-gateway-token-count", "estimated"),))
+    if last is None and unserved.budget_unreachable:
+        # Nothing was sent because the budget could not be reserved: the database, not the budget.
+        code = "gateway_unavailable"
+        return _typed(
+            framing, 503, code=code, type=code, message=TYPED_ERRORS[code][1], param=None, retry=True
+        )
+    anthropic = path.startswith("/messages")
+    if last is None:
+        reason = unserved.excluded or plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
+        return _typed(
+            framing,
+            503,
+            code="no_eligible_backend",
+            type="service_unavailable",
+            message=no_eligible_message(reason, plan, tokens=tokens, anthropic=anthropic),
+            param=str(reason),
+            retry=should_retry("no_eligible_backend", str(reason)),
+        )
+    if last.disposition is Disposition.DISPATCH_UNKNOWN:
+        code = "upstream_dispatch_unknown"
+        message = TYPED_ERRORS[code][1]
+        return _typed(
+            framing, 504, code=code, type="upstream_error", message=message, param=None, retry=False
+        )
+    message = failure_message(last, window=unserved.window, tokens=tokens, anthropic=anthropic)
+    outcome = last.code or str(last.failure)
+    if last.withheld and dialect is not None:
+        # A stream that failed before any output: the withheld lifecycle once, then the failure.
+        error = framing.error_event(
+            dialect,
+            type=last.error_type or "upstream_error",
+            code=last.code,
+            param=last.param,
+            message=message,
+            status=last.status if last.status and last.status >= 400 else None,
+        )
+        return outcome, 200, framing.events_final([*last.withheld, error])
+    status = last.status if last.status and last.status >= 400 else 502
+    final = framing.error_final(
+        status, message=message, type=last.error_type or "upstream_error", code=last.code, param=last.param
+    )
+    # An identical retry may succeed only after a rate limit or a server-side failure (SPEC §4).
+    retry = not last.final and (status == 429 or status >= 500)
+    return (
+        outcome,
+        status,
+        replace(final, should_retry=retry, retry_after=last.retry_after if status == 429 else None),
+    )
+
+
+UNTRANSLATABLE_MESSAGE = "The request uses a feature the API of the routes able to serve it cannot carry: {}."
+
+
+def too_long(tokens: int, window: int | None) -> str | None:
+    """Anthropic's documented wording for a context overflow, with both integers when known."""
+    if window is not None and tokens > window:
+        return f"prompt is too long: {tokens} tokens > {window} maximum"
+    return None
+
+
+def no_eligible_message(reason: IneligibleReason, plan: Plan, *, tokens: int, anthropic: bool) -> str:
+    message = f"no eligible backend: {reason}"
+    if reason is IneligibleReason.CONTEXT_WINDOW:
+        windows = [
+            v.candidate.context_window
+            for v in plan.ineligible
+            if IneligibleReason.CONTEXT_WINDOW in v.reasons and v.candidate.context_window is not None
+        ]
+        message_too_long = too_long(tokens, max(windows)) if windows else None
+        if message_too_long is not None and anthropic:
+            message = f"{message} ({message_too_long})"
+    return message
+
+
+def failure_message(last: Failure, *, window: int | None, tokens: int, anthropic: bool) -> str:
+    """A relayed failure in the gateway's words; `window`: the context window of the candidate that
+    failed last, `tokens`: the request's estimate, `anthropic`: the client speaks Anthropic Messages."""
+    if last.final and last.code in TYPED_ERRORS:
+        return TYPED_ERRORS[last.code][1]
+    if last.failure is FailureClass.CONTEXT_OVERFLOW:
+        if anthropic:
+            return too_long(tokens, window) or "prompt is too long for the model's context window"
+        if window is not None and tokens > window:
+            return (
+                f"This model's maximum context length is {window} tokens. "
+                f"However, your messages resulted in {tokens} tokens."
+            )
+        return "This model's maximum context length was exceeded by the request."
+    if last.failure is FailureClass.RATE_LIMITED:
+        return "The upstream rate limit was reached; retry after the indicated time."
+    if last.failure is FailureClass.QUOTA:
+        return "The upstream account's quota is exhausted."
+    if last.failure is FailureClass.UNAVAILABLE:
+        return "The upstream is unavailable."
+    if last.failure in (FailureClass.MODEL_UNAVAILABLE, FailureClass.MODEL_NOT_FOUND_CROSS):
+        return "The upstream does not serve this model."
+    return "The upstream rejected the request."
