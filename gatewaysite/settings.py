@@ -95,6 +95,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         "tcp_user_timeout": 5000,
     }.items():
         options.setdefault(name, value)
+    # Prepared statements (server-side binding; Django turns them off by default): psycopg prepares
+    # a statement once a connection has run it five times, so the statements every request runs (the
+    # key and health read, the ledger's inserts) are parsed and planned once per connection, not on
+    # every call (measured: about a fifth of the backend CPU of the request's read). Behind PgBouncer
+    # in transaction mode, this needs its prepared statement support (max_prepared_statements, 1.21+).
+    options.setdefault("server_side_binding", True)
+    options.setdefault("prepare_threshold", 5)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the request path read while the ledger writer commits (the default journal makes
     # readers wait out every commit); the busy timeout waits for the lock instead of failing.
