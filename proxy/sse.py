@@ -26,8 +26,8 @@ Contract:
   through, and report terminal failures as pre- or post-visible. Every block fed to it is handed back
   at most once, in feed order: in a RELEASE/PASS decision, or through `withheld()`. The upstream's
   own error block is never handed back (its message must not reach the client).
-- `encode_error_event` and `encode_block` build the gateway's own blocks; an error event carries
-  only the canonical `type`/`code`/`param` and the gateway's own message.
+- `encode_block` builds the gateway's own blocks (each client API frames its error event with it:
+  `proxy.apis`).
 """
 
 from __future__ import annotations
@@ -526,63 +526,6 @@ def encode_block(event: str | None, data_json: str) -> bytes:
     head = f"event: {event}\n" if event is not None else ""
     lines = "".join(f"data: {line}\n" for line in _NEWLINES.split(data_json))
     return f"{head}{lines}\n".encode()
-
-
-def encode_error_event(
-    dialect: Dialect,
-    *,
-    type: str,  # shadows the builtin on purpose: it is the wire name of the field
-    code: str | None,
-    param: str | None,
-    message: str,
-    sequence_number: int | None = None,
-) -> bytes:
-    """The gateway's sanitized terminal error event in `dialect`'s shape.
-
-    `message` must be the gateway's own words (SPEC §4). `sequence_number` is used only by the
-    Responses dialect, whose strict clients expect every event to carry one.
-    """
-    match dialect:
-        case Dialect.CHAT:
-            # A bare error chunk, as OpenAI sends mid-stream; the openai SDK raises APIError on it.
-            body: dict[str, Any] = {"error": {"message": message, "type": type, "code": code, "param": param}}
-            return encode_block(None, _json(body))
-        case Dialect.RESPONSES:
-            body = responses_error_event(
-                type=type, code=code, param=param, message=message, sequence_number=sequence_number
-            )
-            return encode_block("error", _json(body))
-        case Dialect.ANTHROPIC:
-            # Anthropic errors have no code or param.
-            body = {"type": "error", "error": {"type": type, "message": message}}
-            return encode_block("error", _json(body))
-        case _:
-            assert_never(dialect)
-
-
-def responses_error_event(
-    *,
-    type: str,  # shadows the builtin on purpose: it is the wire name of the field
-    code: str | None,
-    param: str | None,
-    message: str,
-    sequence_number: int | None = None,
-    status: int | None = None,
-) -> dict[str, Any]:
-    """The gateway's Responses `error` event (the SSE block's data, or one websocket frame).
-
-    The documented ResponseErrorEvent puts code/message/param at the top level, while OpenAI actually
-    sends them nested under `error` with the error type (which also makes the openai SDK raise). Both,
-    so either kind of client finds them. `status`: the HTTP status the error stands for, as the
-    websocket mode's `error` events carry it.
-    """
-    error = {"type": type, "code": code, "message": message, "param": param}
-    body: dict[str, Any] = {"type": "error", "code": code, "message": message, "param": param, "error": error}
-    if status is not None:
-        body["status"] = status
-    if sequence_number is not None:
-        body["sequence_number"] = sequence_number
-    return body
 
 
 def _json(value: object) -> str:

@@ -24,10 +24,11 @@ from collections.abc import AsyncGenerator
 from django.conf import settings
 
 from proxy import upstream_ws
+from proxy.apis.responses import responses_error_event
 from proxy.exchange import Failure, Final
 from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import provider
-from proxy.sse import Block, Dialect, responses_error_event
+from proxy.sse import Block, Dialect
 from proxy.transport import TransportFailure
 from proxy.upstream_ws import HandshakeRejected, UpstreamSocket
 from routing.failures import Observation

@@ -9,7 +9,7 @@ OpenAI sends mid-stream (the openai SDK raises APIError on it).
 import json
 
 from proxy.apis.base import Json
-from proxy.sse import Dialect, encode_error_event
+from proxy.sse import Dialect, encode_block
 from routing.types import Requirements
 
 
@@ -54,6 +54,10 @@ def turn_requirements(body: Json, body_size: int) -> Requirements:
     )
 
 
+def compact_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def error_body(*, message: str, type: str, code: str | None, param: str | None = None) -> bytes:
     """OpenAI's error envelope."""
     return json.dumps({"error": {"message": message, "type": type, "code": code, "param": param}}).encode()
@@ -74,7 +78,9 @@ class Chat:
     def error_event(
         self, *, type: str, code: str | None, param: str | None, message: str, status: int | None
     ) -> bytes:
-        return encode_error_event(self.dialect, type=type, code=code, param=param, message=message)
+        # A bare error chunk, as OpenAI sends mid-stream; the openai SDK raises APIError on it.
+        body = {"error": {"message": message, "type": type, "code": code, "param": param}}
+        return encode_block(None, compact_json(body))
 
 
 API = Chat()

@@ -16,7 +16,8 @@ import json
 from collections.abc import Mapping
 
 from proxy.apis.base import Json
-from proxy.sse import Dialect, encode_error_event
+from proxy.apis.chat import compact_json
+from proxy.sse import Dialect, encode_block
 from routing.types import Requirements
 
 # The gateway's typed codes (SPEC §4, `proxy.errors.TYPED_ERRORS`) -> Anthropic error types. Anthropic
@@ -144,7 +145,9 @@ class Messages:
     def error_event(
         self, *, type: str, code: str | None, param: str | None, message: str, status: int | None
     ) -> bytes:
-        return encode_error_event(self.dialect, type=type, code=code, param=param, message=message)
+        # Anthropic errors have no code or param.
+        body = {"type": "error", "error": {"type": type, "message": message}}
+        return encode_block("error", compact_json(body))
 
 
 API = Messages()

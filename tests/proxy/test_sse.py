@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import sse
+from proxy.apis import chat, messages, responses
 from proxy.sse import (
     Action,
     Block,
@@ -28,13 +29,15 @@ from proxy.sse import (
     WithholderClosedError,
     classify,
     encode_block,
-    encode_error_event,
 )
 
 NV = Visibility.NOT_VISIBLE
 VIS = Visibility.VISIBLE
 OK = Visibility.TERMINAL_SUCCESS
 FAIL = Visibility.TERMINAL_FAILURE
+
+# Each client API frames the gateway's terminal error event in its own dialect (proxy.apis).
+API = {Dialect.CHAT: chat.API, Dialect.RESPONSES: responses.API, Dialect.ANTHROPIC: messages.API}
 
 
 def parse_all(stream: bytes, chunks: list[bytes] | None = None, **kwargs: int) -> list[Block]:
@@ -1178,8 +1181,8 @@ def test_exhausted_plan_relays_the_last_candidates_withheld_blocks_once() -> Non
         typed("error", error={"type": "server_error", "code": "overloaded", "message": "secret"}) + "\n\n"
     )
     candidates = [(created + typed("keepalive") + "\n\n" + failure), (created + progress + failure)]
-    gateway_error = encode_error_event(
-        Dialect.RESPONSES, type="server_error", code="overloaded", param=None, message="The upstream failed."
+    gateway_error = API[Dialect.RESPONSES].error_event(
+        type="server_error", code="overloaded", param=None, message="The upstream failed.", status=None
     )
     client: list[bytes] = []
 
@@ -1258,12 +1261,12 @@ def test_relay_of_a_served_stream_is_byte_identical() -> None:
     ],
 )
 def test_error_event_shapes(dialect: Dialect, event_name: str | None, body: dict[str, object]) -> None:
-    raw = encode_error_event(
-        dialect,
+    raw = API[dialect].error_event(
         type="server_error",
         code="overloaded",
         param="model",
         message="No upstream could serve the request.",
+        status=503,
     )
 
     (block,) = parse_all(raw)
@@ -1283,21 +1286,13 @@ def test_error_event_shapes(dialect: Dialect, event_name: str | None, body: dict
 def test_gateway_error_event_classifies_as_a_terminal_failure(
     dialect: Dialect, expected: StreamError
 ) -> None:
-    raw = encode_error_event(
-        dialect, type="server_error", code="overloaded", param="model", message="Failed."
+    raw = API[dialect].error_event(
+        type="server_error", code="overloaded", param="model", message="Failed.", status=None
     )
 
     result = classify(dialect, parse_all(raw)[0])
 
     assert (result.visibility, result.error) == (FAIL, expected)
-
-
-def test_responses_error_event_carries_the_sequence_number_when_given() -> None:
-    raw = encode_error_event(
-        Dialect.RESPONSES, type="server_error", code=None, param=None, message="Failed.", sequence_number=7
-    )
-
-    assert json.loads(parse_all(raw)[0].data or "")["sequence_number"] == 7
 
 
 def test_encode_block_bytes() -> None:
