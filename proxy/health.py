@@ -11,20 +11,21 @@ database refuses a write, the request goes on and the loss is logged (no content
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
 from django.db import DatabaseError, transaction
 
 from proxy.exchange import Memory
-from routing import breaker, services
+from routing import breaker, preference, services
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.failures import FailureClass, circuit_reason, demotion_reason
 from routing.models import AffinityKind
 from routing.route import RoutingView
 from routing.services import CircuitKey, Seen
-from routing.types import Candidate, CircuitReason, RouteClass
+from routing.types import Candidate, CircuitReason, Health, RouteClass
 from runtime import db
 
 logger = logging.getLogger("gateway")
@@ -147,6 +148,33 @@ class HealthWrites:
     def circuit_key(self, c: Candidate) -> CircuitKey:
         pool_id = self.view.targets[c.assignment_id].pool_id
         return CircuitKey(pool_id, c.assignment_id, c.model, self.route_class)
+
+    async def current(
+        self, c: Candidate, later: Sequence[Candidate], *, read_by: datetime
+    ) -> Candidate | None:
+        """`c` as it stands now, or None when it is not to be tried now (the view was read by
+        `read_by`). A circuit this request read closed can have opened, cooled down and gone half-open
+        (another request's probe in flight) only after a cooldown: a view younger than the shortest
+        cooldown is trusted as read; an older one (the request waited on a stalled database, or on
+        slow attempts) is read again for the candidate about to be dispatched, which then goes after
+        every closed one (SPEC §5.4, §7.1: only the lease holder tries a half-open assignment first)."""
+        if c.health not in (Health.HEALTHY, Health.FAILING):
+            return c
+        settings = self.breaker_settings
+        shortest = timedelta(seconds=min(settings.cooldown_seconds, settings.max_cooldown_seconds))
+        if datetime.now(UTC) - read_by < shortest:
+            return c
+        key = self.circuit_key(c)
+        try:
+            snapshot = await db.run_within(db_wait_s(self.deadline), services.circuit_governing, key=key)
+        except DatabaseError:
+            return c  # no fresher health to be had: the view's
+        now = replace(c, health=breaker.health(snapshot, settings, datetime.now(UTC)))
+        if now.health is Health.BLOCKED:
+            return None  # open for the model's withdrawal: not dispatched at all
+        if preference.group(now) == preference.group(c) or not any(preference.group(o) < 3 for o in later):
+            return now
+        return None
 
     async def written(self) -> None:
         """Wait for the failure writes started so far (they log their own errors)."""

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
@@ -145,9 +145,10 @@ class Relay:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    async def _admit(self, c: Candidate) -> tuple[bool, CircuitKey | None]:
+    async def _admit(self, c: Candidate, later: Sequence[Candidate]) -> tuple[bool, CircuitKey | None]:
         """(dispatch?, the circuit whose probe it holds). Re-gates for the deadline spent so far (no
-        attempt with less than `retry.min_attempt_ms` left) and takes a probe when one is admissible."""
+        attempt with less than `retry.min_attempt_ms` left), re-reads health the view may be too
+        old for (`HealthWrites.current`) and takes a probe when one is admissible."""
         remaining_ms = max(int((self.deadline - time.monotonic()) * 1000), 0)
         verdict = evaluate(c, replace(self.requirements, deadline_remaining_ms=remaining_ms))
         if verdict.eligible and not await self._reserve(verdict.reservation_micros):
@@ -155,6 +156,10 @@ class Relay:
         if not verdict.eligible:
             self._pass_over(c, verdict.reason)
             return False, None
+        if (current := await self.health.current(c, later, read_by=self.exchange.started_at)) is None:
+            self._pass_over(c, IneligibleReason.CIRCUIT_OPEN)
+            return False, None
+        c = current
         if c.health is Health.HELD and self.lease is not None and self.lease.candidate == c.key:
             lease, self.lease = self.lease, None  # taken before dispatch: this attempt uses it
             return True, lease.circuit
@@ -173,8 +178,8 @@ class Relay:
                 ),
                 undo=lambda taken: taken and services.circuit_release_probe(key=key),
             )
-        except db.DatabaseTimeout:
-            won = False  # as if another request had it: the database decides nothing in time
+        except DatabaseError:
+            won = False  # as if another request had it: the database decides nothing (in time)
         if won:
             return True, key
         if breaker.blocked_health(snapshot.reason if snapshot else None) is Health.BLOCKED:
@@ -190,17 +195,13 @@ class Relay:
         need = (reservation or 0) - exchange.reserved_micros
         if self.requirements.budget_remaining_micros is None or exchange.key_id is None or need <= 0:
             return True
-        key_id, period = exchange.key_id, exchange.budget_period
+        budget = {"key_id": exchange.key_id, "period": exchange.budget_period}
+        give_back = partial(key_budget_settle, **budget, released=need, charged=0)
         try:
             held = await db.write_within(
                 db_wait_s(self.deadline),
-                partial(key_budget_reserve, key_id=key_id, amount=need, period=period, now=datetime.now(UTC)),
-                undo=lambda taken: (
-                    taken
-                    and key_budget_settle(
-                        key_id=key_id, released=need, charged=0, period=period, now=datetime.now(UTC)
-                    )
-                ),
+                partial(key_budget_reserve, **budget, amount=need, now=datetime.now(UTC)),
+                undo=lambda taken: taken and give_back(now=datetime.now(UTC)),
             )
         except DatabaseError as failed:  # no reservation, no dispatch
             if isinstance(failed, db.DatabaseTimeout):  # what it takes late is given back (undo)
@@ -227,7 +228,7 @@ class Relay:
             if call is None:
                 index = self._after_passed_over(order, index)
                 continue
-            admitted, probe = await self._admit(c)
+            admitted, probe = await self._admit(c, order[index + 1 :])
             self.probe = probe
             if not admitted:
                 index = self._after_passed_over(order, index)

@@ -95,6 +95,22 @@ def _read(key: CircuitKey) -> CircuitSnapshot | None:
     return circuit_snapshot(row) if row else None
 
 
+def circuit_governing(*, key: CircuitKey) -> CircuitSnapshot | None:
+    """The circuit that decides `key`'s candidate now (`breaker.governing`: its assignment-wide
+    circuit when that is not closed, else its own), read again in one query."""
+    wide = CircuitKey.wide(key.pool_id, key.assignment_id)
+    rows = {
+        (row.model, row.route_class): circuit_snapshot(row)
+        for row in Circuit.objects.filter(pool_id=key.pool_id, assignment_id=key.assignment_id).filter(
+            model__in=(key.model, wide.model), route_class__in=(key.route_class, wide.route_class)
+        )
+    }
+    governing, _ = breaker.governing(
+        rows.get((key.model, key.route_class)), rows.get((wide.model, wide.route_class))
+    )
+    return governing
+
+
 def _circuit_apply(
     key: CircuitKey,
     transition: Callable[[CircuitSnapshot | None], CircuitSnapshot | None],

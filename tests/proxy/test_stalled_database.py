@@ -9,15 +9,19 @@ a stalled server."""
 
 import contextlib
 import sqlite3
+import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import psycopg
+import pytest
 from django.db import connection
 
-from pools.models import GatewayKey
+from pools.models import GatewayKey, GatewaySettings
 from proxy.ledger import writer
-from routing.models import Affinity
+from routing.models import Affinity, Circuit
+from routing.vocabulary import CircuitReason, CircuitState
 from tests.proxy.fixtures_e2e import RESPONSES, wait_for
 from tests.proxy.test_budget import AUTH, BODY, _price
 
@@ -48,6 +52,23 @@ def _stalled(postgres_lock: str):
         other.execute("ROLLBACK")
     finally:
         other.close()
+
+
+def _wait_for_a_lock_wait(timeout: float = 20.0) -> None:
+    db = connection.settings_dict
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"], autocommit=True
+    ) as probe:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            waiting = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            ).fetchone()
+            if waiting and waiting[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError("the request never waited for the key's row")
 
 
 def _post(gateway: str, path: str, **kwargs) -> tuple[httpx.Response, float]:
@@ -85,3 +106,52 @@ def test_a_responses_answer_does_not_wait_past_its_deadline_for_its_affinity_wri
     # The write was not abandoned: it lands once the database answers.
     response_id = response.json()["id"]
     wait_for(lambda: Affinity.objects.filter(key=response_id).first(), what="the late affinity")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a row lock that leaves other tables writable")
+def test_a_request_that_waited_past_a_cooldown_does_not_dispatch_on_the_health_it_read_before(
+    gateway, two_assignments
+):
+    """Fault 5 (half_open_probes): a request read acct-a's circuit closed, then waited on the database
+    (its budget reservation) for longer than the cooldown. Meanwhile acct-a opened, cooled down and
+    went half-open with another request's probe in flight. On the health it had read, the request
+    tried acct-a first, a second probe in parallel (SPEC §7.1: only the lease holder tries a half-open
+    assignment first). It reads the circuit again before dispatching, and takes acct-b."""
+    a, b, (acct_a, _) = two_assignments
+    _price(1_000_000, 1_000_000)
+    GatewaySettings.objects.filter(pk=1).update(cooldown_seconds=1)
+    GatewayKey.objects.update(budget_micros=1_000_000)
+    key = GatewayKey.objects.get()
+    table = GatewayKey._meta.db_table
+    answer: list[httpx.Response] = []
+    with _stalled(f"SELECT 1 FROM {table} WHERE id = {key.pk} FOR UPDATE"):
+        request = threading.Thread(
+            target=lambda: answer.append(
+                httpx.post(
+                    f"{gateway}/v1/chat/completions",
+                    content=BODY,
+                    headers={**AUTH, "x-gateway-deadline-ms": "10000"},
+                    timeout=15,
+                )
+            )
+        )
+        request.start()
+        _wait_for_a_lock_wait()  # it has read acct-a closed and waits for its reservation...
+        time.sleep(1.2)  # ...past the cooldown
+        now = datetime.now(UTC)
+        Circuit.objects.create(  # acct-a opened and cooled down meanwhile; another request probes it
+            pool=acct_a.pool,
+            assignment=acct_a,
+            model="gpt-5",
+            route_class="sse",  # BODY is a stream
+            state=CircuitState.HALF_OPEN,
+            reason=CircuitReason.UPSTREAM_UNAVAILABLE,
+            consecutive_failures=3,
+            cooldown_seconds=1,
+            open_until=now - timedelta(seconds=0.2),
+            probes_in_flight=1,
+            probe_lease_expires_at=now + timedelta(seconds=60),
+        )
+    request.join(15)
+    assert answer and answer[0].status_code == 200
+    assert a.hits == [] and len(b.hits) == 1
