@@ -52,6 +52,7 @@ class Adapter(models.TextChoices):
     AZURE_OPENAI = "azure_openai"
     OPENAI_COMPATIBLE = "openai_compatible"
     GEMINI = "gemini"
+    BEDROCK = "bedrock"
 
 
 class GatewaySettings(models.Model):

@@ -57,6 +57,7 @@ class Target:
     base_url: str
     api_key_env: str
     credential: str = field(default="", repr=False)
+    region: str = ""  # where the account's data is processed (Bedrock signs requests for it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,7 +153,9 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
         routes.setdefault(entry.model, []).append(candidate)
         if a.pk not in targets:
             accounts.append(replace(candidate, model=ACCOUNT_MODEL, context_window=None, price=Price()))
-        targets[a.pk] = Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env, a.credential)
+        targets[a.pk] = Target(
+            a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env, a.credential, a.region
+        )
         if a.pool_id not in pools_seen:
             pools_seen.add(a.pool_id)
             auto_models.extend(m for m in a.pool.auto_models if m not in auto_models)

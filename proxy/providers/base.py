@@ -192,14 +192,16 @@ class Provider(Protocol):
         ...
 
 
-# RFC 3986's unreserved characters: everything else in a path segment is percent-encoded.
-_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+# RFC 3986's unreserved characters and the two a path segment also takes as they are (a Bedrock model id
+# has a colon): the HTTP client sends these unencoded whatever it is given, and a signature (SigV4) must
+# cover the path as sent. Everything else is percent-encoded.
+_SEGMENT_SAFE = frozenset(string.ascii_letters + string.digits + "-._~:@")
 
 
 def path_segment(value: str) -> str:
-    """`value` (a model or deployment id) as one URL path segment, percent-encoded as the providers'
-    SDKs send it (urllib.parse is out of reach of a pure module: its package also does I/O)."""
-    return "".join(ch if ch in _UNRESERVED else "".join(f"%{b:02X}" for b in ch.encode()) for ch in value)
+    """`value` (a model or deployment id) as one URL path segment (urllib.parse is out of reach of a
+    pure module: its package also does I/O)."""
+    return "".join(ch if ch in _SEGMENT_SAFE else "".join(f"%{b:02X}" for b in ch.encode()) for ch in value)
 
 
 def url(base_url: str, path: str) -> str:

@@ -9,7 +9,15 @@ here.
 
 from collections.abc import Mapping
 
-from proxy.providers import anthropic, azure_openai, gemini, openai, openai_compatible, openrouter
+from proxy.providers import (
+    anthropic,
+    azure_openai,
+    bedrock,
+    gemini,
+    openai,
+    openai_compatible,
+    openrouter,
+)
 from proxy.providers.base import Json, Provider, UpstreamCall
 from routing.route import Target
 from routing.routes import carrier_table
@@ -22,6 +30,7 @@ _ALL: tuple[Provider, ...] = (
     azure_openai.PROVIDER,
     openai_compatible.PROVIDER,
     gemini.PROVIDER,
+    bedrock.PROVIDER,
 )
 PROVIDERS: Mapping[str, Provider] = {p.name: p for p in _ALL}
 

@@ -18,7 +18,7 @@ PROBE_TIMEOUT_S = 120.0
 
 
 def _target(a: Assignment) -> Target:
-    return Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env, a.credential)
+    return Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env, a.credential, a.region)
 
 
 async def _replay(entry: CatalogEntry, corpus, timeout_s: float) -> RouteRun:

@@ -24,9 +24,12 @@ def test_every_adapter_has_exactly_one_provider_under_its_name():
     [
         (
             "/chat/completions",
-            {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini"},
+            {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini", "bedrock"},
         ),
-        ("/messages", {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini"}),
+        (
+            "/messages",
+            {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini", "bedrock"},
+        ),
         # No Anthropic form; compatible servers are declared without it.
         ("/responses", {"openai", "openrouter", "azure_openai"}),
         ("/responses/compact", {"openai", "openrouter", "azure_openai"}),

@@ -1,0 +1,160 @@
+"""Amazon Bedrock (`bedrock`, the Converse API): a Chat-shaped account. Chat Completions are translated to
+Converse / ConverseStream and answers back (`bedrock_translate`); an Anthropic Messages client goes
+through Chat on the way. Responses, count_tokens, embeddings and files are not carried.
+
+- `base_url` is the runtime endpoint, `https://bedrock-runtime.<region>.amazonaws.com`; the model id is in
+  the path (`/model/{modelId}/converse`, `/converse-stream`), percent-encoded as the AWS SDKs send it.
+- Every request is signed with SigV4 (service `bedrock`) by the transport, with botocore's signer, for
+  the region the host names, or, for a host that names none (a proxy, a private endpoint, a local
+  double), the assignment's `region`.
+- The credential is `ACCESS_KEY_ID:SECRET_ACCESS_KEY`, or `...:SESSION_TOKEN` for temporary credentials.
+- ConverseStream answers AWS event-stream frames, decoded by botocore's parser in the transport
+  (`proxy.framing`); answers, errors and streams reach the relay on the Chat wire (`BedrockWire`).
+- Errors are named by `x-amzn-ErrorType` (or a body's `__type`), never by their message:
+  ThrottlingException is a 429 (`rate_limited`), ServiceUnavailableException a 503 (`unavailable`),
+  ValidationException a 400 only a candidate of another model may fix (SPEC §5.6: an unknown or
+  not-enabled model), AccessDeniedException and the signature refusals a 403 of the account's
+  credential (`credential_rejected`). A `content_filtered` or `guardrail_intervened` stop is a terminal
+  refusal. Catalog discovery is not offered (its listing is on the signed control plane).
+
+PURE: it decides; the transport reads the credential, signs and sends.
+"""
+
+import json
+import re
+from collections.abc import Mapping
+from functools import partial
+
+from proxy.adapters.messages_over_chat import (
+    ChatToAnthropicStream,
+    anthropic_to_chat_request,
+    chat_to_anthropic_response,
+)
+from proxy.providers import bedrock_translate
+from proxy.providers.base import (
+    AWS_EVENTSTREAM,
+    CHAT,
+    MESSAGES,
+    Json,
+    ModelPage,
+    SigV4,
+    StreamTranslator,
+    UpstreamCall,
+    include_usage,
+    path_segment,
+    url,
+)
+from proxy.sse import Dialect
+from routing.failures import ErrorShape
+from routing.route import Target
+from routing.types import Requirements
+
+SERVICE = "bedrock"
+_REGION_HOST = re.compile(r"(?:^|[./])bedrock(?:-runtime)?(?:-fips)?\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)\.")
+
+
+def region_of(base_url: str, assignment_region: str) -> str:
+    """The AWS region a request is signed for: the one the endpoint's host names, else the assignment's."""
+    found = _REGION_HOST.search(base_url)
+    return found["region"] if found else assignment_region
+
+
+def _error_name(headers: Mapping[str, str], payload: object) -> str | None:
+    named = headers.get("x-amzn-errortype")
+    if named is None and isinstance(payload, dict):
+        named = payload.get("__type")
+    if not isinstance(named, str):
+        return None
+    # `ThrottlingException:http://internal...` or `com.amazonaws.bedrock#ThrottlingException`.
+    return named.rpartition("#")[2].partition(":")[0] or None
+
+
+class BedrockWire:
+    """Bedrock's answers, errors and event-stream frames as the Chat wire has them (one per attempt)."""
+
+    framing = AWS_EVENTSTREAM
+
+    def __init__(self, model: str, sigv4: SigV4) -> None:
+        self.model = model
+        self.sigv4 = sigv4
+
+    def answer(self, status: int, headers: Mapping[str, str], raw: bytes) -> tuple[int, bytes]:
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = None
+        if status >= 400:
+            return status, json.dumps(
+                bedrock_translate.chat_error(_error_name(headers, payload), None)
+            ).encode()
+        if not isinstance(payload, dict):
+            return status, raw
+        answer = bedrock_translate.converse_to_chat_response(
+            payload, model=self.model, request_id=headers.get("x-amzn-requestid", "bedrock"), created=0
+        )
+        return status, json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def stream(self) -> StreamTranslator | None:
+        return bedrock_translate.ConverseToChatStream(model=self.model, created=0)
+
+
+class Bedrock:
+    name = "bedrock"
+    routes = frozenset({CHAT, MESSAGES})
+    protocol: dict[str, str] = {}
+    errors = ErrorShape(type_field="__type")  # its errors reach the relay on the Chat wire (BedrockWire)
+
+    def auth_headers(self, credential: str) -> dict[str, str]:
+        return {}  # the request is signed over its final bytes instead (SigV4, by the transport)
+
+    def call(
+        self,
+        path: str,
+        target: Target,
+        body: Json,
+        *,
+        model: str,
+        requirements: Requirements,
+        credential: str,
+        anthropic_beta: str | None = None,
+    ) -> UpstreamCall:
+        chat = anthropic_to_chat_request(body) if path == MESSAGES else body
+        stream = chat.get("stream") is True
+        operation = "converse-stream" if stream else "converse"
+        where = url(target.base_url, f"/model/{path_segment(model)}/{operation}")
+        payload = bedrock_translate.chat_to_converse_request(chat)
+        key_id, _, rest = credential.partition(":")
+        secret, _, token = rest.partition(":")
+        sigv4 = SigV4(SERVICE, region_of(target.base_url, target.region), key_id, secret, token)
+        wire = BedrockWire(model, sigv4)
+        headers = {"content-type": "application/json"}
+        if path == MESSAGES:
+            return UpstreamCall(
+                where,
+                headers,
+                payload,
+                Dialect.CHAT,
+                path,
+                model,
+                answer=partial(chat_to_anthropic_response, model=model),
+                translator=partial(ChatToAnthropicStream, model=model),
+                wire=wire,
+            )
+        # Bedrock always reports usage: a Chat client that did not ask for it does not see it.
+        strip = stream and not include_usage(body)
+        return UpstreamCall(where, headers, payload, Dialect.CHAT, path, model, strip_usage=strip, wire=wire)
+
+    def models_url(self, base_url: str) -> str:
+        return url(base_url, "/foundation-models")
+
+    def model_page(self, payload: object) -> ModelPage:
+        summaries = payload.get("modelSummaries") if isinstance(payload, dict) else None
+        if not isinstance(summaries, list):
+            raise ValueError("not a model list")
+        ids = [s.get("modelId") for s in summaries if isinstance(s, dict)]
+        if len(ids) != len(summaries) or not all(isinstance(i, str) and i for i in ids):
+            raise ValueError("not a model list")
+        return ModelPage([i for i in ids if isinstance(i, str)])
+
+
+PROVIDER = Bedrock()

@@ -1,0 +1,163 @@
+"""Amazon Bedrock accounts (`bedrock`) behind the gateway, against the Bedrock fake (devkit.bedrock, which
+checks every SigV4 signature with botocore's signer), driven by the openai and anthropic SDKs over real
+sockets: Converse and ConverseStream (AWS event-stream frames decoded by botocore), failover across
+providers before any output, Bedrock's exceptions classified (SPEC §5.6), usage and cost."""
+
+import anthropic
+import openai
+import pytest
+
+from catalog.models import Provenance
+from devkit import bedrock
+from devkit.bedrock import BedrockFake
+from devkit.upstream import fail_after_visible, refusal, serve
+from pools.models import Adapter, GatewaySettings
+from proxy.ledger import writer
+from proxy.models import Attempt, RequestRecord
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
+from tests.gateway_fixtures import GATEWAY_KEY
+from tests.proxy.fixtures_e2e import wait_for
+
+MODEL = "anthropic.claude-sonnet-4-5-v1:0"
+TURN = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def bedrock_then_openai(transactional_db, fake_upstream_factory, monkeypatch):
+    """Pool `main`: a Bedrock account in us-east-1 (tier 0), then an OpenAI-shaped account (tier 1)."""
+    aws = BedrockFake(models=(MODEL,)).start()
+    monkeypatch.setenv("GATEWAY_UPSTREAM_AWS", f"{aws.access_key}:{aws.secret_key}")
+    GatewaySettings.objects.update_or_create(pk=1, defaults={"backoff_base_ms": 0})
+    other = fake_upstream_factory("openai", models=(MODEL,))
+    pool = PoolFactory(name="main")
+    for tier, (name, adapter, base_url, env) in enumerate(
+        (
+            ("bedrock", Adapter.BEDROCK, aws.endpoint, "GATEWAY_UPSTREAM_AWS"),
+            ("openai", Adapter.OPENAI, other.base_url, ""),
+        )
+    ):
+        row = AssignmentFactory(
+            pool=pool,
+            name=name,
+            adapter=adapter,
+            base_url=base_url,
+            tier=tier,
+            api_key_env=env,
+            region="us-east-1",
+        )
+        CatalogEntryFactory(
+            assignment=row,
+            model=MODEL,
+            provenance=Provenance.CONFIGURED,
+            input_per_mtok_micros=3_000_000,
+            output_per_mtok_micros=15_000_000,
+        )
+    GatewayKeyFactory(name="e2e", raw_key=GATEWAY_KEY, pools=[pool])
+    yield aws, other
+    aws.stop()
+
+
+def _openai(gateway: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key=GATEWAY_KEY, max_retries=0)
+
+
+def _attempts() -> list[Attempt]:
+    writer.flush()
+    return list(Attempt.objects.order_by("request_id", "ordinal"))
+
+
+def test_a_signed_converse_call_serves_a_chat_turn_and_is_charged(gateway, bedrock_then_openai):
+    aws, other = bedrock_then_openai
+    aws.script(MODEL, serve("from bedrock", input_tokens=1000, output_tokens=100))
+    answer = _openai(gateway).chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "brief"}, *TURN], max_tokens=50
+    )
+    assert answer.choices[0].message.content == "from bedrock"
+    hit = aws.hits[-1]
+    assert hit.path == f"/model/{MODEL}/converse"
+    assert hit.headers["authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={aws.access_key}/")
+    assert hit.body == {
+        "messages": [{"role": "user", "content": [{"text": "hi"}]}],
+        "system": [{"text": "brief"}],
+        "inferenceConfig": {"maxTokens": 50},
+    }
+    assert other.hits == []
+    (attempt,) = _attempts()
+    assert (attempt.input_tokens, attempt.output_tokens, attempt.cost_micros) == (1000, 100, 3000 + 1500)
+
+
+def test_a_streamed_turn_is_decoded_from_event_stream_frames(gateway, bedrock_then_openai):
+    aws, _ = bedrock_then_openai
+    chunks = list(_openai(gateway).chat.completions.create(model=MODEL, messages=TURN, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello from bedrock"
+    assert aws.hits[-1].path == f"/model/{MODEL}/converse-stream"
+    assert wait_for(_attempts, what="the attempt")[0].output_tokens == 3
+
+
+def test_an_anthropic_client_is_served_by_a_bedrock_account(gateway, bedrock_then_openai):
+    client = anthropic.Anthropic(base_url=gateway, api_key=GATEWAY_KEY, max_retries=0)
+    assert (
+        client.messages.create(model=MODEL, max_tokens=20, messages=TURN).content[0].text
+        == "hello from bedrock"
+    )
+    with client.messages.stream(model=MODEL, max_tokens=20, messages=TURN) as stream:
+        assert "".join(stream.text_stream) == "hello from bedrock"
+
+
+@pytest.mark.parametrize(
+    ("rejection", "failure"),
+    [
+        (bedrock.throttled(), "rate_limited"),
+        (bedrock.service_unavailable(), "unavailable"),
+        (bedrock.access_denied(), "credential_rejected"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bedrock_exception_another_account_can_fix_fails_over(
+    gateway, bedrock_then_openai, rejection, failure, stream
+):
+    aws, _other = bedrock_then_openai
+    aws.script(MODEL, rejection)
+    response = _openai(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=TURN, stream=stream
+    )
+    assert response.headers["x-gateway-attempts"] == "2"
+    # A streamed answer's ledger hand-off may still be running when the SDK is done.
+    first = wait_for(_attempts, what="the attempts")[0]
+    assert (first.status, first.failure_class) == ("retryable_failed", failure)
+
+
+def test_a_validation_exception_is_not_retried_on_the_same_model(gateway, bedrock_then_openai):
+    aws, other = bedrock_then_openai
+    aws.script(MODEL, bedrock.validation())
+    with pytest.raises(openai.BadRequestError) as refused:
+        _openai(gateway).chat.completions.create(model=MODEL, messages=TURN)
+    assert refused.value.type == "ValidationException"
+    assert other.hits == []  # only a candidate of another model could take it (SPEC §5.6)
+
+
+def test_a_wrong_secret_is_a_credential_failure(gateway, bedrock_then_openai, monkeypatch):
+    aws, _ = bedrock_then_openai
+    monkeypatch.setenv("GATEWAY_UPSTREAM_AWS", f"{aws.access_key}:not-the-secret")
+    assert _openai(gateway).chat.completions.create(model=MODEL, messages=TURN).choices[
+        0
+    ].message.content == ("hello from openai")
+    assert _attempts()[0].failure_class == "credential_rejected"
+
+
+def test_a_content_filtered_answer_is_a_terminal_refusal(gateway, bedrock_then_openai):
+    aws, other = bedrock_then_openai
+    aws.script(MODEL, refusal())
+    answer = _openai(gateway).chat.completions.create(model=MODEL, messages=TURN)
+    assert answer.choices[0].finish_reason == "content_filter"
+    assert other.hits == []
+    writer.flush()
+    assert RequestRecord.objects.get().outcome == "terminal_refusal"
+
+
+def test_an_exception_frame_after_output_is_relayed_never_retried(gateway, bedrock_then_openai):
+    aws, other = bedrock_then_openai
+    aws.script(MODEL, fail_after_visible())
+    with pytest.raises(openai.APIError):
+        list(_openai(gateway).chat.completions.create(model=MODEL, messages=TURN, stream=True))
+    assert other.hits == []
