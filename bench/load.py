@@ -270,8 +270,10 @@ def measure(target: Target, scenario: Scenario, body_file: Path, duration: float
 
 
 def median_of(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, v in reps[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
-    med: dict[str, Any] = {k: statistics.median(r[k] for r in reps) for k in keys}
+    # A figure counted per answered request is missing from a repetition that answered none (a
+    # starved target): the median is of the repetitions that have it.
+    keys = {k for r in reps for k, v in r.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    med: dict[str, Any] = {k: statistics.median(r[k] for r in reps if k in r) for k in sorted(keys)}
     tallies: dict[str, int] = {}
     for r in reps:
         for k, v in r.get("tallies", {}).items():
