@@ -158,6 +158,11 @@ class PostgresCluster:
         self._run(
             "initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
         )
+        self.bring_up()
+
+    def bring_up(self) -> None:
+        """`pg_ctl start` on the cluster's port (again, after `take_down`)."""
+        assert self._root is not None and self.datadir is not None
         options = (
             f"-c listen_addresses={HOST} -c port={self.port} -c unix_socket_directories={self.datadir} "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 "
@@ -167,6 +172,11 @@ class PostgresCluster:
         self._run(
             "pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l", str(server_log), "-o", options
         )
+
+    def take_down(self) -> None:
+        """`pg_ctl stop -m fast`: an outage, every connection cut and new ones refused until `bring_up`."""
+        assert self.datadir is not None
+        self._run("pg_ctl", "stop", "-w", "-t", "60", "-m", "fast", "-D", str(self.datadir))
 
     def restart(self) -> float:
         """`pg_ctl restart -m fast`: every connection is cut; seconds until the server accepts again."""
