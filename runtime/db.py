@@ -11,6 +11,9 @@ PostgreSQL row may be locked); in a shared pool, a few writes stuck behind a lon
 every thread, and the reads of every other request (authentication, the routing view) would queue
 behind them and time out. With a pool of their own, a held write lock delays only the writes.
 
+Django's native psycopg pool in place of the threads' own connections was measured with make bench
+(A/B, three runs; bench/profile.md) and not shown faster: the threads keep theirs.
+
 Relied on (tests/runtime/test_db.py): asgiref's `sync_to_async(thread_sensitive=False, executor=)`,
 Django's one connection per thread, aged by `close_old_connections` as CONN_MAX_AGE says.
 """
