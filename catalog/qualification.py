@@ -477,6 +477,10 @@ async def replay(
             except RequestTranslationError:
                 outcome = Outcome(label, False, UNTRANSLATABLE)
                 break
+            if call.wire is not None and call.wire.stream() is not None:
+                # A provider with its own API (gemini, bedrock): the checks read bodies on the Chat
+                # wire, so verdicts on its translated request would be about the wrong body.
+                raise Inconclusive(probe.id, "not judged: the route speaks its provider's own API")
             if call.payload in sent:
                 continue
             sent.append(call.payload)

@@ -299,3 +299,15 @@ def test_a_disabled_assignment_is_qualified_only_when_named():
             qualify()
         assert "main/acct-a gpt-5:" in qualify(assignment="acct-a")
     assert verdicts(assignment) == ALL_TRUE
+
+
+@pytest.mark.parametrize("adapter", [Adapter.GEMINI, Adapter.BEDROCK])
+def test_a_route_over_a_providers_own_api_is_not_judged_and_nothing_is_sent(adapter):
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake, adapter=adapter)
+        out = io.StringIO()
+        with pytest.raises(CommandError, match="1 route could not be judged"):
+            call_command("qualify", stdout=out)
+        assert fake.hits == []
+    assert "not judged: the route speaks its provider's own API" in out.getvalue()
+    assert CapabilityEvidence.objects.filter(assignment=assignment).count() == 0
