@@ -18,7 +18,7 @@ there, by name, rather than as a slow or wrong request somewhere else:
 - `rawsql`: hand-written SQL for the few statements every request or hand-off runs, on the documented
   cursor API but around the ORM (measured: the ORM's query building cost more than the statement).
 
-This package imports no app of the project: every app may build on it.
+This package imports no app of the project: every app may build on it (tests/test_imports.py, layers).
 
 One more step around the ORM lives where Django puts schema, in migrations: the configuration version
 every node compares before reusing its routing cache is moved by database triggers on every write to
