@@ -440,13 +440,20 @@ def test_fail_after_visible_on_anthropic_sse(fake: FakeUpstream, client: httpx.C
     assert events[-1][1]["error"]["type"] == "overloaded_error"
 
 
-def test_fail_after_visible_on_plain_http_drops_the_connection(
-    fake: FakeUpstream, client: httpx.Client
+@pytest.mark.parametrize(
+    "behaviour, path, body",
+    [
+        pytest.param(fail_after_visible, "/chat/completions", {"model": "gpt-5"}, id="fail-after-visible"),
+        pytest.param(close_websocket, "/responses", {"model": "gpt-5", "stream": True}, id="close-websocket"),
+    ],
+)
+def test_a_mid_stream_fault_on_plain_http_drops_the_connection(
+    fake: FakeUpstream, client: httpx.Client, behaviour, path: str, body: dict
 ) -> None:
-    fake.script("gpt-5", fail_after_visible())
+    fake.script("gpt-5", behaviour())
 
     with pytest.raises(httpx.RemoteProtocolError):
-        client.post("/chat/completions", json={"model": "gpt-5"})
+        client.post(path, json=body)
 
 
 def test_fail_before_visible_on_responses_sse(fake: FakeUpstream, client: httpx.Client) -> None:
@@ -498,13 +505,6 @@ def test_cut_stream_closes_the_connection_without_a_terminal_event(
     received = parse_sse(read_until_cut(client, "/responses", {"model": "gpt-5", "stream": True}))
 
     assert received[-1][0] == last_event
-
-
-def test_close_websocket_on_http_drops_the_connection(fake: FakeUpstream, client: httpx.Client) -> None:
-    fake.script("gpt-5", close_websocket())
-
-    with pytest.raises(httpx.RemoteProtocolError):
-        client.post("/responses", json={"model": "gpt-5", "stream": True})
 
 
 # -- time -----------------------------------------------------------------------------------------------
