@@ -96,43 +96,12 @@ def test_a_codeless_model_404_with_catalog_provenance_is_handed_off(gateway, two
 # -- failures after visible output -----------------------------------------------------------------
 
 
-def test_chat_stream_failing_after_visible_output_ends_with_one_sanitized_error_and_no_retry(
-    gateway, two_assignments
-):
-    a, b, _ = two_assignments
-    a.script("gpt-5", fail_after_visible())
-    b.script("gpt-5", serve("served by b"))
-    response = post(gateway, "/v1/chat/completions", {**CHAT, "stream": True})
-    assert response.status_code == 200
-    events = sse_events(response.text)
-    assert chat_text(events) == "hello"  # a's first visible delta, then nothing from b
-    errors = error_events(events)
-    assert len(errors) == 1 and events[-1].data == {"error": errors[0]}
-    assert (errors[0]["type"], errors[0]["code"]) == ("server_error", None)
-    assert FAKE_MID_STREAM not in response.text and "[DONE]" not in response.text
-    assert_hits((a, 1), (b, 0))
-    record = record_of(response)
-    assert (attempt_statuses(record), record.retry_count) == (["failed"], 0)
-    # Not retried, but counted: a server error after output cools acct-a like one before output.
-    (attempt,) = attempts_of(record)
-    assert attempt.failure_class == "unavailable"
-    circuit = Circuit.objects.get(assignment__name="acct-a")
-    assert (circuit.reason, circuit.consecutive_failures, circuit.route_class) == (
-        "upstream_unavailable",
-        1,
-        "sse",
-    )
+def _chat_ends(response, events, error) -> None:
+    assert events[-1].data == {"error": error}
+    assert "[DONE]" not in response.text
 
 
-def test_responses_stream_failing_after_visible_output_ends_with_one_sanitized_error_and_no_retry(
-    gateway, two_assignments
-):
-    a, b, _ = two_assignments
-    a.script("gpt-5", fail_after_visible())
-    b.script("gpt-5", serve("served by b"))
-    response = post(gateway, "/v1/responses", {**RESPONSES, "stream": True})
-    assert response.status_code == 200
-    events = sse_events(response.text)
+def _responses_ends(response, events, error) -> None:
     assert [e.type for e in events] == [
         "response.created",
         "response.in_progress",
@@ -141,8 +110,27 @@ def test_responses_stream_failing_after_visible_output_ends_with_one_sanitized_e
         "response.output_text.delta",
         "error",
     ]
-    assert responses_text(events) == "hello"
+
+
+@pytest.mark.parametrize(
+    "path, body, text_of, ends_with_the_error",
+    [
+        pytest.param("/v1/chat/completions", CHAT, chat_text, _chat_ends, id="chat"),
+        pytest.param("/v1/responses", RESPONSES, responses_text, _responses_ends, id="responses"),
+    ],
+)
+def test_a_stream_failing_after_visible_output_ends_with_one_sanitized_error_and_no_retry(
+    gateway, two_assignments, path, body, text_of, ends_with_the_error
+):
+    a, b, _ = two_assignments
+    a.script("gpt-5", fail_after_visible())
+    b.script("gpt-5", serve("served by b"))
+    response = post(gateway, path, {**body, "stream": True})
+    assert response.status_code == 200
+    events = sse_events(response.text)
+    assert text_of(events) == "hello"  # a's first visible delta, then nothing from b
     (error,) = error_events(events)
+    ends_with_the_error(response, events, error)
     assert (error["type"], error["code"]) == ("server_error", None)
     assert FAKE_MID_STREAM not in response.text
     assert_hits((a, 1), (b, 0))
