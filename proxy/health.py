@@ -158,9 +158,17 @@ class HealthWrites:
         cooldown is trusted as read; an older one (the request waited on a stalled database, or on
         slow attempts) is read again for the candidate about to be dispatched, which then goes after
         every closed one (SPEC §5.4, §7.1: only the lease holder tries a half-open assignment first)."""
+        settings = self.breaker_settings
+        if c.health is Health.COOLING:
+            # Open with its cooldown running when the view was read, and reached last: once the
+            # cooldown is over, a dispatch to it is a probe, taken with the lease like any other.
+            snapshot, _ = breaker.governing(
+                self.view.circuits.get(c.key), self.view.wide.get(c.assignment_id)
+            )
+            cooled = breaker.health(snapshot, settings, datetime.now(UTC)) is Health.PROBE
+            return replace(c, health=Health.PROBE) if cooled else c
         if c.health not in (Health.HEALTHY, Health.FAILING):
             return c
-        settings = self.breaker_settings
         shortest = timedelta(seconds=min(settings.cooldown_seconds, settings.max_cooldown_seconds))
         if datetime.now(UTC) - read_by < shortest:
             return c

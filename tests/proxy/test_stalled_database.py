@@ -18,12 +18,13 @@ import psycopg
 import pytest
 from django.db import connection
 
+from devkit.upstream import slow_stream, slow_unavailable
 from pools.models import GatewayKey, GatewaySettings
 from proxy.ledger import writer
 from routing.models import Affinity, Circuit
 from routing.vocabulary import CircuitReason, CircuitState
 from tests.proxy.fixtures_e2e import RESPONSES, wait_for
-from tests.proxy.test_budget import AUTH, BODY, _price
+from tests.proxy.test_budget import AUTH, BODY, CHAT, _price
 
 DEADLINE = {"x-gateway-deadline-ms": "1500"}
 
@@ -155,3 +156,43 @@ def test_a_request_that_waited_past_a_cooldown_does_not_dispatch_on_the_health_i
     request.join(15)
     assert answer and answer[0].status_code == 200
     assert a.hits == [] and len(b.hits) == 1
+
+
+def test_an_open_assignment_reached_after_its_cooldown_ended_is_probed_with_the_lease(
+    gateway, two_assignments
+):
+    """Fault 5, a second path (the full soak's last violation): acct-a was open with its cooldown
+    running when the request read it, so it came last; by the time acct-b had failed, the cooldown
+    was over. Dispatched without the probe lease, it ran beside the request that took the lease next.
+    It is now a probe like any other: it takes the lease first (the circuit is half-open with one
+    probe while it runs)."""
+    a, b, (acct_a, _) = two_assignments
+    a.script("gpt-5", slow_stream(1.5))
+    b.script("gpt-5", slow_unavailable(1.0))
+    now = datetime.now(UTC)
+    Circuit.objects.create(
+        pool=acct_a.pool,
+        assignment=acct_a,
+        model="gpt-5",
+        route_class="http",
+        state=CircuitState.OPEN,
+        reason=CircuitReason.UPSTREAM_UNAVAILABLE,
+        consecutive_failures=3,
+        cooldown_seconds=1,
+        open_until=now + timedelta(seconds=0.5),
+    )
+    answer: list[httpx.Response] = []
+    request = threading.Thread(
+        target=lambda: answer.append(
+            httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=15)
+        )
+    )
+    request.start()
+    seen = set()
+    while request.is_alive():
+        row = Circuit.objects.filter(assignment=acct_a).values_list("state", "probes_in_flight").first()
+        seen.add(row)
+        time.sleep(0.02)
+    assert answer and answer[0].status_code == 200
+    assert (len(b.hits), len(a.hits)) == (1, 1), (answer[0].headers, answer[0].text[:300], seen)
+    assert (CircuitState.HALF_OPEN, 1) in seen, seen
