@@ -12,8 +12,10 @@ import json
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
+from proxy.adapters.messages_over_chat import ChatToAnthropicStream, chat_to_anthropic_response
 from proxy.adapters.translate import ResponseTranslationError
 from proxy.sse import Block, Dialect
 from routing.failures import ErrorShape
@@ -227,3 +229,21 @@ def data_ids(payload: object) -> list[str]:
 def include_usage(body: Json) -> bool:
     options = body.get("stream_options")
     return isinstance(options, Mapping) and options.get("include_usage") is True
+
+
+def messages_over_chat(
+    where: str, headers: dict[str, str], chat: Json, model: str, wire: Wire | None = None
+) -> UpstreamCall:
+    """A Messages client's call to a Chat-shaped upstream (`chat` already translated): the answer and
+    the stream are translated back to Messages."""
+    return UpstreamCall(
+        where,
+        headers,
+        chat,
+        Dialect.CHAT,
+        MESSAGES,
+        model,
+        answer=partial(chat_to_anthropic_response, model=model),
+        translator=partial(ChatToAnthropicStream, model=model),
+        wire=wire,
+    )

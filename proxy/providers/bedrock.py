@@ -23,12 +23,9 @@ PURE: it decides; the transport reads the credential, signs and sends.
 import json
 import re
 from collections.abc import Mapping
-from functools import partial
 
 from proxy.adapters.messages_over_chat import (
-    ChatToAnthropicStream,
     anthropic_to_chat_request,
-    chat_to_anthropic_response,
 )
 from proxy.providers import bedrock_translate
 from proxy.providers.base import (
@@ -41,6 +38,7 @@ from proxy.providers.base import (
     StreamTranslator,
     UpstreamCall,
     include_usage,
+    messages_over_chat,
     path_segment,
     url,
 )
@@ -129,17 +127,7 @@ class Bedrock:
         wire = BedrockWire(model, sigv4)
         headers = {"content-type": "application/json"}
         if path == MESSAGES:
-            return UpstreamCall(
-                where,
-                headers,
-                payload,
-                Dialect.CHAT,
-                path,
-                model,
-                answer=partial(chat_to_anthropic_response, model=model),
-                translator=partial(ChatToAnthropicStream, model=model),
-                wire=wire,
-            )
+            return messages_over_chat(where, headers, payload, model, wire)
         # Bedrock always reports usage: a Chat client that did not ask for it does not see it.
         strip = stream and not include_usage(body)
         return UpstreamCall(where, headers, payload, Dialect.CHAT, path, model, strip_usage=strip, wire=wire)

@@ -20,12 +20,9 @@ PURE: it decides; the transport reads the credential and sends.
 
 import json
 from collections.abc import Mapping
-from functools import partial
 
 from proxy.adapters.messages_over_chat import (
-    ChatToAnthropicStream,
     anthropic_to_chat_request,
-    chat_to_anthropic_response,
 )
 from proxy.providers import gemini_translate
 from proxy.providers.base import (
@@ -39,6 +36,7 @@ from proxy.providers.base import (
     UpstreamCall,
     include_usage,
     json_headers,
+    messages_over_chat,
     path_segment,
     url,
 )
@@ -108,17 +106,7 @@ class Gemini:
         headers = json_headers(self.auth_headers(credential))
         wire = GeminiWire(model)
         if path == MESSAGES:
-            return UpstreamCall(
-                where,
-                headers,
-                payload,
-                Dialect.CHAT,
-                path,
-                model,
-                answer=partial(chat_to_anthropic_response, model=model),
-                translator=partial(ChatToAnthropicStream, model=model),
-                wire=wire,
-            )
+            return messages_over_chat(where, headers, payload, model, wire)
         # Gemini always reports usage: a Chat client that did not ask for it does not see it.
         strip = stream and not include_usage(body)
         return UpstreamCall(where, headers, payload, Dialect.CHAT, path, model, strip_usage=strip, wire=wire)

@@ -7,12 +7,8 @@ streams report usage only when asked, and an unasked stream would go uncharged; 
 the client did not ask for is read for the ledger and not relayed.
 """
 
-from functools import partial
-
 from proxy.adapters.messages_over_chat import (
-    ChatToAnthropicStream,
     anthropic_to_chat_request,
-    chat_to_anthropic_response,
 )
 from proxy.providers.base import (
     AWS_FRONTED,
@@ -28,6 +24,7 @@ from proxy.providers.base import (
     data_ids,
     include_usage,
     json_headers,
+    messages_over_chat,
     url,
 )
 from proxy.sse import Dialect
@@ -68,16 +65,7 @@ class OpenAI:
             return UpstreamCall(url(target.base_url, path), auth, {}, Dialect.CHAT, path, model)
         if path == MESSAGES:
             chat = self.shape({**anthropic_to_chat_request(body), "model": model}, requirements)
-            return UpstreamCall(
-                url(target.base_url, CHAT),
-                json_headers(auth),
-                chat,
-                Dialect.CHAT,
-                path,
-                model,
-                answer=partial(chat_to_anthropic_response, model=model),
-                translator=partial(ChatToAnthropicStream, model=model),
-            )
+            return messages_over_chat(url(target.base_url, CHAT), json_headers(auth), chat, model)
         payload = self.shape({**body, "model": model}, requirements)
         if path != CHAT:
             return UpstreamCall(
