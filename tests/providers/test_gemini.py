@@ -57,8 +57,9 @@ def _openai(gateway: str) -> openai.OpenAI:
 
 
 def _attempts() -> list[Attempt]:
+    """The one request's attempts; none while its record is not saved (a stream's comes after its end)."""
     writer.flush()
-    return list(Attempt.objects.filter(request=RequestRecord.objects.get()).order_by("ordinal"))
+    return list(Attempt.objects.filter(request__in=RequestRecord.objects.all()).order_by("ordinal"))
 
 
 def test_a_chat_turn_is_translated_to_generate_content_and_back_and_charged(gateway, gemini_then_openai):
