@@ -89,7 +89,7 @@ class GeminiFake(FakeUpstream):
     def __init__(
         self, name: str = "gemini", models: tuple[str, ...] | list[str] = ("gemini-2.5-flash",), **kw: Any
     ):
-        super().__init__(name, models, compression="identity", **kw)
+        super().__init__(name, models, **kw)
 
     @property
     def endpoint(self) -> str:
