@@ -5,11 +5,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.models import CatalogEntry
-from catalog.qualification import Inconclusive, RouteRun, Verdict, corpus_load, replay, verdicts
+from catalog.qualification import Verdict, corpus_load, verdicts
 from catalog.selectors import qualification_routes, route_hash
 from catalog.services import capability_evidence_record
 from pools.models import Assignment, GatewaySettings, Pool
 from proxy import upstream
+from proxy.qualify import Inconclusive, RouteRun, replay
 from routing.capabilities import verdict_value
 from routing.route import Target
 
