@@ -8,11 +8,12 @@ each. Once an upstream connection has served a response it is live, and every la
 hard-pinned to it (`PinKind.WEBSOCKET`).
 
 Frames are handled one at a time, in order: a frame sent while a response streams waits its turn
-(at most MAX_PENDING wait). A bad frame (binary, not JSON, not an object, an unknown `type`, over
-GATEWAY_MAX_BODY_BYTES) gets a typed `error` event (`invalid_request` / `request_too_large`, error
-type `invalid_request_error`), reaches no upstream, and the connection stays usable. Typed routing
-outcomes (`model_not_found`, `no_eligible_backend`, ...) are `error` events shaped like the HTTP
-errors, with the HTTP status they stand for.
+(at most MAX_PENDING wait); a frame's deadline (`x-gateway-deadline-ms` of the handshake) runs from
+its arrival, or from the end of the response it waited behind. A bad frame (binary, not JSON, not
+an object, an unknown `type`, over GATEWAY_MAX_BODY_BYTES) gets a typed `error` event
+(`invalid_request` / `request_too_large`, error type `invalid_request_error`), reaches no upstream,
+and the connection stays usable. Typed routing outcomes (`model_not_found`, `no_eligible_backend`,
+...) are `error` events shaped like the HTTP errors, with the HTTP status they stand for.
 
 Close codes (the reason is always sent):
 - 4401 "invalid gateway key": the handshake had no valid key, or the key stopped being valid. The
@@ -48,9 +49,10 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from pools.selectors import key_authenticate
+from proxy.edge import read_timeout_s
 from proxy.errors import TYPED_ERRORS
 from proxy.exchange import Exchange, Final, Stream, settle
-from proxy.ingress import READ_TIMEOUT_S, RequestFailed, bearer, decode_json, prepare, validate_body
+from proxy.ingress import RequestFailed, bearer, decode_json, prepare, validate_body
 from proxy.ledger import record
 from proxy.sse import Dialect
 from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
@@ -106,7 +108,11 @@ class ResponsesConsumer(DirectConsumer):
         self.headers: dict[str, str] = {}
         self.key_id: int | None = None
         self.link = UpstreamLink()
-        self.pending: deque[str | _Binary | _TooLarge] = deque()
+        # Each waiting frame with the time it arrived: its deadline runs from then, or from the end of
+        # the response it waited behind (`free_at`), whichever is later.
+        self.pending: deque[tuple[str | _Binary | _TooLarge, float]] = deque()
+        self.free_at = 0.0
+        self.authenticating: asyncio.Task | None = None
         self.worker: asyncio.Task | None = None
         self.watcher: asyncio.Task | None = None
         self.closing = False
@@ -127,15 +133,23 @@ class ResponsesConsumer(DirectConsumer):
             if name.decode("latin-1").lower() in KEPT_HEADERS
         }
         await self.accept()
+        # The key is checked beside the connection, not before it: frames that arrive meanwhile are
+        # taken in (and their deadlines start) while the database answers, and are served after it.
+        self.authenticating = asyncio.create_task(self._authenticate())
+
+    async def _authenticate(self) -> bool:
         try:
-            authenticated = await db.run_within(READ_TIMEOUT_S, key_authenticate, bearer(self.headers))
+            authenticated = await db.run_within(
+                read_timeout_s(self.headers), key_authenticate, bearer(self.headers)
+            )
         except DatabaseError:
             await self._close(*CLOSE_GATEWAY_UNAVAILABLE)
-            return
+            return False
         if authenticated is None:
             await self._close(*CLOSE_INVALID_KEY)
-            return
+            return False
         self.key_id = authenticated.key.key_id
+        return True
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.closing:
@@ -144,12 +158,13 @@ class ResponsesConsumer(DirectConsumer):
             await self._close(*CLOSE_TOO_MANY_PENDING)
             await self._abandon(1)  # this frame's answer is the close
             return
+        arrived = time.monotonic()
         if text_data is None:
-            self.pending.append(_Binary())
+            self.pending.append((_Binary(), arrived))
         elif len(text_data) > settings.GATEWAY_MAX_BODY_BYTES:  # characters <= bytes: surely too large
-            self.pending.append(_TooLarge())
+            self.pending.append((_TooLarge(), arrived))
         else:
-            self.pending.append(text_data)
+            self.pending.append((text_data, arrived))
         if self.worker is None:
             self.worker = asyncio.create_task(self._drain())
 
@@ -185,7 +200,7 @@ class ResponsesConsumer(DirectConsumer):
         waiting = len(self.pending)
         self.pending.clear()
         await self._abandon(waiting)
-        for task in (self.worker, self.watcher):
+        for task in (self.authenticating, self.worker, self.watcher):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
                 with suppress(asyncio.CancelledError):
@@ -196,10 +211,15 @@ class ResponsesConsumer(DirectConsumer):
 
     async def _drain(self) -> None:
         try:
+            assert self.authenticating is not None  # connect() started it before any frame
+            if not await self.authenticating:
+                return  # the connection is closed; its waiting frames get their rows at the disconnect
             while self.pending and not self.closing:
                 if self.link.dead:
                     break
-                await self._frame(self.pending.popleft())
+                item, arrived = self.pending.popleft()
+                await self._frame(item, started=max(arrived, self.free_at))
+                self.free_at = time.monotonic()
             # Checked with no await before `worker` is cleared, so the watcher cannot miss it.
             if self.link.dead:
                 # Frames still waiting were pinned to the upstream that is gone: each gets its typed
@@ -234,8 +254,7 @@ class ResponsesConsumer(DirectConsumer):
             started_at=datetime.now(UTC),
         )
 
-    async def _frame(self, item: str | _Binary | _TooLarge) -> None:
-        started = time.monotonic()
+    async def _frame(self, item: str | _Binary | _TooLarge, *, started: float) -> None:
         exchange = self._exchange()
         try:
             body, size = self._parse(item)

@@ -237,6 +237,7 @@ def _load(
 
 
 READ_TIMEOUT_S = edge.READ_TIMEOUT_S  # the ingresses' reads outside a request (a handshake, a file)
+MIN_READ_S = 0.1  # the shortest a request's read before dispatch may wait
 
 
 async def prepare(
@@ -266,7 +267,8 @@ async def prepare(
         file_ids, body_error = (), body_error or RequestFailed("invalid_request", "file_id")
     try:
         loaded = await db.run_within(
-            edge.read_timeout_s(headers),
+            # What is left of the read's bound (a websocket frame may have waited for its key check).
+            max(edge.read_timeout_s(headers) - (time.monotonic() - started), MIN_READ_S),
             _load,
             bearer(headers),
             body,
@@ -326,7 +328,7 @@ async def prepare(
     if isinstance(decision.error, PlanError):
         raise RequestFailed(str(decision.error.code))
     assert decision.plan is not None and decision.resolution is not None
-    ticket = await admit_limits(loaded.authenticated, leased)  # the last check before dispatch
+    ticket = await admit_limits(loaded.authenticated, leased, deadline)  # the last check before dispatch
     exchange.served_model = decision.resolution.served
     if decision.resolution.is_fallback:
         exchange.fallback_reason = str(decision.resolution.fallback)
@@ -357,13 +359,16 @@ async def prepare(
     return guarded(relay, ticket)
 
 
-async def admit_limits(authenticated: Authenticated, leased: Lease | None) -> Ticket | None:
+async def admit_limits(
+    authenticated: Authenticated, leased: Lease | None, deadline: float | None = None
+) -> Ticket | None:
     """Admit the request under its key's `limits` (proxy.limits); a key without limits costs nothing
     here. Refused: 429 rate_limit_exceeded naming the limit, and the probe lease it took is freed."""
     if not authenticated.limits:
         return None
+    wait_s = limits.DB_WAIT_S if deadline is None else min(deadline - time.monotonic(), limits.DB_WAIT_S)
     try:
-        return await limits.admit(authenticated.key.key_id, authenticated.limits)
+        return await limits.admit(authenticated.key.key_id, authenticated.limits, max(wait_s, MIN_READ_S))
     except (limits.LimitExceeded, limits.LimitsUnavailable) as refusal:
         if leased is not None:  # its candidate will not be tried by this request
             with contextlib.suppress(DatabaseError):  # else the probe lease runs out on its own

@@ -40,6 +40,7 @@ log = logging.getLogger("gateway")
 
 LEASE_S = 60.0  # a concurrency slot's lease; renewed every LEASE_S / 3 while its request runs
 WINDOW_S = 60
+DB_WAIT_S = 5.0  # the longest an admission waits for the database (a shorter deadline bounds it more)
 clock: Callable[[], float] = time.time  # the wall clock the windows and leases are read from (tests)
 
 
@@ -347,15 +348,16 @@ async def _end_quietly(key_id: int, slot: int | None, lease: str) -> None:
         log.warning("limits: an orphaned slot could not be freed (its lease bounds it)")
 
 
-async def admit(key_id: int, limits: KeyLimits) -> Ticket:
-    """Admit one request of a key with limits, or raise LimitExceeded / LimitsUnavailable."""
+async def admit(key_id: int, limits: KeyLimits, wait_s: float = DB_WAIT_S) -> Ticket:
+    """Admit one request of a key with limits, or raise LimitExceeded / LimitsUnavailable (also when the
+    database has not answered within `wait_s`: the request's deadline bounds its wait)."""
     now = clock()
     lease = secrets.token_hex(16)
     try:
         if settings.REDIS_URL:
             refused, slot = await redis_admit(key_id, limits, lease, now), None
         else:
-            refused, slot = await db.run_within(5.0, db_admit, key_id, limits, lease, now)
+            refused, slot = await db.run_within(wait_s, db_admit, key_id, limits, lease, now)
     except (DatabaseError, *_redis_errors()) as error:
         raise LimitsUnavailable from error
     if refused is not None:

@@ -8,6 +8,7 @@ database's write lock. The request path's reads go on (MVCC, WAL); its writes wa
 a stalled server."""
 
 import contextlib
+import json
 import sqlite3
 import threading
 import time
@@ -19,7 +20,7 @@ import pytest
 from django.db import connection
 
 from devkit.upstream import slow_stream, slow_unavailable
-from pools.models import GatewayKey, GatewaySettings
+from pools.models import GatewayKey, GatewaySettings, KeyLimitWindow
 from proxy.ledger import writer
 from routing.models import Affinity, Circuit
 from routing.vocabulary import CircuitReason, CircuitState
@@ -196,3 +197,82 @@ def test_an_open_assignment_reached_after_its_cooldown_ended_is_probed_with_the_
     assert answer and answer[0].status_code == 200
     assert (len(b.hits), len(a.hits)) == (1, 1), (answer[0].headers, answer[0].text[:300], seen)
     assert (CircuitState.HALF_OPEN, 1) in seen, seen
+
+
+def _ws_answer_time(gateway: str, deadline_ms: int, stall) -> tuple[float, object]:
+    """Seconds from a `response.create` sent right after the handshake to its answer (its terminal or
+    error event, or the connection's close), and that answer, while `stall()` holds the database."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = gateway.replace("http://", "ws://") + "/v1/responses"
+    headers = {**AUTH, "x-gateway-deadline-ms": str(deadline_ms)}
+    with stall(), connect(url, additional_headers=headers, open_timeout=5) as ws:
+        sent = time.monotonic()
+        ws.send(json.dumps({"type": "response.create", **RESPONSES}))
+        try:
+            answer: object = json.loads(ws.recv(timeout=15))
+        except ConnectionClosed as closed:
+            answer = closed.rcvd.code if closed.rcvd else None
+        return time.monotonic() - sent, answer
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a lock that stalls reads (not SQLite's WAL)")
+def test_a_websocket_frame_is_answered_by_its_deadline_while_the_handshake_key_check_stalls(
+    gateway, two_assignments
+):
+    """The soak's db_restart case: a frame sent right after the handshake, while the database does not
+    answer the key check. The check is bounded by the handshake's deadline, and the frame's clock
+    runs from when it was sent: the client hears `gateway unavailable` by its deadline, not after
+    the gateway's own 5 s read bound."""
+    a, b, _ = two_assignments
+    table = GatewayKey._meta.db_table
+    waited, answer = _ws_answer_time(
+        gateway, 1500, lambda: _stalled(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    )
+    assert answer == 1013, answer  # closed: "gateway unavailable"
+    assert waited < 3.5, waited  # its 1.5 s deadline, not the 5 s read bound
+    assert a.hits == [] and b.hits == []
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a lock that stalls reads (not SQLite's WAL)")
+def test_a_websocket_frames_deadline_counts_the_wait_for_its_handshakes_key_check(gateway, two_assignments):
+    """The key check answers late (1.7 s of a 2 s deadline), then the frame's routing read stalls: the
+    frame gets its typed 503 by its own deadline, counted from when it was sent, not a whole deadline
+    more after the key check."""
+    a, b, _ = two_assignments
+    keys, circuits = GatewayKey._meta.db_table, Circuit._meta.db_table
+
+    @contextlib.contextmanager
+    def stall():
+        with _stalled(f"LOCK TABLE {circuits} IN ACCESS EXCLUSIVE MODE"):
+            locked = threading.Event()
+
+            def hold_keys() -> None:
+                with _stalled(f"LOCK TABLE {keys} IN ACCESS EXCLUSIVE MODE"):
+                    locked.set()
+                    time.sleep(1.7)
+
+            holder = threading.Thread(target=hold_keys)
+            holder.start()
+            locked.wait(5)
+            yield
+            holder.join()
+
+    waited, answer = _ws_answer_time(gateway, 2000, stall)
+    assert isinstance(answer, dict) and answer["error"]["code"] == "gateway_unavailable", answer
+    assert waited < 3.0, waited  # its 2 s deadline; 1.7 s + a whole 2 s more is what the bug took
+    assert a.hits == [] and b.hits == []
+
+
+def test_a_keys_limits_admission_waits_no_longer_than_the_deadline(gateway, two_assignments, settings):
+    """A key with limits is admitted in the database (no REDIS_URL); a stalled database answers the
+    admission late. The request's deadline bounds that wait, as it bounds its other waits."""
+    a, b, _ = two_assignments
+    settings.REDIS_URL = ""
+    GatewayKey.objects.update(limit_rpm=100)
+    with _stalled(f"LOCK TABLE {KeyLimitWindow._meta.db_table} IN ACCESS EXCLUSIVE MODE"):
+        response, waited = _post(gateway, "/v1/chat/completions", content=BODY)
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "gateway_unavailable")
+    assert waited < 3.5, waited  # its 1.5 s deadline, not the limiter's own 5 s bound
+    assert a.hits == [] and b.hits == []
