@@ -24,11 +24,11 @@ from django.conf import settings
 
 from proxy import payloads, shutdown
 from proxy.adapters.translate import ResponseTranslationError
+from proxy.apis.registry import classify as classify_block
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Stream, settle
 from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import provider
 from proxy.sse import Action, Block, Classification, Dialect, Visibility, Withholder
-from proxy.sse import classify as classify_block
 from proxy.transport import Answer, Body, Dispatch, EventSource, TransportFailure
 from routing.failures import (
     CanonicalError,

@@ -17,10 +17,13 @@ Contract:
   (`Block.terminated` is False: an EventSource would not dispatch it; the caller decides).
 - A block over `max_block_bytes` raises `SSEBlockTooLarge` as soon as its size is known to exceed
   the limit, complete or not: an upstream cannot make the gateway buffer without bound.
-- `classify(dialect, block)` says whether a block shows anything to the user or agent
-  (`Visibility`). When unsure it says VISIBLE: a block wrongly called visible only ends withholding
-  early, while a block wrongly withheld could be retried away and the output shown twice or lost.
-  A terminal failure carries the upstream error's canonical fields (`StreamError`), never its message.
+- `classify(block, rule)` says whether a block shows anything to the user or agent (`Visibility`):
+  the cases every stream shares are decided here (no data, `[DONE]`, not a JSON object), the rest by
+  `rule`, the visibility rule of the client API the stream is framed in (`proxy.apis`; by `Dialect`:
+  `proxy.apis.registry.classify`). When unsure a rule says VISIBLE: a block wrongly called visible only
+  ends withholding early, while a block wrongly withheld could be retried away and the output shown
+  twice or lost. A terminal failure carries the upstream error's canonical fields (`StreamError`),
+  never its message.
 - `Withholder` is the §6.2 state machine: withhold leading non-visible blocks (at most `limit`),
   release them in order with the first visible block (or the `limit + 1`-th block), pass the rest
   through, and report terminal failures as pre- or post-visible. Every block fed to it is handed back
@@ -34,10 +37,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, assert_never
+from typing import Any
 
 # SPEC §6.2: at most 32 leading blocks are withheld.
 WITHHOLD_LIMIT = 32
@@ -248,27 +251,16 @@ class Classification:
     payload: Any = field(default=None, compare=False, repr=False)
 
 
-_RESPONSES_NOT_VISIBLE = frozenset(
-    {
-        "response.created",
-        "response.queued",
-        "response.in_progress",
-        # Undocumented heartbeat on long Responses streams: {"type": "keepalive", "sequence_number": n}.
-        "keepalive",
-        # Rate-limit information events (ChatGPT Codex backend).
-        "codex.rate_limits",
-    }
-)
-_RESPONSES_SUCCESS = frozenset({"response.completed", "response.incomplete"})
-_RESPONSES_FAILURE = frozenset({"error", "response.failed"})
-# Parts announced before their text streams in; with blank fields they show nothing yet.
-_RESPONSES_PART_ADDED = frozenset({"response.content_part.added", "response.reasoning_summary_part.added"})
 # Where an error object may sit in an event, in SPEC §5.6's fixed lookup order.
 _ERROR_PATHS = (("response", "error"), ("error",), ("status_details", "error"))
 
+# A client API's visibility rule for one JSON-object event (`proxy.apis`): the generic cases (no data,
+# `[DONE]`, not JSON, not an object) are decided here before it is asked.
+VisibilityRule = Callable[[Block, dict[str, Any]], Visibility]
 
-def classify(dialect: Dialect, block: Block) -> Classification:
-    """How `block` of a `dialect` stream counts for withholding (module docstring; tables in tests)."""
+
+def classify(block: Block, rule: VisibilityRule) -> Classification:
+    """How `block` counts for withholding, `rule` being its stream's client API's (module docstring)."""
     if block.data is None:
         # Comments, and blocks with no data line: an EventSource dispatches nothing for them. An
         # explicit `event: error` still ends the stream, even without a body to classify.
@@ -285,132 +277,36 @@ def classify(dialect: Dialect, block: Block) -> Classification:
         return Classification(Visibility.VISIBLE)
     if not isinstance(payload, dict):
         return Classification(Visibility.VISIBLE, payload=payload)
-    match dialect:
-        case Dialect.CHAT:
-            visibility = _chat_visibility(block, payload)
-        case Dialect.RESPONSES:
-            visibility = _responses_visibility(block, payload)
-        case Dialect.ANTHROPIC:
-            visibility = _anthropic_visibility(block, payload)
-        case _:
-            assert_never(dialect)
+    visibility = rule(block, payload)
     error = _stream_error(payload) if visibility is Visibility.TERMINAL_FAILURE else None
     return Classification(visibility, error=error, payload=payload)
 
 
-def _chat_visibility(block: Block, payload: dict[str, Any]) -> Visibility:
-    # The openai SDK raises on any truthy top-level `error` in a chunk; so does the gateway.
-    if payload.get("error") or block.event == "error":
-        return Visibility.TERMINAL_FAILURE
-    choices = payload.get("choices")
-    if not isinstance(choices, list):
-        return Visibility.VISIBLE  # not a chunk shape we know
-    # `choices: []` is a usage-only or prompt-filter chunk: metadata, not output.
-    if all(_chat_choice_blank(choice) for choice in choices):
-        return Visibility.NOT_VISIBLE
-    return Visibility.VISIBLE
+# The shared vocabulary of the visibility rules.
 
 
-def _chat_choice_blank(choice: object) -> bool:
-    if not isinstance(choice, dict):
-        return False
-    for key, value in choice.items():
-        if key == "index":
-            continue
-        if key == "delta":
-            # The role alone announces a message; any other non-empty delta field (content,
-            # tool_calls, refusal, reasoning, audio, an unknown one) is output.
-            if not isinstance(value, dict) or not _fields_blank(value, ignore=("role",)):
-                return False
-        elif key == "logprobs":
-            if not (_blank(value) or (isinstance(value, dict) and _fields_blank(value))):
-                return False
-        # A finish_reason (stop, length, tool_calls, content_filter) is the answer's outcome: an
-        # empty completion or a refusal must be relayed, never retried.
-        elif not _blank(value):
-            return False
-    return True
-
-
-def _responses_visibility(block: Block, payload: dict[str, Any]) -> Visibility:
-    kind = _kind(block, payload)
-    if kind in _RESPONSES_FAILURE or (kind is None and payload.get("error")):
-        return Visibility.TERMINAL_FAILURE
-    if kind in _RESPONSES_SUCCESS:
-        # `response.incomplete` ends a response cut by max_output_tokens (the client's own limit) or by
-        # the content filter (a safety refusal, terminal per SPEC §5.6): relayed, never failed over.
-        return Visibility.TERMINAL_SUCCESS
-    if kind in _RESPONSES_NOT_VISIBLE:
-        return Visibility.NOT_VISIBLE
-    if kind == "response.output_item.added" and _responses_item_blank(payload.get("item")):
-        return Visibility.NOT_VISIBLE
-    if kind in _RESPONSES_PART_ADDED and _part_blank(payload.get("part")):
-        return Visibility.NOT_VISIBLE
-    if kind is not None and kind.endswith(".delta") and payload.get("delta") == "":
-        return Visibility.NOT_VISIBLE
-    return Visibility.VISIBLE
-
-
-def _responses_item_blank(item: object) -> bool:
-    # Only message and reasoning items are blank when announced; any other item (a function, tool,
-    # search or image call) tells the agent an action started, which is output.
-    if not isinstance(item, dict):
-        return False
-    match item.get("type"):
-        case "message":
-            return _parts_blank(item.get("content"))
-        case "reasoning":
-            # encrypted_content is opaque to the user; only summary and content text can show.
-            return _parts_blank(item.get("summary")) and _parts_blank(item.get("content"))
-    return False
-
-
-def _anthropic_visibility(block: Block, payload: dict[str, Any]) -> Visibility:
-    kind = _kind(block, payload)
-    if kind == "error" or (kind is None and payload.get("error")):
-        return Visibility.TERMINAL_FAILURE
-    if kind == "message_stop":
-        return Visibility.TERMINAL_SUCCESS
-    if kind == "ping":
-        return Visibility.NOT_VISIBLE
-    if kind == "message_start":
-        message = payload.get("message")
-        if isinstance(message, dict) and _parts_blank(message.get("content")):
-            return Visibility.NOT_VISIBLE
-        return Visibility.VISIBLE
-    # An empty text or thinking block start shows nothing; tool_use and server_tool_use starts carry
-    # an id and name, redacted_thinking carries data, so the generic blank-part rule keeps them visible.
-    if kind == "content_block_start" and _part_blank(payload.get("content_block")):
-        return Visibility.NOT_VISIBLE
-    if kind == "content_block_delta" and _part_blank(payload.get("delta")):
-        return Visibility.NOT_VISIBLE
-    # message_delta carries the stop reason (a refusal must never be retried), content_block_stop
-    # closes a block: both count as visible.
-    return Visibility.VISIBLE
-
-
-def _kind(block: Block, payload: Mapping[str, Any]) -> str | None:
-    # The data's `type` is what SDKs dispatch on; the SSE event name is the fallback.
+def event_kind(block: Block, payload: Mapping[str, Any]) -> str | None:
+    """An event's kind: the data's `type`, which SDKs dispatch on; the SSE event name is the fallback."""
     kind = payload.get("type")
     return kind if isinstance(kind, str) else block.event
 
 
-def _blank(value: object) -> bool:
+def blank(value: object) -> bool:
     return value is None or (isinstance(value, str | list | dict) and len(value) == 0)
 
 
-def _fields_blank(obj: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> bool:
-    return all(_blank(value) for key, value in obj.items() if key not in ignore)
+def fields_blank(obj: Mapping[str, Any], *, ignore: tuple[str, ...] = ()) -> bool:
+    return all(blank(value) for key, value in obj.items() if key not in ignore)
 
 
-def _part_blank(part: object) -> bool:
-    # {"type": "output_text", "text": "", "annotations": []} announces a part; a number, bool or any
-    # non-empty field might be shown, so it does not count as blank.
-    return isinstance(part, dict) and _fields_blank(part, ignore=("type",))
+def part_blank(part: object) -> bool:
+    """Whether a content part shows nothing: {"type": "output_text", "text": "", "annotations": []}
+    announces a part; a number, bool or any non-empty field might be shown, so it is not blank."""
+    return isinstance(part, dict) and fields_blank(part, ignore=("type",))
 
 
-def _parts_blank(parts: object) -> bool:
-    return _blank(parts) or (isinstance(parts, list) and all(_part_blank(part) for part in parts))
+def parts_blank(parts: object) -> bool:
+    return blank(parts) or (isinstance(parts, list) and all(part_blank(part) for part in parts))
 
 
 def _stream_error(payload: Mapping[str, Any]) -> StreamError | None:

@@ -1,14 +1,15 @@
 """What a client API module gives the gateway: the `ClientApi` protocol.
 
 PURE. A client API (Chat Completions, Responses, Anthropic Messages) decides, for the requests that
-arrive in it, what the turn needs from any route (SPEC §5.3) and how the gateway's own errors reach its
-clients: the error type its SDK knows, the plain error envelope, and the terminal error event of its
-streams (SPEC §4). The message is always the gateway's own words, never a provider's.
+arrive in it, what the turn needs from any route (SPEC §5.3), which events of its streams show output
+(SPEC §6.2), and how the gateway's own errors reach its clients: the error type its SDK knows, the plain
+error envelope, and the terminal error event of its streams (SPEC §4). The message is always the
+gateway's own words, never a provider's.
 """
 
 from typing import Any, Protocol
 
-from proxy.sse import Dialect
+from proxy.sse import Block, Dialect, Visibility
 from routing.types import Requirements
 
 Json = dict[str, Any]  # a parsed JSON object
@@ -18,6 +19,11 @@ class ClientApi(Protocol):
     @property
     def dialect(self) -> Dialect:
         """How its streams are framed (`proxy.sse`)."""
+        ...
+
+    def visibility(self, block: Block, payload: Json) -> Visibility:
+        """Its streams' visibility rule (SPEC §6.2) for one event whose data is a JSON object: what
+        `proxy.sse.classify` cannot decide for every API alike."""
         ...
 
     def turn_requirements(self, body: Json, body_size: int) -> Requirements:

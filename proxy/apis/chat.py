@@ -3,13 +3,16 @@
 
 PURE. The error envelope is OpenAI's `{"error": {"message", "type", "code", "param"}}`; the gateway's
 typed errors use their code as their type (SPEC §4). A stream's terminal error is a bare error chunk, as
-OpenAI sends mid-stream (the openai SDK raises APIError on it).
+OpenAI sends mid-stream (the openai SDK raises APIError on it). `visibility` is SPEC §6.2 for a chunk: the
+role alone, a usage-only chunk and blank log-probabilities show nothing; any other delta field and any
+finish reason are output.
 """
 
 import json
+from typing import Any
 
 from proxy.apis.base import Json
-from proxy.sse import Dialect, encode_block
+from proxy.sse import Block, Dialect, Visibility, blank, encode_block, fields_blank
 from routing.types import Requirements
 
 
@@ -63,8 +66,46 @@ def error_body(*, message: str, type: str, code: str | None, param: str | None =
     return json.dumps({"error": {"message": message, "type": type, "code": code, "param": param}}).encode()
 
 
+def visibility(block: Block, payload: dict[str, Any]) -> Visibility:
+    """How a Chat Completions chunk counts for withholding (`proxy.sse.classify`)."""
+    # The openai SDK raises on any truthy top-level `error` in a chunk; so does the gateway.
+    if payload.get("error") or block.event == "error":
+        return Visibility.TERMINAL_FAILURE
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        return Visibility.VISIBLE  # not a chunk shape we know
+    # `choices: []` is a usage-only or prompt-filter chunk: metadata, not output.
+    if all(_choice_blank(choice) for choice in choices):
+        return Visibility.NOT_VISIBLE
+    return Visibility.VISIBLE
+
+
+def _choice_blank(choice: object) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    for key, value in choice.items():
+        if key == "index":
+            continue
+        if key == "delta":
+            # The role alone announces a message; any other non-empty delta field (content,
+            # tool_calls, refusal, reasoning, audio, an unknown one) is output.
+            if not isinstance(value, dict) or not fields_blank(value, ignore=("role",)):
+                return False
+        elif key == "logprobs":
+            if not (blank(value) or (isinstance(value, dict) and fields_blank(value))):
+                return False
+        # A finish_reason (stop, length, tool_calls, content_filter) is the answer's outcome: an
+        # empty completion or a refusal must be relayed, never retried.
+        elif not blank(value):
+            return False
+    return True
+
+
 class Chat:
     dialect = Dialect.CHAT
+
+    def visibility(self, block: Block, payload: dict[str, Any]) -> Visibility:
+        return visibility(block, payload)
 
     def turn_requirements(self, body: Json, body_size: int) -> Requirements:
         return turn_requirements(body, body_size)

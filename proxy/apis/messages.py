@@ -10,14 +10,17 @@ Contract:
   gateway's own words. `error_type` maps the gateway's typed codes, and an upstream's sanitized status,
   to the Anthropic error type an Anthropic SDK expects (table below). Anthropic errors have no `code`
   or `param`: the status and the type are all a client can act on.
+- `visibility` is SPEC §6.2 for a Messages event: `ping`, a blank `message_start` and blank content
+  block starts and deltas show nothing; `message_stop` ends the message, `error` fails it.
 """
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from proxy.apis.base import Json
 from proxy.apis.chat import compact_json
-from proxy.sse import Dialect, encode_block
+from proxy.sse import Block, Dialect, Visibility, encode_block, event_kind, part_blank, parts_blank
 from routing.types import Requirements
 
 # The gateway's typed codes (SPEC §4, `proxy.errors.TYPED_ERRORS`) -> Anthropic error types. Anthropic
@@ -129,8 +132,36 @@ def error_body(type: str, message: str) -> bytes:  # `type` is the wire name of 
     return json.dumps({"type": "error", "error": {"type": type, "message": message}}).encode()
 
 
+def visibility(block: Block, payload: dict[str, Any]) -> Visibility:
+    """How an Anthropic Messages event counts for withholding (`proxy.sse.classify`)."""
+    kind = event_kind(block, payload)
+    if kind == "error" or (kind is None and payload.get("error")):
+        return Visibility.TERMINAL_FAILURE
+    if kind == "message_stop":
+        return Visibility.TERMINAL_SUCCESS
+    if kind == "ping":
+        return Visibility.NOT_VISIBLE
+    if kind == "message_start":
+        message = payload.get("message")
+        if isinstance(message, dict) and parts_blank(message.get("content")):
+            return Visibility.NOT_VISIBLE
+        return Visibility.VISIBLE
+    # An empty text or thinking block start shows nothing; tool_use and server_tool_use starts carry
+    # an id and name, redacted_thinking carries data, so the generic blank-part rule keeps them visible.
+    if kind == "content_block_start" and part_blank(payload.get("content_block")):
+        return Visibility.NOT_VISIBLE
+    if kind == "content_block_delta" and part_blank(payload.get("delta")):
+        return Visibility.NOT_VISIBLE
+    # message_delta carries the stop reason (a refusal must never be retried), content_block_stop
+    # closes a block: both count as visible.
+    return Visibility.VISIBLE
+
+
 class Messages:
     dialect = Dialect.ANTHROPIC
+
+    def visibility(self, block: Block, payload: dict[str, Any]) -> Visibility:
+        return visibility(block, payload)
 
     def turn_requirements(self, body: Json, body_size: int) -> Requirements:
         return turn_requirements(body, body_size)

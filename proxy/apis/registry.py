@@ -1,13 +1,15 @@
-"""The client API of each client route. Adding a client API is one module (`proxy/apis/<name>.py` holding an
-object that satisfies `proxy.apis.base.ClientApi`) and its routes here.
+"""The client API of each client route, and of each stream dialect. Adding a client API is one module
+(`proxy/apis/<name>.py` holding an object that satisfies `proxy.apis.base.ClientApi`) and its routes here.
 
 PURE.
 """
 
 from collections.abc import Mapping
 
+from proxy import sse
 from proxy.apis import chat, messages, responses
 from proxy.apis.base import ClientApi
+from proxy.sse import Block, Classification, Dialect
 from routing.vocabulary import ClientRoute
 
 APIS: Mapping[str, ClientApi] = {
@@ -23,3 +25,13 @@ def api_for(route: str) -> ClientApi:
     """The API of client route `route` (`/v1/...`): every route not listed (embeddings, files, models) is
     OpenAI's, with Chat's envelope."""
     return APIS.get(route, chat.API)
+
+
+# The API whose framing each stream dialect is: an upstream's stream is classified by its rules.
+BY_DIALECT: Mapping[Dialect, ClientApi] = {api.dialect: api for api in APIS.values()}
+
+
+def classify(dialect: Dialect, block: Block) -> Classification:
+    """How `block` of a `dialect` stream counts for withholding (`proxy.sse.classify`, with the rule of
+    the client API that frames `dialect`)."""
+    return sse.classify(block, BY_DIALECT[dialect].visibility)

@@ -1,4 +1,5 @@
-"""proxy/sse.py: SSE framing, visibility per dialect, pre-visible withholding (SPEC §6.2), encoders."""
+"""proxy/sse.py: SSE framing, visibility per dialect (each client API's rule, `proxy.apis`, through
+`proxy.apis.registry.classify`), pre-visible withholding (SPEC §6.2), encoders."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import sse
-from proxy.apis import chat, messages, responses
+from proxy.apis.registry import BY_DIALECT as API
+from proxy.apis.registry import classify
 from proxy.sse import (
     Action,
     Block,
@@ -27,7 +29,6 @@ from proxy.sse import (
     Visibility,
     Withholder,
     WithholderClosedError,
-    classify,
     encode_block,
 )
 
@@ -35,9 +36,6 @@ NV = Visibility.NOT_VISIBLE
 VIS = Visibility.VISIBLE
 OK = Visibility.TERMINAL_SUCCESS
 FAIL = Visibility.TERMINAL_FAILURE
-
-# Each client API frames the gateway's terminal error event in its own dialect (proxy.apis).
-API = {Dialect.CHAT: chat.API, Dialect.RESPONSES: responses.API, Dialect.ANTHROPIC: messages.API}
 
 
 def parse_all(stream: bytes, chunks: list[bytes] | None = None, **kwargs: int) -> list[Block]:

@@ -35,7 +35,8 @@ from proxy.adapters.translate import (
     TranslationError,
     anthropic_tool_id,
 )
-from proxy.sse import Block, Dialect, SSEParser, Visibility, classify
+from proxy.apis.registry import classify
+from proxy.sse import Block, Dialect, SSEParser, Visibility
 
 # ---------------------------------------------------------------------------------------------------
 # The adversarial fixture (seed 002): an instruction, a write tool, and a tool result that forges a

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from proxy.apis import chat, messages, responses
-from proxy.apis.registry import api_for
+from proxy.apis.registry import BY_DIALECT, api_for
 from proxy.errors import TYPED_ERRORS
 from proxy.sse import Dialect
 from routing.vocabulary import ClientRoute
@@ -59,3 +59,11 @@ def test_each_api_frames_its_streams_terminal_error(api, event):
     block = api.error_event(type="api_error", code="c", param=None, message="m", status=500).decode()
     assert block.startswith("event: error\n" if event else "data: ")
     assert '"message":"m"' in block
+
+
+def test_every_stream_dialect_is_framed_by_one_client_api():
+    assert dict(BY_DIALECT) == {
+        Dialect.CHAT: chat.API,
+        Dialect.RESPONSES: responses.API,
+        Dialect.ANTHROPIC: messages.API,
+    }
