@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse
 
 from pools.selectors import Authenticated
 from proxy import edge, limits
-from proxy.apis.registry import api_for
+from proxy.apis.registry import STREAMING, api_for
 from proxy.dispatch import HttpDispatch
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.exchange import Exchange, Lease, Memory
@@ -54,12 +54,8 @@ from routing.types import Candidate, Requirements, RouteClass
 from routing.vocabulary import ClientRoute
 from runtime import db
 
-DIALECTS = {
-    ClientRoute.CHAT_COMPLETIONS: Dialect.CHAT,
-    ClientRoute.RESPONSES: Dialect.RESPONSES,
-    ClientRoute.RESPONSES_COMPACT: Dialect.RESPONSES,
-    ClientRoute.MESSAGES: Dialect.ANTHROPIC,
-}
+# The routes a request may stream from, and the dialect its stream is framed in.
+DIALECTS = {route: api.dialect for route, api in STREAMING.items()}
 RESPONSES_ROUTES = (ClientRoute.RESPONSES, ClientRoute.RESPONSES_COMPACT)
 COMPACT = ClientRoute.RESPONSES_COMPACT
 MESSAGES_ROUTES = (ClientRoute.MESSAGES, ClientRoute.COUNT_TOKENS)

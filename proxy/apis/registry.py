@@ -12,13 +12,14 @@ from proxy.apis.base import ClientApi
 from proxy.sse import Block, Classification, Dialect
 from routing.vocabulary import ClientRoute
 
-APIS: Mapping[str, ClientApi] = {
+# The client routes whose requests may ask for a stream (`"stream": true`), framed in their API's dialect.
+STREAMING: Mapping[str, ClientApi] = {
     ClientRoute.CHAT_COMPLETIONS: chat.API,
     ClientRoute.RESPONSES: responses.API,
     ClientRoute.RESPONSES_COMPACT: responses.API,
     ClientRoute.MESSAGES: messages.API,
-    ClientRoute.COUNT_TOKENS: messages.API,
 }
+APIS: Mapping[str, ClientApi] = {**STREAMING, ClientRoute.COUNT_TOKENS: messages.API}
 
 
 def api_for(route: str) -> ClientApi:

@@ -1,4 +1,5 @@
-"""proxy/apis/registry.py: every client route has its API, whose envelope the gateway's own errors take."""
+"""proxy/apis/registry.py: every client route has its API, whose envelope the gateway's own errors take,
+and every stream dialect the API whose visibility rule classifies it."""
 
 import json
 
@@ -7,6 +8,7 @@ import pytest
 from proxy.apis import chat, messages, responses
 from proxy.apis.registry import BY_DIALECT, api_for
 from proxy.errors import TYPED_ERRORS
+from proxy.ingress import DIALECTS
 from proxy.sse import Dialect
 from routing.vocabulary import ClientRoute
 
@@ -66,4 +68,14 @@ def test_every_stream_dialect_is_framed_by_one_client_api():
         Dialect.CHAT: chat.API,
         Dialect.RESPONSES: responses.API,
         Dialect.ANTHROPIC: messages.API,
+    }
+
+
+def test_the_routes_that_stream_are_framed_in_their_apis_dialect():
+    # count_tokens is a Messages route that never streams: its `stream` field is not the gateway's.
+    assert DIALECTS == {
+        ClientRoute.CHAT_COMPLETIONS: Dialect.CHAT,
+        ClientRoute.RESPONSES: Dialect.RESPONSES,
+        ClientRoute.RESPONSES_COMPACT: Dialect.RESPONSES,
+        ClientRoute.MESSAGES: Dialect.ANTHROPIC,
     }
