@@ -24,7 +24,9 @@ from catalog.qualification import Verdict
 from pools import destinations
 from pools.credentials import credential_of
 from pools.models import Assignment
+from proxy.providers.base import SignedListing
 from proxy.providers.registry import provider
+from runtime.sigv4 import sign
 from runtime.transport import transport_through
 
 logger = logging.getLogger("gateway")
@@ -84,12 +86,17 @@ def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:
     """Every model id the assignment's provider lists, page after page (its own listing format)."""
     listing = provider(assignment.adapter)
     url = listing.models_url(assignment.base_url)
-    headers = listing.auth_headers(credential_of(assignment))
+    credential = credential_of(assignment)
+    headers = listing.auth_headers(credential)
     params: dict[str, str] = {}
     found: set[str] = set()
     for _ in range(MAX_PAGES):
+        # The next page's query joins the listing's own (Azure's api-version), never replaces it.
+        request = client.build_request("GET", httpx.URL(url).copy_merge_params(params), headers=headers)
+        if isinstance(listing, SignedListing):
+            sign(request, listing.signature(assignment.base_url, assignment.region, credential))
         try:
-            response = client.get(url, headers=headers, params=params)
+            response = client.send(request)
         except httpx.TimeoutException as exc:
             raise DiscoveryError("timed out") from exc
         except httpx.HTTPError as exc:

@@ -7,6 +7,10 @@ Contract (as Azure OpenAI answers, checked against `openai.AzureOpenAI` in tests
   `DeploymentNotFound`.
 - The `/openai/v1/` surface (`chat/completions`, `responses`, `embeddings`, `models`) takes the model in
   the body, as OpenAI does, and needs no `api-version`.
+- `GET /openai/deployments?api-version=` (2022-12-01 to 2023-03-15-preview, the versions that kept the
+  data plane's deployment listing; any other is 404 `Resource not found`) lists the deployments, one
+  page: `models` with status `succeeded`, then `pending` (deployments still being created, status
+  `creating`, which serve nothing yet).
 - The key comes in `api-key` (or as an Entra ID bearer token); a wrong one is Azure's 401
   (`{"error": {"code": "401", "message": ...}}`).
 - Everything else (scripts, hits, streams, compression) is `FakeUpstream`'s; `prompt_filtered()` is the
@@ -51,12 +55,18 @@ def prompt_filtered() -> RawError:
     )
 
 
+# The api-versions whose data plane still lists deployments.
+LISTING_VERSIONS = frozenset({"2022-12-01", "2023-03-15-preview"})
+
+
 def _azure_error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
 
 class AzureFake(FakeUpstream):
     """A fake Azure OpenAI resource on 127.0.0.1 (see the module docstring)."""
+
+    pending: tuple[str, ...] = ()  # deployments being created: listed, serving nothing
 
     @property
     def endpoint(self) -> str:
@@ -78,6 +88,27 @@ class AzureFake(FakeUpstream):
         for name in ("chat/completions", "responses", "embeddings"):
             app.router.add_post(f"/openai/v1/{name}", self._keyed(self._http_handler(_ROUTES[f"/v1/{name}"])))
         app.router.add_get("/openai/v1/models", self._keyed(self._handle_models))
+        app.router.add_get("/openai/deployments", self._keyed(self._deployments))
+
+    async def _deployments(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, None, None, "http")
+        if request.query.get("api-version") not in LISTING_VERSIONS:
+            return _azure_error(404, "404", "Resource not found")
+        listed = [(name, "succeeded") for name in self.models] + [(name, "creating") for name in self.pending]
+        deployments = [
+            {
+                "id": name,
+                "model": name,
+                "owner": "organization-owner",
+                "object": "deployment",
+                "status": status,
+                "scale_settings": {"scale_type": "standard"},
+                "created_at": 1700000000,
+                "updated_at": 1700000000,
+            }
+            for name, status in listed
+        ]
+        return web.json_response({"data": deployments, "object": "list"})
 
     def _keyed(self, handler):
         async def handle(request: web.Request) -> web.StreamResponse:

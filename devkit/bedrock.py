@@ -6,7 +6,10 @@ Contract (as Bedrock answers, checked against boto3's `bedrock-runtime` client i
   `usage.inputTokens/outputTokens/totalTokens`); `POST /model/{modelId}/converse-stream` answers
   `application/vnd.amazon.eventstream` frames (`messageStart`, `contentBlockDelta`, `contentBlockStop`,
   `messageStop`, `metadata` with the usage), an exception inside a 200 stream being a frame with
-  `:message-type: exception`. `GET /foundation-models` is the control plane's model listing.
+  `:message-type: exception`. `GET /foundation-models` is the control plane's model listing
+  (ListFoundationModels, one page): `models` as on-demand text models, then `listed`, models the listing
+  names with their own summary fields (an embedding model's `outputModalities: ["EMBEDDING"]`, a model
+  served only through an inference profile) that Converse does not serve by their id.
 - Every request must carry a SigV4 signature (service `bedrock`, the fake's region) by the fake's access
   key, checked by recomputing it with botocore's own signer over the headers the request says it signed:
   a wrong secret is 403 `InvalidSignatureException`, an unknown key 403 `UnrecognizedClientException`, a
@@ -127,6 +130,7 @@ class BedrockFake(FakeUpstream):
     ) -> None:
         super().__init__(name, models, compression="identity", **kw)
         self.region, self.access_key, self.secret_key = region, access_key, secret_key
+        self.listed: dict[str, dict[str, Any]] = {}
 
     @property
     def endpoint(self) -> str:
@@ -199,8 +203,9 @@ class BedrockFake(FakeUpstream):
                 "responseStreamingSupported": True,
                 "inferenceTypesSupported": ["ON_DEMAND"],
                 "modelLifecycle": {"status": "ACTIVE"},
+                **fields,
             }
-            for model in self.models
+            for model, fields in [*((m, {}) for m in self.models), *self.listed.items()]
         ]
         return web.json_response({"modelSummaries": summaries})
 

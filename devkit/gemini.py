@@ -7,7 +7,10 @@ Contract (as the API answers, checked against the `google-genai` client in tests
   `usageMetadata` (`promptTokenCount`, `candidatesTokenCount`, `totalTokenCount`).
   `:streamGenerateContent?alt=sse` answers the same objects as SSE `data:` events separated by CRLF
   blank lines, one text delta each, the last one with `finishReason` and the full usage.
-  `GET /v1beta/models` lists `models/{id}` with token limits.
+  `GET /v1beta/models` lists `models/{id}` with token limits and `supportedGenerationMethods`,
+  `pageSize` (default `page_size`, 50, at most 1000) per page, the next one named by an opaque
+  `nextPageToken` asked back as `pageToken` (an unknown token is 400 `INVALID_ARGUMENT`); `embedders`
+  are listed too, with `embedContent` as their only method, and serve no `generateContent`.
 - The key comes in `x-goog-api-key` (or `?key=`); a wrong one is Google's 400 `INVALID_ARGUMENT` with
   reason `API_KEY_INVALID` (not a 401). An unknown model is 404 `NOT_FOUND`.
 - Errors: `{"error": {"code", "message", "status"}}`; `Reject` renders its `type` as the `status`
@@ -41,6 +44,8 @@ from devkit.upstream import (
 )
 
 API_VERSION = "v1beta"
+_PAGE_SIZE, _MAX_PAGE_SIZE = 50, 1000
+_TOKEN = "Cg"  # what an opaque page token starts with here, before the offset it stands for
 API_VERSIONS = ("v1", "v1beta")  # the stable surface (google-genai's default) and the beta one
 _STATUS_CODES = {
     "INVALID_ARGUMENT": 400,
@@ -87,9 +92,16 @@ class GeminiFake(FakeUpstream):
     """A fake Gemini API on 127.0.0.1 (see the module docstring)."""
 
     def __init__(
-        self, name: str = "gemini", models: tuple[str, ...] | list[str] = ("gemini-2.5-flash",), **kw: Any
+        self,
+        name: str = "gemini",
+        models: tuple[str, ...] | list[str] = ("gemini-2.5-flash",),
+        *,
+        embedders: tuple[str, ...] = (),
+        **kw: Any,
     ):
         super().__init__(name, models, **kw)
+        self.embedders = embedders
+        self.page_size = _PAGE_SIZE  # when the request names no pageSize
 
     @property
     def endpoint(self) -> str:
@@ -122,6 +134,16 @@ class GeminiFake(FakeUpstream):
         self._record(request, None, None, "http")
         if not self._authorized(request):
             return self._bad_key()
+        listed = [(m, ["generateContent", "countTokens"]) for m in self.models]
+        listed += [(m, ["embedContent"]) for m in self.embedders]
+        try:
+            size = min(int(request.query.get("pageSize") or self.page_size), _MAX_PAGE_SIZE)
+            start = int(request.query.get("pageToken", f"{_TOKEN}0").removeprefix(_TOKEN))
+        except ValueError:
+            start = -1
+        if start < 0:
+            return _error(400, "INVALID_ARGUMENT", "Invalid page token.")
+        size = size if size > 0 else self.page_size
         models = [
             {
                 "name": f"models/{model}",
@@ -129,11 +151,14 @@ class GeminiFake(FakeUpstream):
                 "displayName": model,
                 "inputTokenLimit": 1048576,
                 "outputTokenLimit": 65536,
-                "supportedGenerationMethods": ["generateContent", "countTokens"],
+                "supportedGenerationMethods": methods,
             }
-            for model in self.models
+            for model, methods in listed[start : start + size]
         ]
-        return web.json_response({"models": models})
+        page: dict[str, Any] = {"models": models}
+        if start + size < len(listed):
+            page["nextPageToken"] = f"{_TOKEN}{start + size}"
+        return web.json_response(page)
 
     def _behaviour_for(self, model: str) -> Behaviour:
         with self._lock:

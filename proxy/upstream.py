@@ -20,9 +20,6 @@ from email.utils import parsedate_to_datetime
 import aiohttp
 import httpx
 from aiohttp.abc import AbstractResolver, ResolveResult
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 from django.conf import settings
 from httpx_aiohttp import AiohttpTransport
 
@@ -30,6 +27,7 @@ from pools import destinations
 from proxy.providers.base import SigV4
 from proxy.transport import TransportFailure
 from routing.failures import TransportEvent
+from runtime.sigv4 import sign
 
 logger = logging.getLogger("gateway")
 
@@ -133,7 +131,7 @@ async def open_stream(
     else:
         request = client().build_request(method, url, headers=headers, json=json, timeout=timeout)
     if sigv4 is not None:
-        _sign(request, sigv4)
+        sign(request, sigv4)
     if destinations.host_forbidden(request.url.host):
         logger.warning("upstream host %r is a forbidden destination: nothing sent", request.url.host)
         raise TransportFailure(TransportEvent.CONNECT_REFUSED)
@@ -143,25 +141,6 @@ async def open_stream(
         if _forbidden(exc):
             logger.warning("upstream host %r resolves to a forbidden address: nothing sent", request.url.host)
         raise TransportFailure(transport_event(exc)) from None
-
-
-# The headers a SigV4 signature covers: what no proxy between here and AWS rewrites.
-_SIGNED_HEADERS = ("host", "content-type")
-
-
-def _sign(request: httpx.Request, sigv4: SigV4) -> None:
-    """Add SigV4's headers to `request`, computed by botocore's signer over its bytes as sent."""
-    aws = AWSRequest(
-        method=request.method,
-        url=str(request.url),
-        headers={name: request.headers[name] for name in _SIGNED_HEADERS if name in request.headers},
-        data=request.content,
-    )
-    credentials = Credentials(sigv4.access_key_id, sigv4.secret_access_key, sigv4.session_token or None)
-    SigV4Auth(credentials, sigv4.service, sigv4.region).add_auth(aws)
-    for name in ("Authorization", "X-Amz-Date", "X-Amz-Security-Token"):
-        if name in aws.headers:
-            request.headers[name] = aws.headers[name]
 
 
 class ResponseTooLarge(Exception):

@@ -12,6 +12,12 @@ safety refusal like a `content_filter` finish reason (SPEC §5.6, terminal). A d
 not have is its 404 code `DeploymentNotFound`: this account lacks the model, so it reads as OpenAI's
 `model_not_found` (`model_unavailable`: another account may serve it). No Files API is carried (Azure's
 differs in purposes and lifetime).
+
+Catalog discovery lists the resource's deployments, on either surface: the model a request names is a
+deployment's name, on `/openai/v1` too, and `/openai/v1/models` lists the base models the resource may
+deploy, not the deployments it serves. The listing is the data plane's `GET /openai/deployments` with
+`api-version=LISTING_VERSION` (the last version that kept it; later ones answer 404), one page, the same
+`api-key`. A deployment whose `status` is not `succeeded` (being created, failed, deleted) is not listed.
 """
 
 import json
@@ -26,6 +32,7 @@ from proxy.providers.base import (
     RESPONSES,
     SSE,
     Json,
+    ModelPage,
     SigV4,
     StreamTranslator,
     UpstreamCall,
@@ -40,6 +47,8 @@ from routing.types import Requirements
 API_VERSION = "2024-10-21"
 V1 = "/openai/v1"
 DEPLOYMENT_ROUTES = frozenset({CHAT, MESSAGES, EMBEDDINGS})
+LISTING_VERSION = "2023-03-15-preview"
+SUCCEEDED = "succeeded"
 # Azure's codes for what OpenAI's canonical codes already name.
 CANONICAL_CODES = {"DeploymentNotFound": "model_not_found"}
 
@@ -106,8 +115,21 @@ class AzureOpenAI(OpenAI):
         return replace(call, url=where, wire=WIRE)
 
     def models_url(self, base_url: str) -> str:
-        base = base_url.rstrip("/")
-        return url(base if base.endswith(V1) else base + V1, "/models")
+        endpoint = base_url.rstrip("/").removesuffix(V1)
+        return url(endpoint, f"/openai/deployments?api-version={LISTING_VERSION}")
+
+    def model_page(self, payload: object) -> ModelPage:
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list):
+            raise ValueError("not a deployment list")
+        ids = []
+        for item in data:
+            name = item.get("id") if isinstance(item, dict) else None
+            if not isinstance(name, str) or not name:
+                raise ValueError("not a deployment list")
+            if item.get("status", SUCCEEDED) == SUCCEEDED:
+                ids.append(name)
+        return ModelPage(ids)
 
 
 PROVIDER = AzureOpenAI()

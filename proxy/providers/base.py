@@ -13,7 +13,7 @@ import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from proxy.adapters.messages_over_chat import ChatToAnthropicStream, chat_to_anthropic_response
 from proxy.adapters.translate import ResponseTranslationError
@@ -191,6 +191,16 @@ class Provider(Protocol):
 
     def model_page(self, payload: object) -> ModelPage:
         """One parsed listing page; ValueError when it is not a model list."""
+        ...
+
+
+@runtime_checkable
+class SignedListing(Protocol):
+    """A provider whose model listing is signed with SigV4 rather than carried by `auth_headers` (Bedrock's
+    control plane): discovery signs each listing request with what this returns."""
+
+    def signature(self, base_url: str, region: str, credential: str) -> SigV4:
+        """The signature of a listing request for an assignment on `base_url` in `region`."""
         ...
 
 

@@ -15,7 +15,12 @@ through Chat on the way. Responses, count_tokens, embeddings and files are not c
   ValidationException a 400 only a candidate of another model may fix (SPEC §5.6: an unknown or
   not-enabled model), AccessDeniedException and the signature refusals a 403 of the account's
   credential (`credential_rejected`). A `content_filtered` or `guardrail_intervened` stop is a terminal
-  refusal. Catalog discovery is not offered (its listing is on the signed control plane).
+  refusal.
+- Catalog discovery asks ListFoundationModels on the control plane, `GET /foundation-models` on
+  `bedrock.<region>.amazonaws.com` (the runtime host's twin; any other host, a proxy or a local double, is
+  asked as it is), signed like every request. A model is listed when Converse can serve it by its id: text
+  out (`outputModalities` has TEXT) and on-demand (`inferenceTypesSupported` has ON_DEMAND); an embedding
+  or image model, or one served only through an inference profile or provisioned throughput, is not.
 
 PURE: it decides; the transport reads the credential, signs and sends.
 """
@@ -49,6 +54,8 @@ from routing.types import Requirements
 
 SERVICE = "bedrock"
 _REGION_HOST = re.compile(r"(?:^|[./])bedrock(?:-runtime)?(?:-fips)?\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)\.")
+# The runtime host, whose control-plane twin serves the model listing.
+_RUNTIME_HOST = re.compile(r"^(?P<scheme>https?://)bedrock-runtime(?P<fips>-fips)?\.")
 
 
 def region_of(base_url: str, assignment_region: str) -> str:
@@ -121,10 +128,7 @@ class Bedrock:
         operation = "converse-stream" if stream else "converse"
         where = url(target.base_url, f"/model/{path_segment(model)}/{operation}")
         payload = bedrock_translate.chat_to_converse_request(chat)
-        key_id, _, rest = credential.partition(":")
-        secret, _, token = rest.partition(":")
-        sigv4 = SigV4(SERVICE, region_of(target.base_url, target.region), key_id, secret, token)
-        wire = BedrockWire(model, sigv4)
+        wire = BedrockWire(model, self.signature(target.base_url, target.region, credential))
         headers = {"content-type": "application/json"}
         if path == MESSAGES:
             return messages_over_chat(where, headers, payload, model, wire)
@@ -132,17 +136,35 @@ class Bedrock:
         strip = stream and not include_usage(body)
         return UpstreamCall(where, headers, payload, Dialect.CHAT, path, model, strip_usage=strip, wire=wire)
 
+    def signature(self, base_url: str, region: str, credential: str) -> SigV4:
+        """The signature of every request of an account on `base_url` (its calls and its listing)."""
+        key_id, _, rest = credential.partition(":")
+        secret, _, token = rest.partition(":")
+        return SigV4(SERVICE, region_of(base_url, region), key_id, secret, token)
+
     def models_url(self, base_url: str) -> str:
-        return url(base_url, "/foundation-models")
+        control = _RUNTIME_HOST.sub(r"\g<scheme>bedrock\g<fips>.", base_url.strip())
+        return url(control, "/foundation-models")
 
     def model_page(self, payload: object) -> ModelPage:
         summaries = payload.get("modelSummaries") if isinstance(payload, dict) else None
         if not isinstance(summaries, list):
             raise ValueError("not a model list")
-        ids = [s.get("modelId") for s in summaries if isinstance(s, dict)]
-        if len(ids) != len(summaries) or not all(isinstance(i, str) and i for i in ids):
-            raise ValueError("not a model list")
-        return ModelPage([i for i in ids if isinstance(i, str)])
+        ids = []
+        for summary in summaries:
+            model = summary.get("modelId") if isinstance(summary, dict) else None
+            if not isinstance(model, str) or not model:
+                raise ValueError("not a model list")
+            if _listed(summary, "outputModalities", "TEXT") and _listed(
+                summary, "inferenceTypesSupported", "ON_DEMAND"
+            ):
+                ids.append(model)
+        return ModelPage(ids)
+
+
+def _listed(summary: Json, field: str, value: str) -> bool:
+    values = summary.get(field)
+    return isinstance(values, list) and value in values
 
 
 PROVIDER = Bedrock()

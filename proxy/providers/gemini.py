@@ -13,7 +13,9 @@ not carried.
   401: it is read as the 401 it means (`credential_rejected`), so a wrong key fails over and opens the
   assignment's circuit instead of failing every request as the client's mistake. RESOURCE_EXHAUSTED is a
   429 (`rate_limited`), UNAVAILABLE a 503, NOT_FOUND a bare 404 (only another model may serve it).
-- Model listing: `GET {base_url}/models`, ids without the `models/` prefix, paged by `pageToken`.
+- Model listing: `GET {base_url}/models`, ids without the `models/` prefix, paged by `pageToken`; a model
+  whose `supportedGenerationMethods` lacks `generateContent` (an embedding or image model) is not one this
+  adapter can serve, so it is not listed.
 
 PURE: it decides; the transport reads the credential and sends.
 """
@@ -46,6 +48,7 @@ from routing.route import Target
 from routing.types import Requirements
 
 KEY_REJECTED = "API_KEY_INVALID"
+GENERATE = "generateContent"
 
 
 class GeminiWire:
@@ -123,7 +126,9 @@ class Gemini:
             name = item.get("name") if isinstance(item, dict) else None
             if not isinstance(name, str) or not name.startswith("models/") or name == "models/":
                 raise ValueError("not a model list")
-            ids.append(name.removeprefix("models/"))
+            methods = item.get("supportedGenerationMethods")
+            if not isinstance(methods, list) or GENERATE in methods:
+                ids.append(name.removeprefix("models/"))
         token = payload.get("nextPageToken")
         return ModelPage(ids, {"pageToken": token} if isinstance(token, str) and token else None)
 

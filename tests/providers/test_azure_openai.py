@@ -127,15 +127,20 @@ def test_responses_go_to_the_v1_surface_of_the_resource(gateway, azure_then_open
     assert azure.hits[-1].path == "/openai/v1/responses"
 
 
-def test_catalog_discovery_lists_the_resources_models_with_the_azure_key(azure_then_openai):
+@pytest.mark.parametrize("surface", ["endpoint", "v1"])
+def test_catalog_discovery_lists_the_resources_deployments_with_the_azure_key(azure_then_openai, surface):
+    """On either surface the model a request names is a deployment: the deployments are the catalog, and
+    one still being created is not listed."""
     from catalog.models import CatalogEntry
     from catalog.services import catalog_sync
 
     azure, _, (row, _) = azure_then_openai
     azure.models = ("gpt-4o", "gpt-4.1")
+    azure.pending = ("o3",)
     row.discovery = True
-    row.save(update_fields=["discovery"])
+    row.base_url = azure.endpoint if surface == "endpoint" else azure.base_url
+    row.save(update_fields=["discovery", "base_url"])
     assert catalog_sync(assignment="azure").results[0].ok
-    assert azure.hits[-1].path == "/openai/v1/models" and azure.hits[-1].headers["api-key"] == AZURE_KEY
+    assert azure.hits[-1].path == "/openai/deployments" and azure.hits[-1].headers["api-key"] == AZURE_KEY
     provenance = dict(CatalogEntry.objects.filter(assignment=row).values_list("model", "provenance"))
     assert provenance == {"gpt-4o": "configured", "gpt-4.1": "observed"}

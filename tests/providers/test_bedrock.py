@@ -161,3 +161,39 @@ def test_an_exception_frame_after_output_is_relayed_never_retried(gateway, bedro
     with pytest.raises(openai.APIError):
         list(_openai(gateway).chat.completions.create(model=MODEL, messages=TURN, stream=True))
     assert other.hits == []
+
+
+def test_catalog_discovery_lists_the_foundation_models_converse_serves_signed(bedrock_then_openai):
+    """ListFoundationModels, SigV4-signed (the fake checks it): on-demand text models only."""
+    from catalog.models import CatalogEntry
+    from catalog.services import catalog_sync
+    from pools.models import Assignment
+
+    aws, _ = bedrock_then_openai
+    aws.models = (MODEL, "meta.llama3-70b-instruct-v1:0")
+    aws.listed = {
+        "amazon.titan-embed-text-v2:0": {"outputModalities": ["EMBEDDING"]},
+        "anthropic.claude-opus-4-1-v1:0": {"inferenceTypesSupported": ["INFERENCE_PROFILE"]},
+    }
+    Assignment.objects.filter(name="bedrock").update(discovery=True)
+    assert catalog_sync(assignment="bedrock").results[0].ok
+    assert aws.hits[-1].path == "/foundation-models"
+    assert "/us-east-1/bedrock/aws4_request" in aws.hits[-1].headers["authorization"]
+    found = dict(CatalogEntry.objects.filter(assignment__name="bedrock").values_list("model", "provenance"))
+    assert found == {MODEL: "configured", "meta.llama3-70b-instruct-v1:0": "observed"}
+
+
+def test_a_discovery_refused_for_its_signature_keeps_what_was_discovered(bedrock_then_openai, monkeypatch):
+    from catalog.models import CatalogEntry
+    from catalog.services import catalog_sync
+    from pools.models import Assignment
+
+    aws, _ = bedrock_then_openai
+    aws.models = (MODEL, "meta.llama3-70b-instruct-v1:0")
+    Assignment.objects.filter(name="bedrock").update(discovery=True)
+    assert catalog_sync(assignment="bedrock").results[0].ok
+    monkeypatch.setenv("GATEWAY_UPSTREAM_AWS", f"{aws.access_key}:not-the-secret")
+    (failed,) = catalog_sync(assignment="bedrock").results
+    assert (failed.ok, failed.reason, failed.preserved) == (False, "HTTP 403", 1)
+    found = dict(CatalogEntry.objects.filter(assignment__name="bedrock").values_list("model", "provenance"))
+    assert found == {MODEL: "configured", "meta.llama3-70b-instruct-v1:0": "preserved"}

@@ -249,3 +249,54 @@ def test_openai_sdk_reads_embeddings_as_floats_and_base64(fake_upstream: FakeUps
     assert len(floats) == 8
     assert packed == pytest.approx(floats)
     assert fake_upstream.hits[-1].body["encoding_format"] == "base64"
+
+
+# -- Model listings (catalog discovery) -----------------------------------------------------------------
+
+
+def test_azure_sdk_lists_the_deployments_with_the_listing_api_version(azure):
+    azure.pending = ("gpt-4.1",)
+    listing = openai.AzureOpenAI(
+        azure_endpoint=azure.endpoint,
+        api_key="azure-key-000",
+        api_version="2023-03-15-preview",
+        max_retries=0,
+    ).get("/deployments", cast_to=object)
+    assert [(d["id"], d["status"]) for d in listing["data"]] == [
+        ("gpt-4o", "succeeded"),
+        ("gpt-4.1", "creating"),
+    ]
+    assert (
+        azure.hits[-1].path == "/openai/deployments" and azure.hits[-1].headers["api-key"] == "azure-key-000"
+    )
+    with pytest.raises(openai.NotFoundError):  # later versions dropped the data plane's listing
+        _azure_client(azure).get("/deployments", cast_to=object)
+
+
+def test_boto3_reads_the_summary_fields_of_every_listed_model(aws):
+    aws.listed = {"amazon.titan-embed-text-v2:0": {"outputModalities": ["EMBEDDING"]}}
+    client = boto3.client(
+        "bedrock",
+        region_name=aws.region,
+        endpoint_url=aws.endpoint,
+        aws_access_key_id=aws.access_key,
+        aws_secret_access_key=aws.secret_key,
+    )
+    summaries = client.list_foundation_models()["modelSummaries"]
+    assert [(m["modelId"], m["outputModalities"]) for m in summaries] == [
+        (CLAUDE, ["TEXT"]),
+        ("amazon.titan-embed-text-v2:0", ["EMBEDDING"]),
+    ]
+
+
+def test_genai_pages_through_the_models_and_reads_their_methods(google):
+    google.models = ("gemini-2.5-flash", "gemini-2.5-pro", "gemini-2.0-flash")
+    google.embedders = ("text-embedding-004",)
+    listed = list(_gemini_models(google).list(config={"page_size": 3}))
+    assert [(m.name, m.supported_actions) for m in listed] == [
+        ("models/gemini-2.5-flash", ["generateContent", "countTokens"]),
+        ("models/gemini-2.5-pro", ["generateContent", "countTokens"]),
+        ("models/gemini-2.0-flash", ["generateContent", "countTokens"]),
+        ("models/text-embedding-004", ["embedContent"]),
+    ]
+    assert len(google.hits) == 2  # the second page asked with the first one's token

@@ -202,15 +202,17 @@ def test_what_gemini_cannot_carry_goes_to_an_account_that_can(gateway, gemini_th
     assert (gemini_attempt.status, gemini_attempt.ineligible_reason) == ("ineligible", "capability")
 
 
-def test_catalog_discovery_lists_the_models_with_the_gemini_key(gemini_then_openai):
+def test_catalog_discovery_pages_through_the_models_gemini_can_generate_with(gemini_then_openai):
     from catalog.models import CatalogEntry
     from catalog.services import catalog_sync
 
     google, _ = gemini_then_openai
-    google.models = (MODEL, "gemini-2.5-pro")
+    google.models = (MODEL, "gemini-2.5-pro", "gemini-2.0-flash")
+    google.embedders = ("text-embedding-004",)
+    google.page_size = 2
     Assignment.objects.filter(name="gemini").update(discovery=True)
     assert catalog_sync(assignment="gemini").results[0].ok
-    assert google.hits[-1].path == "/v1beta/models"
-    assert google.hits[-1].headers["x-goog-api-key"] == GEMINI_KEY
+    assert [hit.path for hit in google.hits] == ["/v1beta/models"] * 2
+    assert all(hit.headers["x-goog-api-key"] == GEMINI_KEY for hit in google.hits)
     found = dict(CatalogEntry.objects.filter(assignment__name="gemini").values_list("model", "provenance"))
-    assert found == {MODEL: "configured", "gemini-2.5-pro": "observed"}
+    assert found == {MODEL: "configured", "gemini-2.5-pro": "observed", "gemini-2.0-flash": "observed"}
