@@ -39,6 +39,7 @@ from proxy.providers.chat_request import (
     texts,
     tool_function,
 )
+from proxy.providers.chat_request import turns as chat_turns
 from proxy.sse import Block, encode_block
 
 _TRANSLATED = frozenset(
@@ -161,35 +162,16 @@ def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """A Chat Completions body as a Converse body (the model and streaming are in the URL)."""
     body = present(body, "body")
     check_fields(body, _TRANSLATED)
-    system: list[dict[str, Any]] = []
-    turns: list[dict[str, Any]] = []
-    last_role = ""
-    for index, message in enumerate(kind(body.get("messages"), list, "messages")):
-        param = f"messages[{index}]"
-        message = present(message, param)
-        role = message.get("role")
-        if role in ("system", "developer"):
-            system += [{"text": t} for t in texts(message.get("content"), f"{param}.content") if t]
-            continue
+
+    def turn_of(role: str, message: Mapping[str, Any], param: str) -> tuple[str, list[Any]]:
         if role == "user":
-            turn_role, blocks = "user", _user_blocks(message.get("content"), f"{param}.content")
-        elif role == "assistant":
-            turn_role, blocks = "assistant", _assistant_blocks(message, param)
-        elif role == "tool":
-            turn_role, blocks = "user", [_tool_result(message, param)]
-        else:
-            refuse(f"{param}.role")
-        last_role = role
-        if not blocks:
-            continue
-        if turns and turns[-1]["role"] == turn_role:
-            turns[-1]["content"] += blocks  # parallel tool results (and text after them): one turn
-        else:
-            turns.append({"role": turn_role, "content": blocks})
-    if not turns:
-        refuse("messages")
-    if last_role == "assistant":  # Converse would continue it; Chat asks for an answer after it
-        refuse(f"messages[{len(body['messages']) - 1}].role")
+            return "user", _user_blocks(message.get("content"), f"{param}.content")
+        if role == "assistant":
+            return "assistant", _assistant_blocks(message, param)
+        return "user", [_tool_result(message, param)]  # Converse carries tool results in user turns
+
+    system_texts, turns = chat_turns(body, "content", turn_of)
+    system = [{"text": text} for text in system_texts]
     out: dict[str, Any] = {"messages": turns}
     if system:
         out["system"] = system

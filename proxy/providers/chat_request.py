@@ -81,6 +81,44 @@ def texts(content: object, param: str) -> list[str]:
     return found
 
 
+# One Chat message as one upstream turn: (role, message, its param) -> (the upstream's role, its items).
+TurnOf = Callable[[str, Mapping[str, Any], str], tuple[str, list[Any]]]
+
+
+def turns(body: Mapping[str, Any], items: str, turn_of: TurnOf) -> tuple[list[str], list[dict[str, Any]]]:
+    """The system texts and the turns of a Chat body's `messages`, for an API whose turns alternate
+    (Converse, Gemini): `system`/`developer` texts in order; each `user`, `assistant` or `tool` message as
+    `turn_of` gives it, a message with no items skipped, and consecutive items of one upstream role joined
+    into one turn under `items` (parallel tool results, and text after them, are one user turn). No turn,
+    another role, or a final assistant message (the upstream would continue it; Chat asks for an answer
+    after it) is refused."""
+    system: list[str] = []
+    found: list[dict[str, Any]] = []
+    last_role = ""
+    for index, message in enumerate(kind(body.get("messages"), list, "messages")):
+        param = f"messages[{index}]"
+        message = present(message, param)
+        role = message.get("role")
+        if role in ("system", "developer"):
+            system += [t for t in texts(message.get("content"), f"{param}.content") if t]
+            continue
+        if role not in ("user", "assistant", "tool"):
+            refuse(f"{param}.role")
+        upstream_role, added = turn_of(role, message, param)
+        last_role = role
+        if not added:
+            continue
+        if found and found[-1]["role"] == upstream_role:
+            found[-1][items] += added
+        else:
+            found.append({"role": upstream_role, items: added})
+    if not found:
+        refuse("messages")
+    if last_role == "assistant":
+        refuse(f"messages[{len(body['messages']) - 1}].role")
+    return system, found
+
+
 def image_data(part: Mapping[str, Any], param: str) -> tuple[str, str]:
     """(media type, base64 data) of an `image_url` part; an image by URL is refused (these providers
     fetch no arbitrary URL, so the same input cannot be given)."""

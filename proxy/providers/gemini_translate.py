@@ -39,6 +39,7 @@ from proxy.providers.chat_request import (
     texts,
     tool_function,
 )
+from proxy.providers.chat_request import turns as chat_turns
 from proxy.sse import Block, encode_block
 
 REFUSALS = frozenset({"SAFETY", "RECITATION", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "IMAGE_SAFETY"})
@@ -148,36 +149,16 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """A Chat Completions body as a generateContent body (the model and streaming are in the URL)."""
     body = present(body, "body")
     check_fields(body, _TRANSLATED)
-    system: list[str] = []
-    contents: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # tool call id -> function name, from the history's calls
-    last_role = ""
-    for index, message in enumerate(kind(body.get("messages"), list, "messages")):
-        param = f"messages[{index}]"
-        message = present(message, param)
-        role = message.get("role")
-        if role in ("system", "developer"):
-            system += [t for t in texts(message.get("content"), f"{param}.content") if t]
-            continue
+
+    def turn_of(role: str, message: Mapping[str, Any], param: str) -> tuple[str, list[Any]]:
         if role == "user":
-            gemini_role, parts = "user", _user_parts(message.get("content"), f"{param}.content")
-        elif role == "assistant":
-            gemini_role, parts = "model", _model_parts(message, param, names)
-        elif role == "tool":
-            gemini_role, parts = "user", [_tool_result(message, param, names)]
-        else:
-            refuse(f"{param}.role")
-        last_role = role
-        if not parts:
-            continue
-        if contents and contents[-1]["role"] == gemini_role:
-            contents[-1]["parts"] += parts  # parallel tool results (and text after them): one turn
-        else:
-            contents.append({"role": gemini_role, "parts": parts})
-    if not contents:
-        refuse("messages")
-    if last_role == "assistant":  # Gemini would continue it; Chat asks for an answer after it
-        refuse(f"messages[{len(body['messages']) - 1}].role")
+            return "user", _user_parts(message.get("content"), f"{param}.content")
+        if role == "assistant":
+            return "model", _model_parts(message, param, names)
+        return "user", [_tool_result(message, param, names)]
+
+    system, contents = chat_turns(body, "parts", turn_of)
     out: dict[str, Any] = {"contents": contents}
     if system:
         out["systemInstruction"] = {"parts": [{"text": text} for text in system]}
