@@ -7,17 +7,21 @@ Two surfaces, chosen by the assignment's `base_url`:
   Messages client translated to it) and embeddings go to the deployment the model names
   (`/openai/deployments/{model}/...?api-version=API_VERSION`: the catalog's model id is the
   deployment's name), Responses to the resource's `/openai/v1` surface, which every resource has.
-The key travels in `api-key`. A prompt Azure's content filter blocks is its 400 code `content_filter`, a
-safety refusal like a `content_filter` finish reason (SPEC §5.6, terminal). A deployment the resource does
-not have is its 404 code `DeploymentNotFound`: this account lacks the model, so it reads as OpenAI's
+The key travels in `api-key`. A credential written `Bearer <token>` is a Microsoft Entra ID access token
+(the operator's explicit choice: Azure keys never carry a scheme) and travels in `authorization` instead,
+on every request and on the deployments listing; the token is used as stored, never refreshed here. A
+prompt Azure's content filter blocks is its 400 code `content_filter`, a safety refusal like a
+`content_filter` finish reason (SPEC §5.6, terminal). A deployment the resource does not have is its 404
+code `DeploymentNotFound`: this account lacks the model, so it reads as OpenAI's
 `model_not_found` (`model_unavailable`: another account may serve it). No Files API is carried (Azure's
 differs in purposes and lifetime).
 
 Catalog discovery lists the resource's deployments, on either surface: the model a request names is a
 deployment's name, on `/openai/v1` too, and `/openai/v1/models` lists the base models the resource may
 deploy, not the deployments it serves. The listing is the data plane's `GET /openai/deployments` with
-`api-version=LISTING_VERSION` (the last version that kept it; later ones answer 404), one page, the same
-`api-key`. A deployment whose `status` is not `succeeded` (being created, failed, deleted) is not listed.
+`api-version=LISTING_VERSION` (the last version that kept it; later ones answer 404), one page, with the
+same credential header. A deployment whose `status` is not `succeeded` (being created, failed, deleted) is
+not listed.
 """
 
 import json
@@ -49,6 +53,8 @@ V1 = "/openai/v1"
 DEPLOYMENT_ROUTES = frozenset({CHAT, MESSAGES, EMBEDDINGS})
 LISTING_VERSION = "2023-03-15-preview"
 SUCCEEDED = "succeeded"
+# The scheme that marks a credential as an Entra ID token rather than a resource key.
+ENTRA = "Bearer "
 # Azure's codes for what OpenAI's canonical codes already name.
 CANONICAL_CODES = {"DeploymentNotFound": "model_not_found"}
 
@@ -84,6 +90,9 @@ class AzureOpenAI(OpenAI):
     protocol = {"api-version": API_VERSION}
 
     def auth_headers(self, credential: str) -> dict[str, str]:
+        if credential.startswith(ENTRA):
+            token = credential.removeprefix(ENTRA).strip()
+            return {"authorization": f"{ENTRA}{token}"} if token else {}
         return {"api-key": credential} if credential else {}
 
     def call(

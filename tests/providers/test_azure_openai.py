@@ -144,3 +144,21 @@ def test_catalog_discovery_lists_the_resources_deployments_with_the_azure_key(az
     assert azure.hits[-1].path == "/openai/deployments" and azure.hits[-1].headers["api-key"] == AZURE_KEY
     provenance = dict(CatalogEntry.objects.filter(assignment=row).values_list("model", "provenance"))
     assert provenance == {"gpt-4o": "configured", "gpt-4.1": "observed"}
+
+
+def test_an_entra_token_credential_is_sent_as_a_bearer_on_calls_and_on_the_listing(
+    gateway, azure_then_openai, monkeypatch
+):
+    from catalog.services import catalog_sync
+
+    azure, openai_fake, (row, _) = azure_then_openai
+    azure.require_key = "eyJ0eXAiOiJKV1QiLCJhbGciOi-entra"
+    monkeypatch.setenv("GATEWAY_UPSTREAM_AZURE", f"Bearer {azure.require_key}")
+    answer = _client(gateway).chat.completions.create(model="gpt-4o", messages=TURN)
+    assert answer.choices[0].message.content == "hello from azure"
+    row.discovery = True
+    row.save(update_fields=["discovery"])
+    assert catalog_sync(assignment="azure").results[0].ok
+    for hit in azure.hits:
+        assert hit.headers["authorization"] == f"Bearer {azure.require_key}" and "api-key" not in hit.headers
+    assert openai_fake.hits == []

@@ -75,6 +75,20 @@ def test_azure_sdk_reads_a_deployment_answer_sent_with_api_key_and_api_version(a
     assert hit.headers["api-key"] == "azure-key-000"
 
 
+def test_azure_sdk_sends_an_entra_token_as_a_bearer_instead_of_the_key():
+    with AzureFake("azure", ("gpt-4o",), require_key="entra-token-000") as fake:
+        client = openai.AzureOpenAI(
+            azure_endpoint=fake.endpoint,
+            azure_ad_token="entra-token-000",
+            api_version=API_VERSION,
+            max_retries=0,
+        )
+        answer = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert answer.choices[0].message.content == "hello from azure"
+        assert fake.hits[-1].headers["authorization"] == "Bearer entra-token-000"
+        assert "api-key" not in fake.hits[-1].headers
+
+
 def test_azure_sdk_streams_a_deployment_answer(azure):
     stream = _azure_client(azure).chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
