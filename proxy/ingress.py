@@ -90,7 +90,8 @@ def request_id_headers(response: HttpResponse, request_id: str) -> None:
     response["request-id"] = request_id
 
 
-def _typed(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
+def typed_failure(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
+    """`typed_response` for `exchange`'s route, recorded as the exchange's outcome and status."""
     response = typed_response(exchange.route, code, param)
     exchange.outcome, exchange.status_code = code, response.status_code
     return response
@@ -105,7 +106,8 @@ def bearer(headers: Mapping[str, str]) -> str:
     return headers.get("x-api-key", "").strip()
 
 
-def _parse_body(request: HttpRequest) -> dict:
+def parse_body(request: HttpRequest) -> dict:
+    """The request's JSON body, checked (`validate_body`); RequestFailed with the typed code else."""
     refusal = getattr(request, "gateway_refusal", None)  # the body was left unread (gatewaysite.asgi)
     if refusal is not None:
         raise RequestFailed(refusal)

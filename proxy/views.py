@@ -20,12 +20,12 @@ from proxy.ingress import (
     DIALECTS,
     READ_TIMEOUT_S,
     RequestFailed,
-    _parse_body,
-    _typed,
     bearer,
     operation_id,
+    parse_body,
     prepare,
     request_id_headers,
+    typed_failure,
     typed_response,
 )
 from proxy.ledger import record
@@ -49,7 +49,7 @@ async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
         exchange.operation_id = operation_id(request.headers) or exchange.request_id
         response = await _handle(request, path, exchange, started_mono)
     except RequestFailed as failed:
-        response = _typed(exchange, failed.code, failed.param)
+        response = typed_failure(exchange, failed.code, failed.param)
         if failed.retry_after is not None:
             response["retry-after"] = str(failed.retry_after)
         await record(exchange)
@@ -63,7 +63,7 @@ async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: 
     if refusal in ("authentication_error", "gateway_unavailable"):
         raise RequestFailed(refusal)  # the edge found no such key, or no database: no second lookup
     try:
-        body, body_error = _parse_body(request), None
+        body, body_error = parse_body(request), None
     except RequestFailed as failed:
         body, body_error = None, failed
     # Only the routes that stream (DIALECTS) do: an embeddings body's `stream` is the upstream's to judge.
