@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from devkit.upstream import _ROUTES, FakeUpstream, RawError, error
+from devkit.behaviours import RawError, error
+from devkit.upstream import _ROUTES, FakeUpstream
 
 # Azure's content filter verdict on a blocked prompt: every category, one of them filtered.
 _FILTER_RESULT = {

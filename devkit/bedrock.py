@@ -37,20 +37,20 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from devkit.upstream import (
+from devkit.behaviours import (
     ApiError,
     CutStream,
     FailAfterVisible,
     FailBeforeVisible,
-    FakeUpstream,
     Hang,
     RawError,
     Refusal,
     Reject,
     Serve,
-    _drop,
-    _reply,
 )
+from devkit.server import drop
+from devkit.upstream import FakeUpstream
+from devkit.wire import reply_for
 
 NAMESPACE = "http://internal.amazon.com/coral/com.amazon.bedrock/"
 _AUTHORIZATION = re.compile(
@@ -227,21 +227,21 @@ class BedrockFake(FakeUpstream):
         match behaviour:
             case Reject(status=status, error=err, delay_s=delay):
                 if delay and await self._pause(delay):
-                    return _drop(request)
+                    return drop(request)
                 return _error(status, err.type, err.message)
             case RawError(status=status, body=payload, headers=headers):
                 return web.json_response(dict(payload), status=status, headers=dict(headers))
             case Hang(seconds=seconds):
                 await self._pause(seconds)
-                return _drop(request)
+                return drop(request)
         if not isinstance(behaviour, Serve | Refusal | FailBeforeVisible | FailAfterVisible | CutStream):
-            return _drop(request)
+            return drop(request)
         if not stream:
             if not isinstance(behaviour, Serve | Refusal):
-                return _drop(request)
-            reply = _reply(behaviour, self.name)
+                return drop(request)
+            reply = reply_for(behaviour, self.name)
             if isinstance(behaviour, Serve) and behaviour.delay_s and await self._pause(behaviour.delay_s):
-                return _drop(request)
+                return drop(request)
             content = [] if reply.refused else [{"text": reply.text}]
             return web.json_response(
                 {
@@ -255,7 +255,7 @@ class BedrockFake(FakeUpstream):
         return await self._stream(request, behaviour)
 
     async def _stream(self, request: web.Request, behaviour: Any) -> web.StreamResponse:
-        reply = _reply(behaviour, self.name)
+        reply = reply_for(behaviour, self.name)
         frames = [_event("messageStart", {"role": "assistant"})]
         deltas = [
             _event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": d}}) for d in reply.deltas
@@ -301,12 +301,12 @@ class BedrockFake(FakeUpstream):
         try:
             for data in frames:
                 if delay and await self._pause(delay):
-                    return _drop(request)
+                    return drop(request)
                 await response.write(data)
         except ConnectionError:
             return response
         if cut:
-            return _drop(request)
+            return drop(request)
         await response.write_eof()
         return response
 

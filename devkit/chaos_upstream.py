@@ -41,7 +41,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from devkit import upstream as fake
+from devkit import behaviours
+from devkit.upstream import FakeUpstream
 
 MODEL = "gpt-5"
 
@@ -105,11 +106,11 @@ def texts_of(name: str) -> tuple[str, ...]:
 
 def raw_provider_messages() -> tuple[str, ...]:
     """What these upstreams put in their error messages: none of it may reach a client (SPEC §4)."""
-    rejects = (fake.model_not_found(), fake.rate_limited(), fake.unavailable())
-    return (*(r.error.message for r in rejects), fake._MID_STREAM_FAILURE.message)
+    rejects = (behaviours.model_not_found(), behaviours.rate_limited(), behaviours.unavailable())
+    return (*(r.error.message for r in rejects), behaviours.MID_STREAM_FAILURE.message)
 
 
-class ChaosUpstream(fake.FakeUpstream):
+class ChaosUpstream(FakeUpstream):
     def __init__(self, name: str, *, seed: int, hang_s: float, port: int = 0) -> None:
         super().__init__(name, models=(MODEL,), port=port)
         self.hang_s = hang_s
@@ -131,9 +132,9 @@ class ChaosUpstream(fake.FakeUpstream):
             self.tally[f"{transport}:requests"] += 1
             self.arrivals.append(call)
 
-    def _behaviour_for(self, model: str) -> fake.Behaviour:
+    def _behaviour_for(self, model: str) -> behaviours.Behaviour:
         if model != MODEL:
-            return fake.model_not_found()
+            return behaviours.model_not_found()
         weights = WEIGHTS[self._transport]
         with self._chaos_lock:
             kind = self._rng.choices(list(weights), list(weights.values()))[0]
@@ -175,30 +176,30 @@ class ChaosUpstream(fake.FakeUpstream):
                 return False
         return False
 
-    def _make(self, kind: str) -> fake.Behaviour:
+    def _make(self, kind: str) -> behaviours.Behaviour:
         match kind:
             case "serve":
-                return fake.serve(text_of(self.name))
+                return behaviours.serve(text_of(self.name))
             case "slow":  # a provider taking its time: the whole answer, or each stream event, late
-                return fake.slow_stream(SLOW_S[self._transport], text_of(self.name))
+                return behaviours.slow_stream(SLOW_S[self._transport], text_of(self.name))
             case "model_not_found":
-                return fake.model_not_found()
+                return behaviours.model_not_found()
             case "rate_limited":
-                return fake.rate_limited()
+                return behaviours.rate_limited()
             case "unavailable":
-                return fake.unavailable(503)
+                return behaviours.unavailable(503)
             case "hang":
-                return fake.hang(self.hang_s)
+                return behaviours.hang(self.hang_s)
             case "drop" | "close_websocket":
-                return fake.close_websocket()  # on HTTP: the connection drops mid-response
+                return behaviours.close_websocket()  # on HTTP: the connection drops mid-response
             case "fail_before_visible":
-                return fake.fail_before_visible()
+                return behaviours.fail_before_visible()
             case "cut_before_visible":
-                return fake.cut_stream(after_visible=False)
+                return behaviours.cut_stream(after_visible=False)
             case "cut_after_visible":
-                return fake.cut_stream(after_visible=True)
+                return behaviours.cut_stream(after_visible=True)
             case "fail_after_visible":
-                return fake.fail_after_visible()
+                return behaviours.fail_after_visible()
         raise ValueError(kind)
 
 

@@ -9,7 +9,8 @@ import argparse
 import signal
 import threading
 
-from devkit.upstream import FakeUpstream, model_not_found
+from devkit.behaviours import model_not_found
+from devkit.upstream import FakeUpstream
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,21 +27,21 @@ from typing import Any
 
 from aiohttp import web
 
-from devkit.upstream import (
+from devkit.behaviours import (
     ApiError,
     Behaviour,
     CutStream,
     FailAfterVisible,
     FailBeforeVisible,
-    FakeUpstream,
     Hang,
     RawError,
     Refusal,
     Reject,
     Serve,
-    _drop,
-    _reply,
 )
+from devkit.server import drop
+from devkit.upstream import FakeUpstream
+from devkit.wire import reply_for
 
 API_VERSION = "v1beta"
 _PAGE_SIZE, _MAX_PAGE_SIZE = 50, 1000
@@ -193,13 +193,13 @@ class GeminiFake(FakeUpstream):
         match behaviour:
             case Reject(status=status, error=err, delay_s=delay):
                 if delay and await self._pause(delay):
-                    return _drop(request)
+                    return drop(request)
                 return _error(status, err.type, err.message)
             case RawError(status=status, body=payload, headers=headers):
                 return web.json_response(dict(payload), status=status, headers=dict(headers))
             case Hang(seconds=seconds):
                 await self._pause(seconds)
-                return _drop(request)
+                return drop(request)
             case PromptBlocked(reason=reason):
                 return web.json_response(
                     {
@@ -211,10 +211,10 @@ class GeminiFake(FakeUpstream):
         answer = _Answer(model)
         if not stream:
             if not isinstance(behaviour, Serve | Refusal):
-                return _drop(request)
+                return drop(request)
             if isinstance(behaviour, Serve) and behaviour.delay_s and await self._pause(behaviour.delay_s):
-                return _drop(request)
-            reply = _reply(behaviour, self.name)
+                return drop(request)
+            reply = reply_for(behaviour, self.name)
             return web.json_response(answer.chunk(None if reply.refused else reply.text, reply, final=True))
         return await self._stream(request, behaviour, answer)
 
@@ -223,7 +223,7 @@ class GeminiFake(FakeUpstream):
     ) -> web.StreamResponse:
         if request.query.get("alt") != "sse":
             return _error(400, "INVALID_ARGUMENT", "This fake streams only with alt=sse.")
-        reply = _reply(behaviour, self.name)
+        reply = reply_for(behaviour, self.name)
         if reply.refused:
             chunks = [answer.chunk(None, reply, final=True)]
         else:
@@ -253,12 +253,12 @@ class GeminiFake(FakeUpstream):
         try:
             for chunk in chunks:
                 if delay and await self._pause(delay):
-                    return _drop(request)
+                    return drop(request)
                 await response.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
         except ConnectionError:
             return response
         if cut:
-            return _drop(request)
+            return drop(request)
         await response.write_eof()
         return response
 

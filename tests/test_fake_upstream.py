@@ -13,9 +13,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from devkit.upstream import (
+from devkit.behaviours import (
     Behaviour,
-    FakeUpstream,
     close_websocket,
     codeless_404,
     cut_stream,
@@ -32,6 +31,7 @@ from devkit.upstream import (
     slow_stream,
     unavailable,
 )
+from devkit.upstream import FakeUpstream
 from tests.upstream_fixtures import MakeFake
 
 MODEL_NOT_FOUND = {

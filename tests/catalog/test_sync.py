@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from catalog.models import CatalogEntry, Provenance
-from devkit.upstream import unavailable
+from devkit.behaviours import unavailable
 from pools.models import TriState
 from tests.factories import AssignmentFactory, CatalogEntryFactory, PoolFactory
 

@@ -7,7 +7,7 @@ import pytest
 
 from catalog.models import Provenance
 from devkit.azure import AzureFake, prompt_filtered
-from devkit.upstream import rate_limited, serve
+from devkit.behaviours import rate_limited, serve
 from pools.models import Adapter, GatewaySettings
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord

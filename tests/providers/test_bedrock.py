@@ -10,7 +10,7 @@ import pytest
 from catalog.models import Provenance
 from devkit import bedrock
 from devkit.bedrock import BedrockFake
-from devkit.upstream import fail_after_visible, refusal, serve
+from devkit.behaviours import fail_after_visible, refusal, serve
 from pools.models import Adapter, GatewaySettings
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord

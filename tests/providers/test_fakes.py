@@ -12,8 +12,9 @@ from google.genai import errors as genai_errors
 from devkit import bedrock, gemini
 from devkit.azure import AzureFake, prompt_filtered
 from devkit.bedrock import BedrockFake
+from devkit.behaviours import fail_after_visible, refusal
 from devkit.gemini import GeminiFake
-from devkit.upstream import FakeUpstream, fail_after_visible, refusal
+from devkit.upstream import FakeUpstream
 
 API_VERSION = "2024-10-21"
 

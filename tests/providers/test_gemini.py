@@ -9,8 +9,8 @@ import pytest
 
 from catalog.models import Provenance
 from devkit import gemini
+from devkit.behaviours import fail_after_visible, refusal, serve
 from devkit.gemini import GeminiFake
-from devkit.upstream import fail_after_visible, refusal, serve
 from pools.models import Adapter, Assignment, GatewaySettings
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord

@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from catalog.models import Provenance
-from devkit.upstream import serve
+from devkit.behaviours import serve
 from pools.models import Adapter, Assignment, GatewaySettings
 from proxy.ledger import writer
 from proxy.models import Attempt

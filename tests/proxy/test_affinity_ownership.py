@@ -7,7 +7,7 @@ import pytest
 from websockets.sync.client import connect
 
 from catalog.models import Provenance
-from devkit.upstream import serve, unavailable
+from devkit.behaviours import serve, unavailable
 from routing.models import Affinity
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import UPSTREAM_KEY_ENV

@@ -12,14 +12,14 @@ import openai
 import pytest
 
 from catalog.models import Provenance
-from devkit.upstream import (
-    FakeUpstream,
+from devkit.behaviours import (
     error,
     fail_after_visible,
     fail_before_visible,
     model_not_found,
     overloaded_before_visible,
 )
+from devkit.upstream import FakeUpstream
 from pools.models import Adapter, Assignment, GatewaySettings, ModelFallback, Pool
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY, UPSTREAM_KEY_ENV

@@ -9,7 +9,7 @@ import pytest
 
 from catalog.models import CatalogEntry
 from catalog.prices import bundled_price
-from devkit.upstream import cut_stream, serve
+from devkit.behaviours import cut_stream, serve
 from pools.models import GatewayKey
 from proxy.ledger import writer
 from proxy.models import Attempt

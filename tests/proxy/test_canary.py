@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client
 
 from catalog.models import Provenance
-from devkit.upstream import error, fail_after_visible, fail_before_visible, serve
+from devkit.behaviours import error, fail_after_visible, fail_before_visible, serve
 from pools.models import GatewaySettings
 from proxy.models import RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from devkit.upstream import (
+from devkit.behaviours import (
     codeless_404,
     error,
     fail_after_visible,

@@ -4,7 +4,7 @@
 import anthropic
 import pytest
 
-from devkit.upstream import serve
+from devkit.behaviours import serve
 from proxy.adapters.token_estimate import estimate_input_tokens
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import attempts_of, post, record_of

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from devkit.upstream import serve
+from devkit.behaviours import serve
 from pools.models import Assignment
 from proxy.models import Attempt, RequestRecord
 from tests.gateway_fixtures import UPSTREAM_KEY

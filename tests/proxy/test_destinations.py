@@ -16,7 +16,7 @@ import pytest
 from websockets.sync.client import connect
 
 from catalog.services import catalog_sync
-from devkit.upstream import serve
+from devkit.behaviours import serve
 from proxy.models import Attempt
 from tests.proxy.fixtures_e2e import AUTH, CHAT, post, record_of
 

@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from devkit.upstream import hang, slow_stream
+from devkit.behaviours import hang, slow_stream
 from proxy.ledger import writer
 from proxy.models import Attempt
 from routing.models import Circuit

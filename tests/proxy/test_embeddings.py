@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from catalog.models import Provenance
-from devkit.upstream import rate_limited, serve, unavailable
+from devkit.behaviours import rate_limited, serve, unavailable
 from pools.models import Adapter
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord

@@ -18,7 +18,7 @@ from openai import OpenAI
 from websockets.sync.client import connect
 
 from catalog.models import Provenance
-from devkit.upstream import (
+from devkit.behaviours import (
     ApiError,
     Reject,
     Serve,

@@ -9,7 +9,7 @@ import openai
 import pytest
 from websockets.sync.client import connect
 
-from devkit.upstream import serve, unavailable
+from devkit.behaviours import serve, unavailable
 from pools.models import Assignment
 from routing.models import Affinity
 from tests.factories import GatewayKeyFactory, PoolFactory

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from devkit.upstream import rate_limited, unavailable
+from devkit.behaviours import rate_limited, unavailable
 from pools.models import Assignment
 from proxy.models import Attempt, RequestRecord
 from routing.models import Affinity

@@ -10,10 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devkit.behaviours import rate_limited
 from devkit.databases import Database
 from devkit.gateway import GatewayProcess, gateway_config
 from devkit.procfs import peak_rss_kb, peak_rss_reset
-from devkit.upstream import FakeUpstream, rate_limited
+from devkit.upstream import FakeUpstream
 
 KEY = "sk-gw-files-process-key-0123456789"
 UPSTREAM_KEY_ENV = "GATEWAY_UPSTREAM_FILES_KEY"

@@ -3,7 +3,7 @@
 import httpx
 import pytest
 
-from devkit.upstream import model_not_found, serve
+from devkit.behaviours import model_not_found, serve
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord
 from routing.models import Circuit, Demotion

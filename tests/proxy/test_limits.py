@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
-from devkit.upstream import serve, slow_stream, unavailable
+from devkit.behaviours import serve, slow_stream, unavailable
 from pools.models import GatewayKey, KeyLimitSlot, KeyLimitWindow
 from pools.selectors import KeyLimits, key_authenticate
 from proxy import limits

@@ -80,7 +80,7 @@ def test_the_fourth_request_of_an_rpm_3_key_is_refused_whichever_node_it_reaches
 
 @postgres
 def test_concurrent_1_holds_across_nodes(nodes, two_assignments):
-    from devkit.upstream import slow_stream
+    from devkit.behaviours import slow_stream
 
     a, _, _ = two_assignments
     GatewayKey.objects.filter(name="e2e").update(limit_concurrent=1)

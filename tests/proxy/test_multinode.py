@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from devkit.upstream import Serve, model_not_found, serve, unavailable
+from devkit.behaviours import Serve, model_not_found, serve, unavailable
 from routing.models import Circuit
 from tests.gateway_fixtures import GATEWAY_KEY
 
@@ -68,7 +68,7 @@ def test_concurrent_streams_over_two_nodes_never_overspend_a_budget_by_more_than
     import json
 
     from catalog.models import CatalogEntry
-    from devkit.upstream import slow_stream
+    from devkit.behaviours import slow_stream
     from pools.models import GatewayKey
 
     a, b, _ = two_assignments

@@ -4,7 +4,7 @@ assignment rejects with model_not_found, the second serves, and the SDK parses e
 import openai
 import pytest
 
-from devkit.upstream import model_not_found, serve
+from devkit.behaviours import model_not_found, serve
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import assert_hits
 

@@ -19,10 +19,10 @@ from websockets.asyncio.server import serve as ws_serve
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from devkit.behaviours import close_websocket, serve, slow_stream
 from devkit.databases import Database
 from devkit.gateway import GatewayProcess, gateway_config
 from devkit.procfs import peak_rss_kb, peak_rss_reset
-from devkit.upstream import close_websocket, serve, slow_stream
 from tests.proxy.test_edge_processes import MIB, EndlessStream
 
 KEY = "sk-gw-servers-test-key-0123456789"

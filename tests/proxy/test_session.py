@@ -3,7 +3,7 @@ keeps every other candidate (SPEC §5.2)."""
 
 import httpx
 
-from devkit.upstream import serve, unavailable
+from devkit.behaviours import serve, unavailable
 from routing.models import Affinity
 from tests.gateway_fixtures import GATEWAY_KEY
 

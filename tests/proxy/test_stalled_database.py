@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from devkit.upstream import slow_stream, slow_unavailable
+from devkit.behaviours import slow_stream, slow_unavailable
 from pools.models import GatewayKey, GatewaySettings, KeyLimitWindow
 from proxy.ledger import writer
 from routing.models import Affinity, Circuit

@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from devkit.upstream import fail_before_visible, model_not_found, serve, slow_stream
+from devkit.behaviours import fail_before_visible, model_not_found, serve, slow_stream
 from routing.models import Circuit, Demotion
 from tests.proxy.fixtures_e2e import (
     AUTH,

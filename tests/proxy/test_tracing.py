@@ -6,7 +6,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from devkit.upstream import model_not_found, serve
+from devkit.behaviours import model_not_found, serve
 from proxy import ledger, tracing
 from tests.gateway_fixtures import GATEWAY_KEY
 

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from devkit.upstream import large, model_not_found, serve, unavailable
+from devkit.behaviours import large, model_not_found, serve, unavailable
 from tests.proxy.fixtures_e2e import (
     AUTH,
     CHAT,

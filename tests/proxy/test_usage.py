@@ -7,7 +7,7 @@ import json
 import pytest
 
 from catalog.models import CatalogEntry, Provenance
-from devkit.upstream import serve
+from devkit.behaviours import serve
 from pools.models import Assignment
 from tests.factories import AssignmentFactory, CatalogEntryFactory
 from tests.gateway_fixtures import UPSTREAM_KEY_ENV

@@ -9,7 +9,7 @@ from openai import OpenAI
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from devkit.upstream import (
+from devkit.behaviours import (
     close_websocket,
     fail_after_visible,
     fail_before_visible,

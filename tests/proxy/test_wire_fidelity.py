@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from catalog.models import CatalogEntry
-from devkit.upstream import error, rate_limited, serve, unavailable
+from devkit.behaviours import error, rate_limited, serve, unavailable
 from pools.models import ConfigVersion
 from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.ingress import typed_response

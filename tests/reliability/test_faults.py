@@ -28,9 +28,10 @@ import httpx
 import pytest
 from django.db import connection
 
+from devkit.behaviours import slow_stream
 from devkit.databases import Database, LedgerStall
 from devkit.gateway import GatewayProcess, gateway_config
-from devkit.upstream import FakeUpstream, slow_stream
+from devkit.upstream import FakeUpstream
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, attempts_of, error_events, record_of, sse_events
 
 KEY = "sk-gw-faults-0123456789abcdef"

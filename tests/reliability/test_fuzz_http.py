@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devkit.upstream import serve
+from devkit.behaviours import serve
 from proxy import ledger
 from proxy.models import RequestRecord
 from tests.gateway_fixtures import GATEWAY_KEY

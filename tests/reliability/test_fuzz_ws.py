@@ -32,7 +32,8 @@ from websockets.protocol import State
 from websockets.sync.client import ClientConnection, connect
 from websockets.uri import parse_uri
 
-from devkit.upstream import FakeUpstream, slow_stream
+from devkit.behaviours import slow_stream
+from devkit.upstream import FakeUpstream
 from pools.models import GatewayKey
 from proxy import ledger
 from proxy.consumers import MAX_PENDING

@@ -16,9 +16,10 @@ import time
 import httpx
 import pytest
 
+from devkit.behaviours import slow_stream
 from devkit.databases import Database, PostgresCluster, postgres_available
 from devkit.gateway import GatewayProcess, gateway_config
-from devkit.upstream import FakeUpstream, slow_stream
+from devkit.upstream import FakeUpstream
 
 OUTAGE_S = float(os.environ.get("GATEWAY_TEST_OUTAGE_S", "8"))
 KEY = "sk-gw-outage-test-key-0123456789"
