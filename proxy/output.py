@@ -26,7 +26,7 @@ from proxy import payloads, shutdown
 from proxy.adapters.translate import ResponseTranslationError
 from proxy.apis.registry import classify as classify_block
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Stream, settle
-from proxy.providers.base import UpstreamCall
+from proxy.providers.base import NamesResponse, UpstreamCall
 from proxy.providers.registry import provider
 from proxy.sse import Action, Block, Classification, Dialect, Visibility, Withholder
 from proxy.transport import Answer, Body, Dispatch, EventSource, TransportFailure
@@ -96,11 +96,14 @@ def plain_answer(
         return Failure.observed(observation, retry_after=answer.retry_after), None
     note_refusal(log, exchange, body)
     try:
-        return Final(status=status, body=call.response(answer.body)), payloads.response_id(body)
+        final = Final(status=status, body=call.response(answer.body))
     except ResponseTranslationError:
         # The upstream answered, but in a form the client's API cannot carry (a tool call's
         # arguments that are not an object): a typed failure, never a guess, never a replay.
         return Failure.unrelayable(status, "upstream_untranslatable"), None
+    # A translated answer's id is the one the client was given (a Responses client over another API).
+    shown = body if call.answer is None else json.loads(final.body)
+    return final, payloads.response_id(shown)
 
 
 class AttemptStream:
@@ -140,7 +143,10 @@ class AttemptStream:
         """The client's output for `blocks`: as they came, or translated into the client's API."""
         if self.translator is None:
             return [b.raw for b in blocks if not (self.strip_usage and payloads.usage_only_chunk(b))]
-        return [out for out in map(self.translator.feed, blocks) if out]
+        out = [out for out in map(self.translator.feed, blocks) if out]
+        if self.response_ids and self.response_id is None and isinstance(self.translator, NamesResponse):
+            self.response_id = self.translator.response_id  # the id the client is shown, not the upstream's
+        return out
 
     def _read(self, block: Block) -> Classification:
         """Classify one event and note what it tells the ledger: usage, the response id, a refusal,

@@ -1,5 +1,6 @@
 """Anthropic (`anthropic`): Messages and count_tokens as sent; a Chat Completions client is translated to
-Messages and back. Responses has no Anthropic form.
+Messages and back, and so is a Responses client, through Chat (`proxy.adapters.responses_over_messages`).
+Responses state (`previous_response_id`) is not carried over HTTP; compact has no Anthropic form.
 
 The body is forwarded with only `model` set to the candidate's model. The client's `anthropic-beta`
 header travels with the body it describes (beta features change the request's meaning). Zero retention
@@ -13,11 +14,18 @@ from proxy.adapters.chat_over_messages import (
     anthropic_to_chat_response,
     chat_to_anthropic_request,
 )
+from proxy.adapters.responses_over_chat import echo
+from proxy.adapters.responses_over_messages import (
+    AnthropicToResponsesStream,
+    anthropic_to_responses_response,
+    responses_to_anthropic_request,
+)
 from proxy.providers.base import (
     AWS_FRONTED,
     CHAT,
     COUNT_TOKENS,
     MESSAGES,
+    RESPONSES,
     Json,
     ModelPage,
     UpstreamCall,
@@ -35,7 +43,7 @@ VERSION = "2023-06-01"
 
 class Anthropic:
     name = "anthropic"
-    routes = frozenset({CHAT, MESSAGES, COUNT_TOKENS})
+    routes = frozenset({CHAT, RESPONSES, MESSAGES, COUNT_TOKENS})
     protocol = {"anthropic-version": VERSION}
     errors = AWS_FRONTED
 
@@ -65,6 +73,18 @@ class Anthropic:
                 model,
                 answer=partial(anthropic_to_chat_response, model=model),
                 translator=partial(AnthropicToChatStream, model=model, include_usage=include_usage(body)),
+            )
+        if path == RESPONSES:
+            echoed = echo(body)
+            return UpstreamCall(
+                url(target.base_url, MESSAGES),
+                headers,
+                {**responses_to_anthropic_request(body), "model": model},
+                Dialect.ANTHROPIC,
+                path,
+                model,
+                answer=partial(anthropic_to_responses_response, model=model, echoed=echoed),
+                translator=partial(AnthropicToResponsesStream, model=model, echoed=echoed),
             )
         if anthropic_beta:
             headers["anthropic-beta"] = anthropic_beta

@@ -16,6 +16,8 @@ from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.adapters.messages_over_chat import ChatToAnthropicStream, chat_to_anthropic_response
+from proxy.adapters.responses_over_chat import chat_to_responses_response, echo, responses_to_chat_request
+from proxy.adapters.responses_over_chat_stream import ChatToResponsesStream
 from proxy.adapters.translate import ResponseTranslationError
 from proxy.sse import Block, Dialect
 from routing.failures import ErrorShape
@@ -50,6 +52,15 @@ class StreamTranslator(Protocol):
     def feed(self, block: Block) -> bytes: ...
 
     def finish(self) -> bytes: ...
+
+
+@runtime_checkable
+class NamesResponse(Protocol):
+    """A stream translator into the Responses API: it names the response the client is shown (the id a
+    `previous_response_id` would give back), once its first event is out."""
+
+    @property
+    def response_id(self) -> str | None: ...
 
 
 SSE = "sse"
@@ -255,5 +266,37 @@ def messages_over_chat(
         model,
         answer=partial(chat_to_anthropic_response, model=model),
         translator=partial(ChatToAnthropicStream, model=model),
+        wire=wire,
+    )
+
+
+def responses_over_chat(
+    where: str,
+    headers: dict[str, str],
+    body: Json,
+    model: str,
+    *,
+    upstream: Callable[[Json], Json] | None = None,
+    stream_usage: bool = True,
+    wire: Wire | None = None,
+) -> UpstreamCall:
+    """A Responses client's call to a Chat-shaped upstream: `body` translated to Chat (with `model`),
+    then by `upstream` to the provider's own request when it has one (its refusals renamed to the
+    client's fields); the answer and the stream are translated back to Responses. `stream_usage`: a
+    stream asks for usage (`stream_options`), as every Responses stream reports it."""
+    chat = responses_to_chat_request(body, stream_usage=stream_usage)
+    with chat.refusals():
+        payload = {**chat.body, "model": model}
+        payload = upstream(payload) if upstream is not None else payload
+    echoed = echo(body)
+    return UpstreamCall(
+        where,
+        headers,
+        payload,
+        Dialect.CHAT,
+        RESPONSES,
+        model,
+        answer=partial(chat_to_responses_response, model=model, echoed=echoed),
+        translator=partial(ChatToResponsesStream, model=model, echoed=echoed),
         wire=wire,
     )

@@ -1,6 +1,7 @@
 """Amazon Bedrock (`bedrock`, the Converse API): a Chat-shaped account. Chat Completions are translated to
-Converse / ConverseStream and answers back (`bedrock_translate`); an Anthropic Messages client goes
-through Chat on the way. Responses, count_tokens, embeddings and files are not carried.
+Converse / ConverseStream and answers back (`bedrock_translate`); an Anthropic Messages client and a
+Responses client go through Chat on the way (no `previous_response_id` over HTTP: the gateway keeps no
+conversation). Count_tokens, embeddings and files are not carried.
 
 - `base_url` is the runtime endpoint, `https://bedrock-runtime.<region>.amazonaws.com`; the model id is in
   the path (`/model/{modelId}/converse`, `/converse-stream`), percent-encoded as the AWS SDKs send it.
@@ -37,6 +38,7 @@ from proxy.providers.base import (
     AWS_EVENTSTREAM,
     CHAT,
     MESSAGES,
+    RESPONSES,
     Json,
     ModelPage,
     SigV4,
@@ -45,6 +47,7 @@ from proxy.providers.base import (
     include_usage,
     messages_over_chat,
     path_segment,
+    responses_over_chat,
     url,
 )
 from proxy.sse import Dialect
@@ -105,7 +108,7 @@ class BedrockWire:
 
 class Bedrock:
     name = "bedrock"
-    routes = frozenset({CHAT, MESSAGES})
+    routes = frozenset({CHAT, RESPONSES, MESSAGES})
     protocol: dict[str, str] = {}
     errors = ErrorShape(type_field="__type")  # its errors reach the relay on the Chat wire (BedrockWire)
 
@@ -127,9 +130,12 @@ class Bedrock:
         stream = chat.get("stream") is True
         operation = "converse-stream" if stream else "converse"
         where = url(target.base_url, f"/model/{path_segment(model)}/{operation}")
-        payload = bedrock_translate.chat_to_converse_request(chat)
         wire = BedrockWire(model, self.signature(target.base_url, target.region, credential))
         headers = {"content-type": "application/json"}
+        if path == RESPONSES:
+            upstream = bedrock_translate.chat_to_converse_request
+            return responses_over_chat(where, headers, body, model, upstream=upstream, wire=wire)
+        payload = bedrock_translate.chat_to_converse_request(chat)
         if path == MESSAGES:
             return messages_over_chat(where, headers, payload, model, wire)
         # Bedrock always reports usage: a Chat client that did not ask for it does not see it.

@@ -1,7 +1,7 @@
 """Google Gemini (`gemini`, the Generative Language API): a Chat-shaped account. Chat Completions are
 translated to generateContent / streamGenerateContent (SSE) and answers back (`gemini_translate`); an
-Anthropic Messages client goes through Chat on the way. Responses, count_tokens, embeddings and files are
-not carried.
+Anthropic Messages client and a Responses client go through Chat on the way (no `previous_response_id`
+over HTTP: the gateway keeps no conversation). Count_tokens, embeddings and files are not carried.
 
 - `base_url` is the API root with its version (`https://generativelanguage.googleapis.com/v1beta`); the
   model is in the URL (`/models/{model}:generateContent`), the key in `x-goog-api-key`.
@@ -30,6 +30,7 @@ from proxy.providers import gemini_translate
 from proxy.providers.base import (
     CHAT,
     MESSAGES,
+    RESPONSES,
     SSE,
     Json,
     ModelPage,
@@ -40,6 +41,7 @@ from proxy.providers.base import (
     json_headers,
     messages_over_chat,
     path_segment,
+    responses_over_chat,
     url,
 )
 from proxy.sse import Dialect
@@ -83,7 +85,7 @@ class GeminiWire:
 
 class Gemini:
     name = "gemini"
-    routes = frozenset({CHAT, MESSAGES})
+    routes = frozenset({CHAT, RESPONSES, MESSAGES})
     protocol: dict[str, str] = {}
     errors = ErrorShape()  # its errors reach the relay already on the Chat wire (GeminiWire)
 
@@ -105,9 +107,12 @@ class Gemini:
         stream = chat.get("stream") is True
         method = "streamGenerateContent?alt=sse" if stream else "generateContent"
         where = url(target.base_url, f"/models/{path_segment(model)}:{method}")
-        payload = gemini_translate.chat_to_gemini_request(chat)
         headers = json_headers(self.auth_headers(credential))
         wire = GeminiWire(model)
+        if path == RESPONSES:
+            upstream = gemini_translate.chat_to_gemini_request
+            return responses_over_chat(where, headers, body, model, upstream=upstream, wire=wire)
+        payload = gemini_translate.chat_to_gemini_request(chat)
         if path == MESSAGES:
             return messages_over_chat(where, headers, payload, model, wire)
         # Gemini always reports usage: a Chat client that did not ask for it does not see it.

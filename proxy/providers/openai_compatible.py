@@ -1,8 +1,10 @@
 """Self-hosted and hosted OpenAI-compatible servers (`openai_compatible`: vLLM, Ollama, Groq, Together,
 Mistral...): the OpenAI wire without what such servers commonly lack.
 
-- Chat Completions (and an Anthropic Messages client translated to it) and embeddings only: no
-  Responses, no compact, no Files API, so eligibility keeps those requests away (`capability`).
+- Chat Completions, and an Anthropic Messages or OpenAI Responses client translated to it
+  (`proxy.adapters.messages_over_chat`, `proxy.adapters.responses_over_chat`), and embeddings: no native
+  Responses (so no `previous_response_id` over HTTP), no compact, no Files API, so eligibility keeps
+  those requests away (`capability`).
 - A stream is sent as the client asked: the gateway does not add `stream_options` (older vLLM and some
   hosted servers reject the field). A stream whose server reports no usage is recorded with unknown usage
   and cost (NULL), never zero; a client that asks for usage still gets what the server sends.
@@ -11,14 +13,56 @@ Mistral...): the OpenAI wire without what such servers commonly lack.
   of them). The credential, if any, is a Bearer token.
 """
 
-from proxy.providers.base import CHAT, EMBEDDINGS, MESSAGES
+from proxy.providers.base import (
+    CHAT,
+    EMBEDDINGS,
+    MESSAGES,
+    RESPONSES,
+    Json,
+    UpstreamCall,
+    json_headers,
+    responses_over_chat,
+    url,
+)
 from proxy.providers.openai import OpenAI
+from routing.route import Target
+from routing.types import Requirements
 
 
 class OpenAICompatible(OpenAI):
     name = "openai_compatible"
-    routes = frozenset({CHAT, MESSAGES, EMBEDDINGS})
+    routes = frozenset({CHAT, RESPONSES, MESSAGES, EMBEDDINGS})
     asks_stream_usage = False
+
+    def call(
+        self,
+        path: str,
+        target: Target,
+        body: Json,
+        *,
+        model: str,
+        requirements: Requirements,
+        credential: str,
+        anthropic_beta: str | None = None,
+    ) -> UpstreamCall:
+        if path != RESPONSES:
+            return super().call(
+                path,
+                target,
+                body,
+                model=model,
+                requirements=requirements,
+                credential=credential,
+                anthropic_beta=anthropic_beta,
+            )
+        return responses_over_chat(
+            url(target.base_url, CHAT),
+            json_headers(self.auth_headers(credential)),
+            body,
+            model,
+            upstream=lambda chat: self.shape(chat, requirements),
+            stream_usage=self.asks_stream_usage,
+        )
 
 
 PROVIDER = OpenAICompatible()

@@ -1,6 +1,7 @@
 """OpenAI-compatible servers (`openai_compatible`) behind the gateway, against the OpenAI fake, driven by
-the openai SDK over real sockets: what such servers lack is never sent there (Responses, `stream_options`,
-tools where the assignment declares none), and a stream without usage is recorded as unknown, not free."""
+the openai SDK over real sockets: what such servers lack is never sent there (native Responses: a
+Responses client is translated to Chat; `stream_options`, tools where the assignment declares none),
+and a stream without usage is recorded as unknown, not free."""
 
 import openai
 import pytest
@@ -68,21 +69,22 @@ def test_a_stream_is_sent_without_stream_options_and_its_unknown_usage_stays_unk
     assert (attempt.output_tokens, attempt.cost_micros) == (None, None)  # unknown, never zero
 
 
-def test_responses_are_never_sent_to_a_compatible_server(gateway, compatible_then_openai):
-    vllm, _ = compatible_then_openai
-    assert _client(gateway).responses.create(model="llama-4", input="hi").output_text == "hello from openai"
-    assert vllm.hits == []
+def test_responses_reach_a_compatible_server_only_as_chat(gateway, compatible_then_openai):
+    vllm, other = compatible_then_openai
+    assert _client(gateway).responses.create(model="llama-4", input="hi").output_text == "hello from vllm"
+    assert [hit.path for hit in vllm.hits] == ["/v1/chat/completions"] and other.hits == []
+    # The compact route has no Chat form: a compatible server alone cannot serve it.
     alone = PoolFactory(name="vllm-only")
     Assignment.objects.filter(name="vllm").update(pool=alone)
     GatewayKeyFactory(name="vllm-only", raw_key=OTHER_KEY, pools=[alone])
     with pytest.raises(openai.APIStatusError) as refused:
-        _client(gateway, OTHER_KEY).responses.create(model="llama-4", input="hi")
+        _client(gateway, OTHER_KEY).responses.compact(model="llama-4", input="hi")
     assert (refused.value.status_code, refused.value.code, refused.value.param) == (
         503,
         "no_eligible_backend",
         "capability",
     )
-    assert vllm.hits == []
+    assert len(vllm.hits) == 1
 
 
 def test_a_turn_with_tools_skips_a_server_declared_without_them(gateway, compatible_then_openai):

@@ -439,8 +439,8 @@ def test_an_emulated_tool_route_is_ineligible_for_tool_turns(gateway, setup, fak
 def test_routes_an_adapter_cannot_carry_exclude_it_as_capability(
     gateway, setup, fake_upstream_factory, claude
 ):
-    # Responses has no Anthropic form: the only account is passed over, typed, nothing sent.
-    response = post(gateway, "/v1/responses", {"model": "claude-opus-4-8", "input": "hi"})
+    # Compact has no Anthropic form: the only account is passed over, typed, nothing sent.
+    response = post(gateway, "/v1/responses/compact", {"model": "claude-opus-4-8", "input": "hi"})
     assert response.status_code == 503
     assert (response.json()["error"]["code"], response.json()["error"]["param"]) == (
         "no_eligible_backend",

@@ -316,8 +316,8 @@ def test_every_kind_of_configuration_write_moves_the_version():
 def test_routing_explain_knows_which_adapters_carry_a_route(explained_setup):
     claude = AssignmentFactory(pool=explained_setup, name="claude-a", adapter="anthropic", tier=2)
     CatalogEntryFactory(assignment=claude, model="claude-opus-4-8")
-    out = _explain(key="ci", model="claude-opus-4-8", route="/responses")
-    assert "route /responses" in out
+    out = _explain(key="ci", model="claude-opus-4-8", route="/responses/compact")
+    assert "route /responses/compact" in out
     assert "ineligible: claude-a / claude-opus-4-8 [tier 2, healthy]: capability" in out
     out = _explain(key="ci", model="claude-opus-4-8", route="/messages/count_tokens")
     assert "1. claude-a / claude-opus-4-8" in out

@@ -30,8 +30,12 @@ def test_every_adapter_has_exactly_one_provider_under_its_name():
             "/messages",
             {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini", "bedrock"},
         ),
-        # No Anthropic form; compatible servers are declared without it.
-        ("/responses", {"openai", "openrouter", "azure_openai"}),
+        # Native on OpenAI-shaped accounts, translated through Chat on every other (issue 18 point 2).
+        (
+            "/responses",
+            {"openai", "openrouter", "azure_openai", "anthropic", "openai_compatible", "gemini", "bedrock"},
+        ),
+        # No Anthropic or Chat form; compatible servers are declared without it.
         ("/responses/compact", {"openai", "openrouter", "azure_openai"}),
         ("/messages/count_tokens", {"anthropic"}),  # no OpenAI form
         # Anthropic has no embeddings API.
@@ -49,7 +53,7 @@ def test_every_client_route_has_a_carrier():
 
 @pytest.mark.parametrize(
     ("adapter", "path"),
-    [("anthropic", "/responses"), ("openai", "/messages/count_tokens"), ("openrouter", "/files/f-1")],
+    [("anthropic", "/responses/compact"), ("openai", "/messages/count_tokens"), ("openrouter", "/files/f-1")],
 )
 def test_a_route_the_provider_cannot_carry_is_a_caller_bug(adapter, path):
     with pytest.raises(ValueError):

@@ -1,0 +1,231 @@
+"""An OpenAI Responses client on a Chat Completions upstream: the Chat stream as the Responses event
+sequence (`response.created`, `response.in_progress`, `response.output_item.added`,
+`response.content_part.added`, `response.output_text.delta` ... `response.completed`), each event with its
+`sequence_number`.
+
+PURE: standard library and `proxy.sse` only, no I/O, no clock. The decisions (statuses, ids, usage) are
+`proxy.adapters.responses_over_chat`'s; the stream contract (never raise on upstream content, close only
+on the upstream's own terminator) is `proxy.adapters.translate`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.adapters.responses_over_chat import (
+    _function_item,
+    _message_item,
+    _response,
+    _response_id,
+    _status,
+    _text_part,
+    _usage,
+)
+from proxy.adapters.translate import _DONE, _KEEP_ALIVE, _json, _payload
+from proxy.sse import Block, encode_block
+
+
+class ChatToResponsesStream:
+    """Chat Completions chunks in, Responses events out (each with its `sequence_number`). One per
+    upstream response.
+
+    The first chunk opens the response (`response.created`, `response.in_progress`); text opens a
+    message item and its part, each tool call a `function_call` item. Chat sends the finish reason,
+    then (when asked) usage, then `[DONE]`: the finish reason closes every open item at once, and
+    `response.completed` (or `response.incomplete`) waits for `[DONE]` (or `finish()` at EOF), where
+    the usage is known.
+    """
+
+    def __init__(self, *, model: str, echoed: Mapping[str, Any]) -> None:
+        self._model = model
+        self._echoed = echoed
+        self._sequence = 0
+        self._started = False
+        self._ended = False
+        self._closed = False  # the items are closed (the finish reason came)
+        self._id = _response_id(None)
+        self._created = 0
+        self._output: list[dict[str, Any]] = []
+        self._message: int | None = None  # the output index of the open message item
+        self._part: tuple[str, int] | None = None  # the open part's kind and content index
+        self._tools: dict[int, int] = {}  # Chat tool-call index -> output index
+        self._finish: str | None = None
+        self._usage: Mapping[str, Any] | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the terminal event has been emitted: the client saw a complete response."""
+        return self._ended
+
+    @property
+    def response_id(self) -> str | None:
+        """The id of the response the client is shown (known from the first chunk on)."""
+        return self._id if self._started else None
+
+    def feed(self, block: Block) -> bytes:
+        if self._ended:
+            return b""
+        if block.data is None:
+            return _KEEP_ALIVE if block.comment_only else b""
+        if block.data.strip() == _DONE:
+            return self._terminal()
+        payload = _payload(block)
+        if payload is None or "error" in payload:
+            return b""
+        out = bytearray(self._start(payload))
+        if isinstance(payload.get("usage"), Mapping):
+            self._usage = payload["usage"]
+        choices = payload.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            # The request translation never asks for more than one choice.
+            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0 or self._closed:
+                continue
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, Mapping) else {}
+            for kind in ("content", "refusal"):
+                if isinstance(delta.get(kind), str) and delta[kind]:
+                    out += self._text("refusal" if kind == "refusal" else "output_text", delta[kind])
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:
+                if isinstance(call, Mapping):
+                    out += self._tool(call)
+            if isinstance(choice.get("finish_reason"), str):
+                self._finish = choice["finish_reason"]
+                out += self._close_items()
+        return bytes(out)
+
+    def finish(self) -> bytes:
+        """At upstream EOF: the terminal event if the upstream said how the answer ended, else b""."""
+        if self._ended or self._finish is None:
+            return b""
+        return self._terminal()
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return encode_block(kind, _json(payload))
+
+    def _snapshot(self, status: str, **fields: Any) -> dict[str, Any]:
+        return _response(self._id, self._model, self._created, status, self._echoed, **fields)
+
+    def _start(self, chunk: Mapping[str, Any]) -> bytes:
+        if self._started:
+            return b""
+        self._started = True
+        self._id = _response_id(chunk.get("id"))
+        created = chunk.get("created")
+        self._created = created if isinstance(created, int) else 0
+        started = self._snapshot("in_progress")
+        return self._event("response.created", response=started) + self._event(
+            "response.in_progress", response=started
+        )
+
+    def _text(self, kind: str, text: str) -> bytes:
+        out = b""
+        if self._message is None:
+            self._message = len(self._output)
+            item = _message_item(self._id, "in_progress", [])
+            self._output.append(item)
+            out += self._event("response.output_item.added", output_index=self._message, item=dict(item))
+        item = self._output[self._message]
+        if self._part is not None and self._part[0] != kind:
+            out += self._close_part()
+        at = {"item_id": item["id"], "output_index": self._message}
+        if self._part is None:
+            self._part = (kind, len(item["content"]))
+            empty = _text_part("") if kind == "output_text" else {"type": "refusal", "refusal": ""}
+            item["content"].append(empty)
+            out += self._event(
+                "response.content_part.added", **at, content_index=self._part[1], part=dict(empty)
+            )
+        part = item["content"][self._part[1]]
+        at["content_index"] = self._part[1]
+        if kind == "output_text":
+            part["text"] += text
+            return out + self._event("response.output_text.delta", **at, delta=text, logprobs=[])
+        part["refusal"] += text
+        return out + self._event("response.refusal.delta", **at, delta=text)
+
+    def _close_part(self) -> bytes:
+        if self._part is None or self._message is None:
+            return b""
+        kind, index = self._part
+        self._part = None
+        item = self._output[self._message]
+        part = item["content"][index]
+        at = {"item_id": item["id"], "output_index": self._message, "content_index": index}
+        if kind == "output_text":
+            done = self._event("response.output_text.done", **at, text=part["text"], logprobs=[])
+        else:
+            done = self._event("response.refusal.done", **at, refusal=part["refusal"])
+        return done + self._event("response.content_part.done", **at, part=dict(part))
+
+    def _close_message(self, status: str) -> bytes:
+        if self._message is None:
+            return b""
+        out = self._close_part()
+        index, self._message = self._message, None
+        self._output[index]["status"] = status
+        return out + self._event("response.output_item.done", output_index=index, item=self._output[index])
+
+    def _tool(self, call: Mapping[str, Any]) -> bytes:
+        position = call.get("index", 0)
+        position = position if isinstance(position, int) else 0
+        function = call.get("function")
+        function = function if isinstance(function, Mapping) else {}
+        out = b""
+        if position not in self._tools:
+            out += self._close_message("completed")
+            given, named = call.get("id"), function.get("name")
+            call_id = given if isinstance(given, str) and given else f"call_{position}"
+            name = named if isinstance(named, str) else ""
+            self._tools[position] = len(self._output)
+            item = _function_item(call_id, name, "", "in_progress")
+            self._output.append(item)
+            out += self._event(
+                "response.output_item.added", output_index=self._tools[position], item=dict(item)
+            )
+        index = self._tools[position]
+        item = self._output[index]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            # Fragments go to their call's item even if another item opened since (SDKs accumulate by
+            # output index).
+            item["arguments"] += arguments
+            out += self._event(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=index,
+                delta=arguments,
+            )
+        return out
+
+    def _close_items(self) -> bytes:
+        if self._closed:
+            return b""
+        self._closed = True
+        status = "completed" if _status(self._finish)[0] == "completed" else "incomplete"
+        out = self._close_message(status)
+        for index in self._tools.values():
+            item = self._output[index]
+            item["status"] = "completed"
+            out += self._event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+            out += self._event("response.output_item.done", output_index=index, item=item)
+        return out
+
+    def _terminal(self) -> bytes:
+        out = self._start({}) + self._close_items()
+        status, details = _status(self._finish)
+        final = self._snapshot(
+            status, output=self._output, incomplete_details=details, usage=_usage(self._usage)
+        )
+        self._ended = True
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        return out + self._event(kind, response=final)
