@@ -379,8 +379,9 @@ DB_ROUND_TRIPS = (
     "1 statement before dispatch (the key, its pools and their health together), 0 writes on a healthy "
     "Chat Completions request (asserted by tests); a request naming a previous response, session or file "
     "adds its affinity read, a Responses answer writes its response-id affinity (SPEC §7.2), a key with a "
-    "budget adds its reservation's one conditional UPDATE (SPEC §7.4); on PostgreSQL Django's connection "
-    "health check (CONN_HEALTH_CHECKS) adds a `SELECT 1` before each hop's first statement"
+    "budget adds its reservation's one conditional UPDATE (SPEC §7.4); Django's connection health check "
+    "(`SELECT 1`) runs only on a kept connection that had an error or that the server closed "
+    "(runtime.db.reuse)"
 )
 
 

@@ -37,6 +37,7 @@ from proxy import tracing
 from proxy.exchange import Exchange
 from proxy.metrics import observe_exchange
 from proxy.spool import Journal, Spool
+from runtime import db
 
 log = logging.getLogger("gateway")
 
@@ -149,7 +150,7 @@ class LedgerWriter:
         content."""
         for attempt in range(RETRIES):
             try:
-                close_old_connections()
+                db.reuse()  # the connection aged, and checked only when it may be broken
                 write(exchanges=batch)
                 return True
             except (OperationalError, InterfaceError):

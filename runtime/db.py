@@ -14,19 +14,24 @@ behind them and time out. With a pool of their own, a held write lock delays onl
 Django's native psycopg pool in place of the threads' own connections was measured with make bench
 (A/B, three runs; bench/profile.md) and not shown faster: the threads keep theirs.
 
+A kept connection is checked before a call only when it may be broken (`reuse`): Django's health check
+(CONN_HEALTH_CHECKS) would run `SELECT 1` before every call's first statement, a round trip per call
+that cost about as much as the request's read itself (bench/profile.md).
+
 Relied on (tests/runtime/test_db.py): asgiref's `sync_to_async(thread_sensitive=False, executor=)`,
 Django's one connection per thread, aged by `close_old_connections` as CONN_MAX_AGE says.
 """
 
 import asyncio
 import logging
+import select
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 
 log = logging.getLogger("gateway")
 
@@ -37,8 +42,25 @@ _executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-db")
 _write_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-db-write")
 
 
-def _call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+def reuse() -> None:
+    """Before a call: the calling thread's connections aged out as CONN_MAX_AGE says (Django's
+    `close_old_connections`), and the health check kept for a connection that may be broken.
+    Django checks after a call that raised a database error (and closes the connection if it fails);
+    a PostgreSQL connection the server ended while it sat idle (a restart, a terminated backend) has
+    its socket readable: the server sent its FATAL notice and closed it. Without either, the last call
+    just used the connection and nothing has arrived since, so the `SELECT 1` is skipped. A host gone
+    silent is found by the first statement's TCP user timeout, as by the check's."""
     close_old_connections()
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is None or conn.health_check_done or conn.vendor != "postgresql" or raw.closed:
+            continue
+        readable, _, _ = select.select([raw.fileno()], [], [], 0)
+        conn.health_check_done = not readable
+
+
+def _call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    reuse()
     try:
         return fn(*args, **kwargs)
     finally:

@@ -5,6 +5,7 @@ a given executor when it is not thread-sensitive, and Django keeps one connectio
 import asyncio
 import inspect
 import threading
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -21,16 +22,20 @@ def where() -> tuple[str, object]:
     return threading.current_thread().name, connection.connection
 
 
-async def close_on_every_read_thread() -> None:
-    """Each of the read pool's threads closes its connection (all busy at once, so each takes one)."""
+async def on_every_read_thread(fn):
+    """`fn` run once on each of the read pool's threads (all busy at once, so each takes one)."""
     threads = db._executor._max_workers
     barrier = threading.Barrier(threads, timeout=10)
 
-    def close() -> None:
+    def call():
         barrier.wait()
-        connection.close()
+        return fn()
 
-    await asyncio.gather(*(db.run(close) for _ in range(threads)))
+    return await asyncio.gather(*(db.run(call) for _ in range(threads)))
+
+
+async def close_on_every_read_thread() -> None:
+    await on_every_read_thread(lambda: connection.close())
 
 
 @pytest.fixture
@@ -77,3 +82,56 @@ async def test_a_connection_is_closed_after_each_call_when_conn_max_age_is_zero(
 
     _, raw = await db.run(where)
     assert closed(raw)
+
+
+postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="a server-side connection")
+
+
+@postgres_only
+@pytest.mark.usefixtures("fresh_connections")
+async def test_a_kept_connection_is_not_health_checked_before_every_call(monkeypatch):
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 300)
+    checks: list[str] = []
+    wrapper = type(connections["default"])
+    is_usable = wrapper.is_usable
+
+    def counted(self) -> bool:
+        checks.append(threading.current_thread().name)
+        return is_usable(self)
+
+    monkeypatch.setattr(wrapper, "is_usable", counted)
+    for _ in range(12):
+        await db.run(backend_pid)
+    assert checks == []
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def terminate(pids: list[int]) -> None:
+    """The server ends these backends (as a restart does) and they are gone."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
+            for _ in range(100):
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
+                if cursor.fetchone()[0] == 0:
+                    return
+                time.sleep(0.05)
+        raise AssertionError("the backends did not end")
+    finally:
+        connection.close()  # a write thread's: none left open for the test database's drop
+
+
+@postgres_only
+@pytest.mark.usefixtures("fresh_connections")
+async def test_a_connection_the_server_ended_while_idle_is_replaced_before_the_next_call(monkeypatch):
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 300)
+    before = await on_every_read_thread(backend_pid)
+    await db.write(terminate, before)
+
+    after = await on_every_read_thread(backend_pid)  # no OperationalError: each thread reconnected
+    assert set(after).isdisjoint(before)
