@@ -52,8 +52,16 @@ log = logging.getLogger("gateway")
 _DATETIMES = ("started_at", "finished_at", "first_output_at")
 
 
+_EXCHANGE_FIELDS = tuple(f.name for f in dataclasses.fields(Exchange))
+_ATTEMPT_FIELDS = tuple(f.name for f in dataclasses.fields(AttemptLog))
+
+
 def encode(exchange: Exchange, *, held: bool = False) -> str:
-    fields = dataclasses.asdict(exchange)
+    """One JSON line: what `dataclasses.asdict` gives, read field by field. Every field is a scalar
+    but the attempts, so the deep copy `asdict` makes of each value was about 0.4 ms of the event
+    loop's time per request (each record is journaled as it is submitted)."""
+    fields = {name: getattr(exchange, name) for name in _EXCHANGE_FIELDS}
+    fields["attempts"] = [{name: getattr(a, name) for name in _ATTEMPT_FIELDS} for a in exchange.attempts]
     for name in _DATETIMES:
         value = fields[name]
         fields[name] = value.isoformat() if value is not None else None
