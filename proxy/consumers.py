@@ -5,7 +5,9 @@ sends JSON text frames `{"type": "response.create", ...Responses body...}`. Each
 its own: `proxy.ingress.prepare` routes it (the same code as HTTP, route class `websocket`) and the
 Relay runs it through `proxy.ws_relay.WebsocketDispatch`; the upstream's events come back one frame
 each. Once an upstream connection has served a response it is live, and every later frame is
-hard-pinned to it (`PinKind.WEBSOCKET`).
+hard-pinned to it (`PinKind.WEBSOCKET`). A response a Chat- or Messages-shaped account served (over
+HTTP, translated) keeps its conversation in this connection's memory (`proxy.ws_relay.Conversations`),
+so a later frame can continue it with `previous_response_id`.
 
 Frames are handled one at a time, in order: a frame sent while a response streams waits its turn
 (at most MAX_PENDING wait); a frame's deadline (`x-gateway-deadline-ms` of the handshake) runs from
@@ -55,7 +57,7 @@ from proxy.exchange import Exchange, Final, Stream, settle
 from proxy.ingress import RequestFailed, bearer, decode_json, prepare, validate_body
 from proxy.ledger import record
 from proxy.sse import Dialect
-from proxy.ws_relay import UpstreamLink, WebsocketDispatch, error_frame
+from proxy.ws_relay import Conversations, UpstreamLink, WebsocketDispatch, error_frame
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute, Outcome
@@ -108,6 +110,7 @@ class ResponsesConsumer(DirectConsumer):
         self.headers: dict[str, str] = {}
         self.key_id: int | None = None
         self.link = UpstreamLink()
+        self.conversations = Conversations()  # never persisted: dropped with the connection
         # Each waiting frame with the time it arrived: its deadline runs from then, or from the end of
         # the response it waited behind (`free_at`), whichever is later.
         self.pending: deque[tuple[str | _Binary | _TooLarge, float]] = deque()
@@ -262,20 +265,24 @@ class ResponsesConsumer(DirectConsumer):
             await self._typed(exchange, failed, bad_frame=True)
             return
         live = self.link.live
+        sent, previous = self.conversations.continued(body)
+        # A bridged candidate is asked for a stream over HTTP; a frame is a stream by itself.
+        added_stream = "stream" not in sent
+        dispatch = WebsocketDispatch(self.link, added_stream=added_stream)
         try:
             relay = await prepare(
                 exchange,
                 headers=self.headers,
                 path=ROUTE,
-                body=body,
+                body={**sent, "stream": True} if added_stream else sent,
                 body_error=None,
                 body_size=size,
                 started=started,
                 route_class=RouteClass.WEBSOCKET,
                 dialect=Dialect.RESPONSES,
-                dispatch=WebsocketDispatch(self.link),
+                dispatch=dispatch,
                 pins=[HardPin(PinKind.WEBSOCKET, live.assignment_id)] if live is not None else [],
-                raw=item if isinstance(item, str) else None,
+                raw=item if isinstance(item, str) and sent is body else None,
             )
         except RequestFailed as failed:
             await self._typed(exchange, failed, bad_frame=False)
@@ -295,6 +302,8 @@ class ResponsesConsumer(DirectConsumer):
             assert isinstance(result, Final)
             for frame in result.frames:
                 await self._send(frame)
+        if dispatch.finished is not None:
+            self.conversations.remember(previous, body, dispatch.finished)
         if self.link.live is not None and self.watcher is None:
             self.watcher = asyncio.create_task(self._watch())
 

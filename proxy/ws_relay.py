@@ -16,19 +16,32 @@ Contract:
   connection stays open. A response cut mid-way (client gone, upstream silent or closed) drops the
   connection: its state is unknown, so it is never reused.
 - The gateway's own errors are Responses `error` events carrying the HTTP status they stand for.
+- A candidate whose provider speaks no Responses (a Chat- or Messages-shaped account, its request
+  translated by `proxy.providers`) is dispatched over HTTP as an SSE stream (`proxy.dispatch`), and its
+  translated events are sent one frame each: the same withholding and failover rules, no upstream
+  connection kept, so no pin follows it.
+- `previous_response_id` of such a bridged response: the upstream keeps no state, and the gateway stores
+  no prompt or completion (SPEC §7.3). The conversation of each response a bridged candidate completed on
+  this client connection is kept in that connection's memory only (`Conversations`: never persisted,
+  never logged, dropped at close, as OpenAI's own websocket mode keeps its previous response), and a
+  `response.create` that continues one is sent with the whole conversation as its `input` (to whichever
+  candidate serves it). Any other `previous_response_id` is sent as it came.
 """
 
 import json
 from collections.abc import AsyncGenerator
+from typing import Any
 
 from django.conf import settings
 
 from proxy import upstream_ws
+from proxy.apis import responses
 from proxy.apis.responses import responses_error_event
+from proxy.dispatch import HttpDispatch
 from proxy.exchange import Failure, Final
 from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import provider
-from proxy.sse import Block, Dialect
+from proxy.sse import Block, Dialect, SSEParser
 from proxy.transport import TransportFailure
 from proxy.upstream_ws import HandshakeRejected, UpstreamSocket
 from routing.failures import Observation
@@ -99,14 +112,29 @@ async def _close(socket: UpstreamSocket) -> None:
         raise
 
 
+_FINISHED = frozenset({"response.completed", "response.incomplete"})
+
+
 class WebsocketDispatch:
-    """The Responses websocket mode (a `proxy.transport.Dispatch`); one per `response.create`."""
+    """The Responses websocket mode (a `proxy.transport.Dispatch`); one per `response.create`.
+    `added_stream`: the consumer set `stream` for the bridged candidates' HTTP requests; it is not sent
+    on an upstream websocket."""
 
-    def __init__(self, link: UpstreamLink) -> None:
+    def __init__(self, link: UpstreamLink, *, added_stream: bool = False) -> None:
         self.link = link
+        self.added_stream = added_stream
+        self.bridged = False  # the last attempt went over HTTP, its events translated
+        self.finished: dict[str, Any] | None = None  # the response a bridged attempt completed
 
-    async def open(self, c: Candidate, call: UpstreamCall, *, stream: bool) -> Failure | WebsocketSource:
+    async def open(
+        self, c: Candidate, call: UpstreamCall, *, stream: bool
+    ) -> Failure | WebsocketSource | Any:
+        self.bridged = call.dialect is not Dialect.RESPONSES
+        if self.bridged:
+            return await HttpDispatch(api=responses.API).open(c, call, stream=True)
         url, headers, payload = call.url, dict(call.headers), call.payload
+        if self.added_stream:
+            payload = {name: value for name, value in payload.items() if name != "stream"}
         headers.pop("content-type", None)
         live = self.link.live
         fresh = live is None or live.assignment_id != c.assignment_id
@@ -142,7 +170,24 @@ class WebsocketDispatch:
         return WebsocketSource(socket, self.link, fresh=fresh)
 
     def pack(self, parts: list[bytes]) -> list[bytes]:
-        return parts  # one event per frame
+        return self._frames(parts) if self.bridged else parts  # one event per frame
+
+    def _frames(self, parts: list[bytes]) -> list[bytes]:
+        """A bridged attempt's output (translated SSE blocks, or the gateway's own error frames) as
+        frames; the response it completes is kept for `Conversations`."""
+        frames: list[bytes] = []
+        for part in parts:
+            if part.startswith(b"{"):  # the gateway's own error frame
+                frames.append(part)
+                continue
+            for block in SSEParser().feed(part):
+                if block.data is None:
+                    continue  # a keep-alive comment: a websocket has its own pings
+                frames.append(block.data.encode())
+                if block.event in _FINISHED:
+                    event = json.loads(block.data)
+                    self.finished = event["response"]
+        return frames
 
     def error_event(
         self,
@@ -169,4 +214,43 @@ class WebsocketDispatch:
         return Final(status, b"", frames=(frame,))
 
     def events_final(self, parts: list[bytes]) -> Final:
-        return Final(200, b"", frames=tuple(parts))
+        return Final(200, b"", frames=tuple(self._frames(parts) if self.bridged else parts))
+
+
+class Conversations:
+    """The conversations of the responses bridged candidates completed on one client connection, in its
+    memory only (module docstring): response id -> (the response it continued, the input items it
+    added, its output items)."""
+
+    def __init__(self) -> None:
+        self._responses: dict[str, tuple[str | None, list[Any], list[Any]]] = {}
+
+    def continued(self, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """`body` with the conversation it continues as its `input` (and no `previous_response_id`)
+        when that is a response kept here, and the id it continues (None: not one of these)."""
+        previous = body.get("previous_response_id")
+        if not isinstance(previous, str) or previous not in self._responses:
+            return body, None
+        rest = {name: value for name, value in body.items() if name != "previous_response_id"}
+        return {**rest, "input": [*self._history(previous), *_items(body.get("input"))]}, previous
+
+    def remember(self, previous: str | None, body: dict[str, Any], response: dict[str, Any]) -> None:
+        """A completed bridged response: `body` as the client sent it (its own input items only)."""
+        response_id, output = response.get("id"), response.get("output")
+        if isinstance(response_id, str) and isinstance(output, list):
+            self._responses[response_id] = (previous, _items(body.get("input")), output)
+
+    def _history(self, response_id: str) -> list[Any]:
+        items: list[Any] = []
+        current: str | None = response_id
+        while current is not None and current in self._responses:
+            current, added, output = self._responses[current]
+            items = [*added, *output, *items]
+        return items
+
+
+def _items(value: object) -> list[Any]:
+    """A Responses `input` as a list of items (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return list(value) if isinstance(value, list) else []
