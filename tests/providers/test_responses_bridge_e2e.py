@@ -6,7 +6,7 @@ is visible, plain and SSE; `previous_response_id` pinned to a bridged account is
 import openai
 import pytest
 
-from devkit.upstream import overloaded_before_visible, unavailable
+from devkit.behaviours import overloaded_before_visible, unavailable
 from pools.models import Adapter, GatewaySettings
 from tests.factories import GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY, UPSTREAM_KEY_ENV
