@@ -3,6 +3,19 @@ stream back as Anthropic Messages.
 
 PURE: standard library and `proxy.sse` only, no I/O, no clock. The contract (role separation, strict
 requests, lenient answers, tool ids) is `proxy.adapters.translate`'s.
+
+Anthropic fields without a Chat counterpart, each carried, refused or dropped by decision, never lost:
+
+- `top_k` and `thinking` (`{"type": "enabled", "budget_tokens": n}` or `{"type": "adaptive"}`) change
+  how the answer is sampled and reasoned. They ride beside the Chat body (`AnthropicChat.carried`, not a
+  JSON field a client could send) to the providers whose own API takes them (`gemini_translate`,
+  `bedrock_translate`); an OpenAI-shaped upstream has no field for them, so `chat_only` refuses them
+  naming the field and another account may serve the request. `thinking: {"type": "disabled"}` is the
+  neutral value: dropped.
+- Dropped by decision, because they change price, latency or capacity and never what the answer may
+  contain or do: `cache_control` (top-level and on any block: another provider caches by its own rules),
+  `service_tier` and `speed` (Anthropic's capacity tiers: the account's arrangement with its provider,
+  not the client's to choose across providers), `output_config.effort`.
 """
 
 from __future__ import annotations
@@ -54,20 +67,42 @@ _ANTHROPIC_TRANSLATED = frozenset(
         "output_config",
     }
 )
-# Hints: sampling (`top_k` has no Chat counterpart), caching, latency tier, reasoning budget. The answer
-# may contain and do the same things without them. Everything else (`container`, `mcp_servers`,
-# `context_management`, `inference_geo`, ...) adds tools, data or constraints Chat cannot honour.
-_ANTHROPIC_DROPPED = frozenset({"top_k", "thinking", "service_tier", "cache_control", "speed"})
+# Fields without a Chat counterpart, carried beside the Chat body (`AnthropicChat`, module docstring).
+_ANTHROPIC_CARRIED = frozenset({"top_k", "thinking"})
+# Price, latency and capacity hints, dropped by decision (module docstring). Everything else
+# (`container`, `mcp_servers`, `context_management`, `inference_geo`, ...) adds tools, data or
+# constraints Chat cannot honour.
+_ANTHROPIC_DROPPED = frozenset({"service_tier", "cache_control", "speed"})
+_THINKING_TYPES = frozenset({"enabled", "adaptive", "disabled"})
 _ANTHROPIC_OUTPUT_CONFIG_DROPPED = frozenset({"effort"})  # `format` is a structured-output contract
 _ANTHROPIC_TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 # Assistant history blocks that carry the model's own reasoning, meaningless to another provider.
 _ANTHROPIC_REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
-def anthropic_to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
+class AnthropicChat(dict[str, Any]):
+    """A Chat Completions body translated from an Anthropic Messages request, and `carried`: the Anthropic
+    fields Chat has no counterpart for (`top_k`, `thinking`, as the client gave them), for a provider whose
+    own API takes them. A copy (`{**body}`) is a plain Chat body without them: an upstream that takes
+    Chat as it is gets `chat_only(body)`, which refuses them."""
+
+    def __init__(self, body: Mapping[str, Any], carried: Mapping[str, Any]) -> None:
+        super().__init__(body)
+        self.carried = dict(carried)
+
+
+def chat_only(body: Mapping[str, Any]) -> dict[str, Any]:
+    """`body` as an OpenAI-shaped upstream takes it; RequestTranslationError naming the first Anthropic
+    field it cannot carry (`AnthropicChat.carried`)."""
+    for name in sorted(body.carried) if isinstance(body, AnthropicChat) else ():
+        _refuse(name)
+    return dict(body)
+
+
+def anthropic_to_chat_request(body: Mapping[str, Any]) -> AnthropicChat:
     """An Anthropic Messages request body as a Chat Completions request body (module docstring)."""
     body = _present(_object(body, "body"))
-    _check_fields(body, _ANTHROPIC_TRANSLATED | _ANTHROPIC_DROPPED)
+    _check_fields(body, _ANTHROPIC_TRANSLATED | _ANTHROPIC_CARRIED | _ANTHROPIC_DROPPED)
     out: dict[str, Any] = {}
     if "model" in body:
         out["model"] = body["model"]
@@ -130,7 +165,27 @@ def anthropic_to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
         out["stream"] = True
         # Anthropic streams always report usage; Chat only when asked.
         out["stream_options"] = {"include_usage": True}
-    return out
+    return AnthropicChat(out, _carried(body))
+
+
+def _carried(body: Mapping[str, Any]) -> dict[str, Any]:
+    carried: dict[str, Any] = {}
+    if "top_k" in body:
+        carried["top_k"] = _integer(body["top_k"], "top_k")
+    if "thinking" in body:
+        thinking = _present(_object(body["thinking"], "thinking"))
+        kind = thinking.get("type")
+        if not isinstance(kind, str) or kind not in _THINKING_TYPES:
+            _refuse("thinking.type")
+        if kind == "enabled":
+            _check_fields(thinking, frozenset({"type", "budget_tokens"}), prefix="thinking.")
+            budget = _integer(thinking.get("budget_tokens"), "thinking.budget_tokens")
+            carried["thinking"] = {"type": kind, "budget_tokens": budget}
+        else:
+            _check_fields(thinking, frozenset({"type"}), prefix="thinking.")
+            if kind == "adaptive":
+                carried["thinking"] = {"type": kind}
+    return carried
 
 
 def _anthropic_system_text(content: object, param: str) -> str:

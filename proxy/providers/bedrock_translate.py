@@ -12,7 +12,10 @@ come here (`proxy.providers.bedrock`). The rules are `proxy.adapters.translate`'
 - Requests are strict (`chat_request`): `seed` and the penalties have no Converse field and are dropped
   as sampling hints; a JSON response format, `tool_choice: "none"` (Converse has no such mode),
   `parallel_tool_calls: false`, an image by URL or of a format Converse does not take, and a final
-  assistant message (Converse would continue it) are refused naming the field.
+  assistant message (Converse would continue it) are refused naming the field. An Anthropic client's
+  `top_k` and `thinking` (carried beside the Chat body, `AnthropicChat`) go as given in
+  `additionalModelRequestFields`, where Bedrock's Anthropic models take them; a model that has no such
+  field answers Bedrock's `ValidationException` (a 400 naming it), so they are never silently lost.
 - Answers: `stopReason` `guardrail_intervened` and `content_filtered` are Chat's `content_filter` (a
   safety refusal); usage is `inputTokens` (plus cache reads and writes) and `outputTokens`.
 - Stream: `messageStart` opens the Chat stream, text and tool-use deltas become Chat deltas,
@@ -26,6 +29,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.adapters.messages_over_chat import AnthropicChat
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError, anthropic_tool_id
 from proxy.providers.chat_request import (
     arguments,
@@ -160,6 +164,7 @@ def _tool_choice(choice: object) -> dict[str, Any]:
 
 def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """A Chat Completions body as a Converse body (the model and streaming are in the URL)."""
+    carried = body.carried if isinstance(body, AnthropicChat) else {}
     body = present(body, "body")
     check_fields(body, _TRANSLATED)
 
@@ -196,6 +201,8 @@ def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
         }
     if body.get("parallel_tool_calls") is False:
         refuse("parallel_tool_calls")  # Converse may call several tools at once: not enforceable
+    if carried:
+        out["additionalModelRequestFields"] = dict(carried)
     return out
 
 

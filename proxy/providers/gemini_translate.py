@@ -11,7 +11,9 @@ PURE: standard library and `proxy.sse` only. The rules are `proxy.adapters.trans
 - Requests are strict: every top-level field is translated, dropped as a hint that cannot change what the
   answer may contain or do, accepted only at its neutral value (`chat_request`), or refused with
   `RequestTranslationError(param)`; so is any content Gemini cannot take as the same input (an image by
-  URL, audio, files, a final assistant message, a tool result whose call is not in the history).
+  URL, audio, files, a final assistant message, a tool result whose call is not in the history). An
+  Anthropic client's `top_k` and `thinking` (carried beside the Chat body, `AnthropicChat`) become
+  `generationConfig.topK` and `thinkingConfig.thinkingBudget` (`adaptive` is Gemini's dynamic budget, -1).
 - Answers: `finishReason` SAFETY, RECITATION, PROHIBITED_CONTENT, BLOCKLIST, SPII or IMAGE_SAFETY, and a
   prompt blocked by `promptFeedback.blockReason`, are Chat's `content_filter` (a safety refusal); a
   `thought` part (the model's reasoning summary) has no Chat field and is not relayed;
@@ -26,6 +28,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.adapters.messages_over_chat import AnthropicChat
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
 from proxy.providers.chat_request import (
     arguments,
@@ -64,6 +67,7 @@ _TRANSLATED = frozenset(
     }
 )
 _TOOL_MODES = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
+_DYNAMIC = -1  # a thinking budget the model sets itself (Anthropic's `adaptive`)
 
 
 def _user_parts(content: object, param: str) -> list[dict[str, Any]]:
@@ -147,6 +151,7 @@ def _tool_config(choice: object, strict: bool) -> dict[str, Any] | None:
 
 def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """A Chat Completions body as a generateContent body (the model and streaming are in the URL)."""
+    carried = body.carried if isinstance(body, AnthropicChat) else {}
     body = present(body, "body")
     check_fields(body, _TRANSLATED)
     names: dict[str, str] = {}  # tool call id -> function name, from the history's calls
@@ -162,7 +167,7 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"contents": contents}
     if system:
         out["systemInstruction"] = {"parts": [{"text": text} for text in system]}
-    out["generationConfig"] = _generation_config(body)
+    out["generationConfig"] = _generation_config(body) | _anthropic_config(carried)
     if tools := body.get("tools"):
         declared = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(kind(tools, list, "tools"))]
         out["tools"] = [{"functionDeclarations": [d for d, _ in declared]}]
@@ -170,6 +175,16 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
     if body.get("parallel_tool_calls") is False:
         refuse("parallel_tool_calls")  # Gemini may call several functions at once: not enforceable
     return out
+
+
+def _anthropic_config(carried: Mapping[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if "top_k" in carried:
+        config["topK"] = carried["top_k"]
+    if "thinking" in carried:
+        budget = carried["thinking"].get("budget_tokens", _DYNAMIC)
+        config["thinkingConfig"] = {"thinkingBudget": budget}
+    return config
 
 
 def _generation_config(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """OpenAI (`openai`): Chat Completions, Responses, embeddings (plain only) and the Files API as sent; an
-Anthropic Messages client is translated to Chat Completions and back.
+Anthropic Messages client is translated to Chat Completions and back (its `top_k` and `thinking` have no
+Chat field: refused, `proxy.adapters.messages_over_chat`).
 
 The client's body is forwarded as sent, with only `model` set to the candidate's model (the same model
 on every same-model hop). A streamed Chat request always asks for usage (`stream_options`): OpenAI
@@ -7,9 +8,7 @@ streams report usage only when asked, and an unasked stream would go uncharged; 
 the client did not ask for is read for the ledger and not relayed.
 """
 
-from proxy.adapters.messages_over_chat import (
-    anthropic_to_chat_request,
-)
+from proxy.adapters.messages_over_chat import anthropic_to_chat_request, chat_only
 from proxy.providers.base import (
     AWS_FRONTED,
     CHAT,
@@ -64,7 +63,7 @@ class OpenAI:
             # client's, as sent.
             return UpstreamCall(url(target.base_url, path), auth, {}, Dialect.CHAT, path, model)
         if path == MESSAGES:
-            chat = self.shape({**anthropic_to_chat_request(body), "model": model}, requirements)
+            chat = self.shape({**chat_only(anthropic_to_chat_request(body)), "model": model}, requirements)
             return messages_over_chat(url(target.base_url, CHAT), json_headers(auth), chat, model)
         payload = self.shape({**body, "model": model}, requirements)
         if path != CHAT:

@@ -305,8 +305,9 @@ PNG = "iVBORw0KGgo="
         ({"temperature": 0.3, "top_p": 0.9}, {"temperature": 0.3, "top_p": 0.9}),
         ({"metadata": {"user_id": "u-1"}}, {"user": "u-1"}),
         ({"stream": True}, {"stream": True, "stream_options": {"include_usage": True}}),
-        # Hints are dropped, never forwarded to a Chat upstream that would refuse them.
-        ({"top_k": 5, "thinking": {"type": "enabled", "budget_tokens": 1024}, "service_tier": "auto"}, {}),
+        # Price, latency and capacity hints and thinking's neutral value are dropped by decision, never
+        # forwarded to a Chat upstream that would refuse them (top_k and thinking: test_translate_fidelity).
+        ({"thinking": {"type": "disabled"}, "service_tier": "auto"}, {}),
         ({"output_config": {"effort": "low"}, "cache_control": {"type": "ephemeral"}, "speed": "fast"}, {}),
         # A null field is absent, even an unknown one.
         ({"container": None, "temperature": None}, {}),

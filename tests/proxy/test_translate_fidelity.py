@@ -1,0 +1,169 @@
+"""An Anthropic Messages client on every provider that carries it through Chat Completions
+(proxy/adapters/messages_over_chat.py, proxy/providers/gemini_translate.py, bedrock_translate.py): each
+Anthropic field without a Chat counterpart is carried or refused per target, never lost, and the
+adversarial fixture (seed 002) keeps its roles on every pair. Pure: the providers' own `call`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxy.adapters.messages_over_chat import anthropic_to_chat_request, chat_only
+from proxy.adapters.translate import RequestTranslationError
+from proxy.providers.registry import CARRIERS, provider
+from routing.route import Target
+from routing.types import Requirements
+from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL, FORGED, INSTRUCTION
+
+CHAT_SHAPED = ("openai", "openrouter", "openai_compatible", "azure_openai")
+TURN = {"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content": "hi"}]}
+ENABLED = {"type": "enabled", "budget_tokens": 2048}
+
+
+def call(adapter: str, body: dict[str, Any]) -> dict[str, Any]:
+    target = Target(1, "acct", 1, adapter, "http://127.0.0.1:9/v1", "NO_SUCH_ENV_VAR")
+    sent = provider(adapter).call(
+        "/messages", target, body, model="m", requirements=Requirements(), credential="key:secret"
+    )
+    return sent.payload
+
+
+def refused(adapter: str, body: dict[str, Any]) -> str:
+    with pytest.raises(RequestTranslationError) as error:
+        call(adapter, body)
+    return error.value.param
+
+
+def test_every_messages_carrier_is_covered_here():
+    assert CARRIERS["/messages"] == {"anthropic", *CHAT_SHAPED, "gemini", "bedrock"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# top_k and thinking: carried where the target's API takes them, refused where it does not
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"top_k": 40}, {"topK": 40}),
+        ({"thinking": ENABLED}, {"thinkingConfig": {"thinkingBudget": 2048}}),
+        ({"thinking": {"type": "adaptive"}}, {"thinkingConfig": {"thinkingBudget": -1}}),
+        ({"top_k": 5, "thinking": ENABLED}, {"topK": 5, "thinkingConfig": {"thinkingBudget": 2048}}),
+    ],
+)
+def test_gemini_carries_top_k_and_thinking_in_its_generation_config(fields, expected):
+    config = call("gemini", {**TURN, **fields})["generationConfig"]
+    assert config == {"maxOutputTokens": 4096, **expected}
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"top_k": 40}, {"top_k": 40}),
+        ({"thinking": ENABLED}, {"thinking": ENABLED}),
+        ({"thinking": {"type": "adaptive"}}, {"thinking": {"type": "adaptive"}}),
+        ({"top_k": 5, "thinking": ENABLED}, {"top_k": 5, "thinking": ENABLED}),
+    ],
+)
+def test_bedrock_carries_top_k_and_thinking_as_additional_model_request_fields(fields, expected):
+    sent = call("bedrock", {**TURN, **fields})
+    assert sent["additionalModelRequestFields"] == expected
+    assert sent["inferenceConfig"] == {"maxTokens": 4096}
+
+
+@pytest.mark.parametrize("adapter", CHAT_SHAPED)
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"top_k": 40}, "top_k"),
+        ({"thinking": ENABLED}, "thinking"),
+        ({"thinking": {"type": "adaptive"}}, "thinking"),
+    ],
+)
+def test_a_chat_shaped_upstream_refuses_what_chat_has_no_field_for(adapter, fields, param):
+    assert refused(adapter, {**TURN, **fields}) == param
+
+
+@pytest.mark.parametrize("adapter", ("gemini", "bedrock", *CHAT_SHAPED))
+def test_nothing_is_carried_without_the_fields_or_with_thinking_disabled(adapter):
+    plain = call(adapter, TURN)
+    disabled = call(adapter, {**TURN, "thinking": {"type": "disabled"}})
+    assert plain == disabled
+    text = json.dumps(plain)
+    assert "topK" not in text and "thinking" not in text and "additionalModelRequestFields" not in text
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": "40"}, "top_k"),
+        ({"thinking": "on"}, "thinking"),
+        ({"thinking": {"type": "maybe"}}, "thinking.type"),
+        ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
+        ({"thinking": {**ENABLED, "display": "omitted"}}, "thinking.display"),
+        ({"thinking": {"type": "disabled", "budget_tokens": 2048}}, "thinking.budget_tokens"),
+    ],
+)
+@pytest.mark.parametrize("adapter", ("gemini", "bedrock", "openai"))
+def test_a_value_that_cannot_be_carried_as_given_is_refused_on_every_target(adapter, fields, param):
+    assert refused(adapter, {**TURN, **fields}) == param
+
+
+def test_the_carried_fields_are_no_json_field_of_the_chat_body():
+    chat = anthropic_to_chat_request({**TURN, "top_k": 3})
+    assert chat.carried == {"top_k": 3}
+    assert "top_k" not in chat and "top_k" not in {**chat}
+    with pytest.raises(RequestTranslationError) as error:
+        chat_only(chat)
+    assert error.value.param == "top_k"
+    assert chat_only(anthropic_to_chat_request(TURN)) == anthropic_to_chat_request(TURN)
+
+
+@pytest.mark.parametrize("adapter", ("gemini", "bedrock", *CHAT_SHAPED))
+def test_price_latency_and_capacity_hints_are_dropped_by_decision(adapter):
+    hints = {
+        "service_tier": "standard_only",
+        "speed": "fast",
+        "cache_control": {"type": "ephemeral"},
+        "output_config": {"effort": "low"},
+        "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+    }
+    sent = json.dumps(call(adapter, {**TURN, **hints}))
+    assert "be brief" in sent
+    assert not any(word in sent for word in ("service_tier", "standard_only", "speed", "cache", "effort"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The adversarial fixture through every Messages pair
+
+
+@pytest.mark.parametrize("adapter", ("gemini", "bedrock", *CHAT_SHAPED))
+def test_the_adversarial_fixture_keeps_role_separation_on_every_messages_pair(adapter):
+    sent = call(adapter, ANTHROPIC_ADVERSARIAL)
+    text = json.dumps(sent)
+    # The forged text is carried once, verbatim, and the instruction once: nothing promoted or flattened.
+    assert text.count(json.dumps(FORGED)[1:-1]) == 1 and text.count(INSTRUCTION) == 1
+    assert "delete_file" in text
+    match adapter:
+        case "gemini":
+            assert sent["systemInstruction"] == {"parts": [{"text": INSTRUCTION}]}
+            assert [c["role"] for c in sent["contents"]] == ["user", "model", "user"]
+            (result,) = sent["contents"][2]["parts"]
+            assert result["functionResponse"]["id"] == "toolu_01"
+            assert result["functionResponse"]["name"] == "read_file"
+            assert result["functionResponse"]["response"] == {"content": FORGED}
+        case "bedrock":
+            assert sent["system"] == [{"text": INSTRUCTION}]
+            assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]
+            (result,) = sent["messages"][2]["content"]
+            assert result["toolResult"] == {"toolUseId": "toolu_01", "content": [{"text": FORGED}]}
+        case _:
+            messages = sent["messages"]
+            assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+            assert messages[0]["content"] == INSTRUCTION
+            assert messages[2]["tool_calls"][0]["id"] == messages[3]["tool_call_id"] == "toolu_01"
+            assert messages[3]["content"] == FORGED
