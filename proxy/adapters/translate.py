@@ -15,8 +15,12 @@ Contract:
   that message's content. Nothing inside a tool result is ever parsed, re-labelled, split into turns or
   promoted to a user or system turn, whatever it claims to be. Tool calls stay tool calls.
 - Request translation is strict. A top-level field is translated, dropped, or refused:
-  * dropped only when it is a hint that cannot change what the answer may contain or do (sampling,
-    caching, latency tier, reasoning budget): `_ANTHROPIC_DROPPED`, `_CHAT_DROPPED`;
+  * dropped only when it is a hint that cannot change what the answer may contain or do (Chat's
+    sampling and reasoning hints; Anthropic's caching, latency and capacity tiers): `_CHAT_DROPPED`,
+    `_ANTHROPIC_DROPPED`, each an explicit decision of its module's docstring;
+  * carried beside the Chat body when the other API has no field for it but the provider's own API
+    does (Anthropic `top_k` and `thinking` to Gemini and Bedrock, `messages_over_chat.AnthropicChat`),
+    and refused by an upstream that takes Chat as it is;
   * every other field, and any content the other API cannot represent faithfully, raises
     `RequestTranslationError(param)` (SPEC §11: unknown fields get a typed error). A field whose value
     is null is treated as absent. A Chat field with its neutral value (`n: 1`, `logprobs: false`,

@@ -17,7 +17,8 @@ come here (`proxy.providers.bedrock`). The rules are `proxy.adapters.translate`'
   `additionalModelRequestFields`, where Bedrock's Anthropic models take them; a model that has no such
   field answers Bedrock's `ValidationException` (a 400 naming it), so they are never silently lost.
 - Answers: `stopReason` `guardrail_intervened` and `content_filtered` are Chat's `content_filter` (a
-  safety refusal); usage is `inputTokens` (plus cache reads and writes) and `outputTokens`.
+  safety refusal); usage is `inputTokens` (plus cache reads and writes) and `outputTokens`; reasoning
+  (`reasoningContent`) has no Chat field and is not relayed (its tokens are in `outputTokens`).
 - Stream: `messageStart` opens the Chat stream, text and tool-use deltas become Chat deltas,
   `messageStop` the finish reason and `metadata` the usage-only chunk and `[DONE]`; an exception frame
   becomes a Chat error chunk naming only the exception and the HTTP status it stands for.
