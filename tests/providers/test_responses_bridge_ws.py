@@ -7,6 +7,7 @@ from storage."""
 import json
 
 import pytest
+from openai import OpenAI
 from websockets.sync.client import ClientConnection, connect
 
 from catalog.models import Provenance
@@ -137,3 +138,42 @@ def test_a_native_account_failing_before_output_hands_the_frame_to_a_bridged_one
     assert again[-1]["type"] == "response.completed"
     assert native.ws_connections == 2 and len(claude.hits) == 2
     assert all("stream" not in hit.body for hit in native.hits)  # the gateway's own flag stays its own
+
+
+# The SDK's own use of websockets 17 warns; nothing the gateway does.
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+def test_the_openai_sdk_websocket_mode_runs_a_tool_turn_on_a_bridged_account(gateway, claude):
+    client = OpenAI(
+        base_url=f"{gateway}/v1", api_key=AUTH["authorization"].removeprefix("Bearer "), max_retries=0
+    )
+    finals = []
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="Tidy up", tools=TOOLS)  # type: ignore[arg-type]
+        for turn in range(3):
+            for event in connection:
+                if event.type in TERMINAL:
+                    assert event.type == "response.completed", event
+                    finals.append(event.response)
+                    ledger_settled()
+                    break
+            if turn == 0:
+                (call,) = finals[0].output
+                output = {"type": "function_call_output", "call_id": call.call_id, "output": "42 lines"}
+                connection.response.create(
+                    model=MODEL, previous_response_id=finals[0].id, input=[output], tools=TOOLS
+                )  # type: ignore[arg-type,list-item]
+            elif turn == 1:  # the assistant's text answer is part of the conversation too
+                connection.response.create(
+                    model=MODEL,
+                    previous_response_id=finals[1].id,
+                    input="now the next file",
+                    tools=TOOLS,  # type: ignore[arg-type]
+                )
+    assert finals[1].output_text == "done: 42 lines" and finals[2].output[0].type == "function_call"
+    assert [m["role"] for m in claude.hits[2]["messages"]] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
