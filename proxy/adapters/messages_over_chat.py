@@ -11,7 +11,8 @@ Anthropic fields without a Chat counterpart, each carried, refused or dropped by
   JSON field a client could send) to the providers whose own API takes them (`gemini_translate`,
   `bedrock_translate`); an OpenAI-shaped upstream has no field for them, so `chat_only` refuses them
   naming the field and another account may serve the request. `thinking: {"type": "disabled"}` is the
-  neutral value: dropped.
+  neutral value: dropped. Any other form of `thinking` (`display`, which asks for the reasoning these
+  upstreams' answers do not bring back, or another type) is refused naming the field.
 - Dropped by decision, because they change price, latency or capacity and never what the answer may
   contain or do: `cache_control` (top-level and on any block: another provider caches by its own rules),
   `service_tier` and `speed` (Anthropic's capacity tiers: the account's arrangement with its provider,
