@@ -8,6 +8,8 @@ Responses bridge's end-to-end tests (a bridged conversation with tool calls).
   `tool_result`, it calls the first tool (`tool_use`, input `{"path": "notes.txt"}`, stop reason
   `tool_use`, the input streamed as `input_json_delta` fragments); after a tool result it answers
   `done: <the result's text>` (`end_turn`); without tools, `hello`.
+- `POST /v1/chat/completions` streams `hello` as Chat chunks and a `stop` finish, and ends without
+  `[DONE]` when `chat_done` is False, as some OpenAI-compatible servers do.
 - Every request body is recorded in `hits`.
 """
 
@@ -43,8 +45,9 @@ def _sse(kind: str, **fields: Any) -> bytes:
 
 
 class ToolUpstream:
-    def __init__(self, *, models: tuple[str, ...] = ("claude-test",)) -> None:
+    def __init__(self, *, models: tuple[str, ...] = ("claude-test",), chat_done: bool = True) -> None:
         self.models = models
+        self.chat_done = chat_done
         self.hits: list[dict[str, Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -81,6 +84,7 @@ class ToolUpstream:
     async def _listen(self) -> None:
         app = web.Application()
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -92,6 +96,28 @@ class ToolUpstream:
         return web.json_response(
             {"type": "error", "error": {"type": kind, "message": message}}, status=status
         )
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.hits.append(body)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        head = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
+            "object": "chat.completion.chunk",
+            "model": body["model"],
+        }
+        for delta, finish in (
+            ({"role": "assistant", "content": ""}, None),
+            ({"content": "hello"}, None),
+            ({}, "stop"),
+        ):
+            chunk = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if self.chat_done:
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

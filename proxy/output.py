@@ -286,7 +286,8 @@ class AttemptStream:
                         raise TransportFailure(TransportEvent.STREAM_TRUNCATED) from None
                     tail = self.translator.finish() if self.translator is not None else b""
                     if tail:  # a translated stream's closing events, when it is owed them
-                        yield tail
+                        for part in self.framing.pack([tail]):  # one frame per event on a websocket
+                            yield part
                     break
                 out, done = self._relay_batch(batch)
         except (asyncio.CancelledError, GeneratorExit):

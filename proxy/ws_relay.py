@@ -42,7 +42,7 @@ from proxy.exchange import Failure, Final
 from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import provider
 from proxy.sse import Block, Dialect, SSEParser
-from proxy.transport import TransportFailure
+from proxy.transport import Answer, EventSource, TransportFailure
 from proxy.upstream_ws import HandshakeRejected, UpstreamSocket
 from routing.failures import Observation
 from routing.types import Candidate
@@ -126,9 +126,7 @@ class WebsocketDispatch:
         self.bridged = False  # the last attempt went over HTTP, its events translated
         self.finished: dict[str, Any] | None = None  # the response a bridged attempt completed
 
-    async def open(
-        self, c: Candidate, call: UpstreamCall, *, stream: bool
-    ) -> Failure | WebsocketSource | Any:
+    async def open(self, c: Candidate, call: UpstreamCall, *, stream: bool) -> Failure | Answer | EventSource:
         self.bridged = call.dialect is not Dialect.RESPONSES
         if self.bridged:
             return await HttpDispatch(api=responses.API).open(c, call, stream=True)

@@ -177,3 +177,15 @@ def test_the_openai_sdk_websocket_mode_runs_a_tool_turn_on_a_bridged_account(gat
         "assistant",
         "user",
     ]
+
+
+def test_a_chat_stream_without_done_still_ends_in_one_completed_frame(gateway, pool):
+    with ToolUpstream(models=(MODEL,), chat_done=False) as server:
+        account = AssignmentFactory(
+            pool=pool, name="vllm", adapter=Adapter.OPENAI_COMPATIBLE, base_url=server.base_url, tier=0
+        )
+        CatalogEntryFactory(assignment=account, model=MODEL, provenance=Provenance.CONFIGURED)
+        with open_ws(gateway) as ws:
+            events = create(ws, input="hi")  # every frame is one JSON event (json.loads in create)
+    assert [e["type"] for e in events][-2:] == ["response.output_item.done", "response.completed"]
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "hello"
