@@ -245,7 +245,14 @@ ASSIGNMENT: tuple[Entry, ...] = (
     Block("privacy", (_a("zero_retention"), _a("data_collection"))),
     Block(
         "capabilities",
-        (_a("tools"), _a("write_tools"), _a("vision"), _a("role_separation"), _a("tool_representation")),
+        (
+            _a("tools"),
+            _a("write_tools"),
+            _a("vision"),
+            _a("role_separation"),
+            _a("tool_representation"),
+            _a("stream_options"),
+        ),
     ),
     _a("quality", kind=Kind(_nullable(Checker.fraction))),
     _a("min_deadline_ms", always=True),

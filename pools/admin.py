@@ -55,7 +55,16 @@ ASSIGNMENT_FIELDSETS = (
     ("Placement and privacy", {"fields": ("region", "router", "zero_retention", "data_collection")}),
     (
         "Capabilities",
-        {"fields": ("tools", "write_tools", "vision", "role_separation", "tool_representation")},
+        {
+            "fields": (
+                "tools",
+                "write_tools",
+                "vision",
+                "role_separation",
+                "tool_representation",
+                "stream_options",
+            )
+        },
     ),
 )
 NOT_MODEL_FIELDS = {"credential_status", "new_credential", "remove_credential"}

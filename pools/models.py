@@ -228,6 +228,11 @@ class Assignment(models.Model):
     tool_representation = models.CharField(
         max_length=8, choices=choices(ToolRepresentation), default=ToolRepresentation.UNKNOWN.value
     )
+    # Whether the server accepts Chat's `stream_options` (openai_compatible: the gateway asks a stream for
+    # its usage only when true, and sends none at all when false).
+    stream_options = tri_state_field(
+        help_text="openai_compatible: true asks each stream for its usage; false never sends stream_options."
+    )
     quality = models.FloatField(null=True, blank=True, help_text="Empty: unknown.")
     min_deadline_ms = models.PositiveIntegerField(default=0)
     discovery = models.BooleanField(default=False, help_text="sync_catalog asks GET {base_url}/models.")
@@ -242,7 +247,14 @@ class Assignment(models.Model):
             choices_check("assignment", "tool_representation", ToolRepresentation),
             *[
                 tri_state_check("assignment", f)
-                for f in ("zero_retention", "tools", "write_tools", "vision", "role_separation")
+                for f in (
+                    "zero_retention",
+                    "tools",
+                    "write_tools",
+                    "vision",
+                    "role_separation",
+                    "stream_options",
+                )
             ],
             models.CheckConstraint(
                 condition=Q(quality__isnull=True) | Q(quality__gte=0, quality__lte=1),

@@ -31,7 +31,7 @@ from routing.resolution import (
     cross_model_fallback,
     resolve,
 )
-from routing.types import AUTO_MODEL, Candidate, Health, Requirements
+from routing.types import AUTO_MODEL, Candidate, Health, Requirements, TriState
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,7 @@ class Target:
     api_key_env: str
     credential: str = field(default="", repr=False)
     region: str = ""  # where the account's data is processed (Bedrock signs requests for it)
+    stream_options: TriState = TriState.UNKNOWN  # whether the server accepts Chat's `stream_options`
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,7 +154,15 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
         if a.pk not in targets:
             accounts.append(replace(candidate, model=ACCOUNT_MODEL, context_window=None, price=Price()))
         targets[a.pk] = Target(
-            a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env, a.credential, a.region
+            a.pk,
+            a.name,
+            a.pool_id,
+            a.adapter,
+            a.base_url,
+            a.api_key_env,
+            a.credential,
+            a.region,
+            TriState(a.stream_options),
         )
         if a.pool_id not in pools_seen:
             pools_seen.add(a.pool_id)

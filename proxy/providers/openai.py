@@ -35,12 +35,14 @@ class OpenAI:
     name = "openai"
     routes = frozenset({CHAT, RESPONSES, COMPACT, MESSAGES, EMBEDDINGS, FILES})
     protocol: dict[str, str] = {}
-    # Whether a stream is asked for usage (`stream_options`) the client did not ask for.
-    asks_stream_usage = True
     errors = AWS_FRONTED
 
     def auth_headers(self, credential: str) -> dict[str, str]:
         return {"authorization": f"Bearer {credential}"} if credential else {}
+
+    def asks_stream_usage(self, target: Target) -> bool:
+        """Whether a stream is asked for usage (`stream_options`) the client did not ask for."""
+        return True
 
     def shape(self, payload: Json, requirements: Requirements) -> Json:
         """The request body as this provider takes it (OpenRouter adds its privacy block)."""
@@ -70,7 +72,9 @@ class OpenAI:
             return UpstreamCall(
                 url(target.base_url, path), json_headers(auth), payload, Dialect.RESPONSES, path, model
             )
-        strip_usage = self.asks_stream_usage and body.get("stream") is True and not include_usage(body)
+        strip_usage = (
+            self.asks_stream_usage(target) and body.get("stream") is True and not include_usage(body)
+        )
         if strip_usage:
             options = body.get("stream_options")
             payload["stream_options"] = {

@@ -5,9 +5,14 @@ Mistral...): the OpenAI wire without what such servers commonly lack.
   (`proxy.adapters.messages_over_chat`, `proxy.adapters.responses_over_chat`), and embeddings: no native
   Responses (so no `previous_response_id` over HTTP), no compact, no Files API, so eligibility keeps
   those requests away (`capability`).
-- A stream is sent as the client asked: the gateway does not add `stream_options` (older vLLM and some
-  hosted servers reject the field). A stream whose server reports no usage is recorded with unknown usage
-  and cost (NULL), never zero; a client that asks for usage still gets what the server sends.
+- `stream_options` is the assignment's declared capability (`capabilities: {stream_options: ...}`):
+  - unknown (the default): a stream is sent as the client asked; the gateway adds no `stream_options`
+    (older vLLM and some hosted servers reject the field), and a stream whose server reports no usage
+    is recorded with unknown usage and cost (NULL), never zero;
+  - true: a stream is asked for its usage as on an `openai` account (the usage-only chunk the client did
+    not ask for is read for the ledger and not relayed), so its cost is known;
+  - false: the field is never sent, not even the client's own (the server would refuse the request);
+    the client then gets whatever usage the server reports by itself.
 - Tools are the assignment's declared capability, as on any account: `capabilities: {tools: false}` for a
   server without function calling, and a turn that offers tools is then ineligible there (never stripped
   of them). The credential, if any, is a Bearer token.
@@ -26,13 +31,15 @@ from proxy.providers.base import (
 )
 from proxy.providers.openai import OpenAI
 from routing.route import Target
-from routing.types import Requirements
+from routing.types import Requirements, TriState
 
 
 class OpenAICompatible(OpenAI):
     name = "openai_compatible"
     routes = frozenset({CHAT, RESPONSES, MESSAGES, EMBEDDINGS})
-    asks_stream_usage = False
+
+    def asks_stream_usage(self, target: Target) -> bool:
+        return target.stream_options is TriState.TRUE
 
     def call(
         self,
@@ -46,6 +53,8 @@ class OpenAICompatible(OpenAI):
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         if path != RESPONSES:
+            if target.stream_options is TriState.FALSE:
+                body = {name: value for name, value in body.items() if name != "stream_options"}
             return super().call(
                 path,
                 target,
@@ -61,7 +70,7 @@ class OpenAICompatible(OpenAI):
             body,
             model,
             upstream=lambda chat: self.shape(chat, requirements),
-            stream_usage=self.asks_stream_usage,
+            stream_usage=self.asks_stream_usage(target),
         )
 
 

@@ -1116,3 +1116,18 @@ def test_a_key_budget_period_loads_and_dumps(tmp_path, period):
     call_command("dump_gateway_config", stdout=out)
     [ci] = [k for k in yaml.safe_load(out.getvalue())["keys"] if k["name"] == "ci"]
     assert ci["budget_period"] == period
+
+
+@pytest.mark.django_db
+def test_an_openai_compatible_servers_stream_options_is_declared_loaded_and_dumped(tmp_path):
+    document = base()
+    account = document["pools"][0]["assignments"][0]
+    account["adapter"] = "openai_compatible"
+    account["capabilities"]["stream_options"] = False
+    load(tmp_path, document)
+    assert Assignment.objects.get(name=account["name"]).stream_options == TriState.FALSE
+    assert yaml.safe_load(dump())["pools"][0]["assignments"][0]["capabilities"]["stream_options"] is False
+    account["capabilities"]["stream_options"] = "sometimes"
+    assert load_fails(tmp_path, document) == [
+        "pools[0].assignments[0].capabilities.stream_options: must be true, false or unknown"
+    ]

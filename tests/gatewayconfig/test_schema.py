@@ -110,7 +110,7 @@ def test_an_absent_field_takes_its_columns_default():
         for name in assignment.values()
         if Assignment._meta.get_field(name).has_default()
     }
-    assert len(defaults) == 13  # tier, weight, router, the privacy and capability facts, ...
+    assert len(defaults) == 14  # tier, weight, router, the privacy and capability facts, ...
     assert {name: assignment.values()[name] for name in defaults} == defaults
     assert config.settings.values() == {
         name: GatewaySettings._meta.get_field(name).get_default() for name in config.settings.values()

@@ -69,6 +69,39 @@ def test_a_stream_is_sent_without_stream_options_and_its_unknown_usage_stays_unk
     assert (attempt.output_tokens, attempt.cost_micros) == (None, None)  # unknown, never zero
 
 
+def test_a_server_declared_to_take_stream_options_is_asked_for_usage_and_charged(
+    gateway, compatible_then_openai
+):
+    vllm, _ = compatible_then_openai
+    Assignment.objects.filter(name="vllm").update(stream_options="true")
+    chunks = list(_client(gateway).chat.completions.create(model="llama-4", messages=TURN, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hello from vllm"
+    assert all(c.usage is None for c in chunks)  # the usage the gateway asked for is not relayed
+    assert vllm.hits[-1].body["stream_options"] == {"include_usage": True}
+    attempt = wait_for(lambda: (writer.flush(), Attempt.objects.first())[1], what="the attempt")
+    assert attempt.output_tokens == 3 and attempt.cost_micros is not None
+
+
+def test_a_responses_stream_over_chat_asks_a_declared_server_for_usage(gateway, compatible_then_openai):
+    vllm, _ = compatible_then_openai
+    Assignment.objects.filter(name="vllm").update(stream_options="true")
+    events = list(_client(gateway).responses.create(model="llama-4", input="hi", stream=True))
+    assert events[-1].type == "response.completed"
+    assert vllm.hits[-1].path == "/v1/chat/completions"
+    assert vllm.hits[-1].body["stream_options"] == {"include_usage": True}
+
+
+def test_a_server_declared_without_stream_options_never_gets_the_field(gateway, compatible_then_openai):
+    vllm, _ = compatible_then_openai
+    Assignment.objects.filter(name="vllm").update(stream_options="false")
+    stream = _client(gateway).chat.completions.create(
+        model="llama-4", messages=TURN, stream=True, stream_options={"include_usage": True}
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "hello from vllm"
+    assert "stream_options" not in vllm.hits[-1].body
+    assert vllm.hits[-1].body["stream"] is True
+
+
 def test_responses_reach_a_compatible_server_only_as_chat(gateway, compatible_then_openai):
     vllm, other = compatible_then_openai
     assert _client(gateway).responses.create(model="llama-4", input="hi").output_text == "hello from vllm"
