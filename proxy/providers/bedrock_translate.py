@@ -16,6 +16,8 @@ come here (`proxy.providers.bedrock`). The rules are `proxy.adapters.translate`'
   `top_k` and `thinking` (carried beside the Chat body, `AnthropicChat`) go as given in
   `additionalModelRequestFields`, where Bedrock's Anthropic models take them; a model that has no such
   field answers Bedrock's `ValidationException` (a 400 naming it), so they are never silently lost.
+  `thinking` after an assistant turn that called tools is refused: Bedrock's Claude then requires that
+  turn's own signed reasoning blocks, which the gateway neither relays nor keeps.
 - Answers: `stopReason` `guardrail_intervened` and `content_filtered` are Chat's `content_filter` (a
   safety refusal); usage is `inputTokens` (plus cache reads and writes) and `outputTokens`; reasoning
   (`reasoningContent`) has no Chat field and is not relayed (its tokens are in `outputTokens`).
@@ -202,9 +204,17 @@ def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
         }
     if body.get("parallel_tool_calls") is False:
         refuse("parallel_tool_calls")  # Converse may call several tools at once: not enforceable
+    if "thinking" in carried and _called_tools_last(body["messages"]):
+        refuse("thinking")
     if carried:
         out["additionalModelRequestFields"] = dict(carried)
     return out
+
+
+def _called_tools_last(messages: list[Any]) -> bool:
+    """Whether the conversation's last assistant turn called tools (a tool loop is being continued)."""
+    assistant = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant"]
+    return bool(assistant and assistant[-1].get("tool_calls"))
 
 
 # ---------------------------------------------------------------------------------------------------

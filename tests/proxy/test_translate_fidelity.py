@@ -73,6 +73,18 @@ def test_bedrock_carries_top_k_and_thinking_as_additional_model_request_fields(f
     assert sent["inferenceConfig"] == {"maxTokens": 4096}
 
 
+def test_bedrock_refuses_thinking_that_continues_a_tool_loop_and_gemini_carries_it():
+    # Bedrock's Claude needs the calling turn's signed reasoning blocks back, which the gateway has not.
+    looping = {**ANTHROPIC_ADVERSARIAL, "thinking": ENABLED, "max_tokens": 4096}
+    assert refused("bedrock", looping) == "thinking"
+    assert call("gemini", looping)["generationConfig"]["thinkingConfig"] == {"thinkingBudget": 2048}
+    # A later turn past the loop, or a tool loop without thinking, is carried.
+    answered = {"role": "assistant", "content": "Done."}
+    later = {**looping, "messages": [*looping["messages"], answered, {"role": "user", "content": "Thanks"}]}
+    assert call("bedrock", later)["additionalModelRequestFields"] == {"thinking": ENABLED}
+    assert "additionalModelRequestFields" not in call("bedrock", ANTHROPIC_ADVERSARIAL)
+
+
 @pytest.mark.parametrize("adapter", CHAT_SHAPED)
 @pytest.mark.parametrize(
     ("fields", "param"),
