@@ -10,6 +10,7 @@ from devkit.gemini import GeminiFake
 from pools.models import Adapter, GatewaySettings
 from proxy.ledger import writer
 from proxy.models import Attempt
+from proxy.unserved import UNTRANSLATABLE_MESSAGE
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 
@@ -83,6 +84,11 @@ def test_without_an_account_that_carries_top_k_the_request_is_a_typed_400_naming
     other, _ = accounts(gemini=False)
     with pytest.raises(anthropic.BadRequestError) as refused:
         _client(gateway).messages.create(model=MODEL, max_tokens=64, messages=TURN, extra_body={"top_k": 7})
-    assert "top_k" in refused.value.message
+    # Anthropic's error envelope has no `param`: the message names the field.
+    error = refused.value.body["error"]
+    assert (error["type"], error["message"]) == (
+        "invalid_request_error",
+        UNTRANSLATABLE_MESSAGE.format("top_k"),
+    )
     assert other.hits == []
     assert _attempts() == [("ineligible", "capability")]
