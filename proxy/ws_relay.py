@@ -218,30 +218,39 @@ class WebsocketDispatch:
 class Conversations:
     """The conversations of the responses bridged candidates completed on one client connection, in its
     memory only (module docstring): response id -> (the response it continued, the input items it
-    added, its output items)."""
+    added, its output items). At most `limit` responses are kept, the oldest forgotten first; a response
+    whose conversation is no longer whole is forgotten too, never continued from a part of it."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
         self._responses: dict[str, tuple[str | None, list[Any], list[Any]]] = {}
 
     def continued(self, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """`body` with the conversation it continues as its `input` (and no `previous_response_id`)
         when that is a response kept here, and the id it continues (None: not one of these)."""
         previous = body.get("previous_response_id")
-        if not isinstance(previous, str) or previous not in self._responses:
+        history = self._history(previous) if isinstance(previous, str) else None
+        if history is None:
             return body, None
         rest = {name: value for name, value in body.items() if name != "previous_response_id"}
-        return {**rest, "input": [*self._history(previous), *_items(body.get("input"))]}, previous
+        return {**rest, "input": [*history, *_items(body.get("input"))]}, previous
 
     def remember(self, previous: str | None, body: dict[str, Any], response: dict[str, Any]) -> None:
         """A completed bridged response: `body` as the client sent it (its own input items only)."""
         response_id, output = response.get("id"), response.get("output")
         if isinstance(response_id, str) and isinstance(output, list):
+            self._responses.pop(response_id, None)
             self._responses[response_id] = (previous, _items(body.get("input")), output)
+            while len(self._responses) > self.limit:
+                del self._responses[next(iter(self._responses))]
 
-    def _history(self, response_id: str) -> list[Any]:
+    def _history(self, response_id: str) -> list[Any] | None:
+        """The whole conversation through `response_id`; None when it is not kept whole."""
         items: list[Any] = []
         current: str | None = response_id
-        while current is not None and current in self._responses:
+        while current is not None:
+            if current not in self._responses:
+                return None
             current, added, output = self._responses[current]
             items = [*added, *output, *items]
         return items

@@ -14,6 +14,7 @@ from catalog.models import Provenance
 from devkit.behaviours import overloaded_before_visible
 from devkit.tool_upstream import TOOL_INPUT, ToolUpstream
 from pools.models import Adapter, GatewaySettings
+from proxy.ws_relay import Conversations
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import UPSTREAM_KEY, UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import AUTH, ledger_settled
@@ -189,3 +190,16 @@ def test_a_chat_stream_without_done_still_ends_in_one_completed_frame(gateway, p
             events = create(ws, input="hi")  # every frame is one JSON event (json.loads in create)
     assert [e["type"] for e in events][-2:] == ["response.output_item.done", "response.completed"]
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == "hello"
+
+
+def test_a_conversation_is_continued_only_when_it_is_kept_whole():
+    kept = Conversations(limit=2)
+    said = [{"type": "message", "role": "assistant", "content": "ok"}]
+    kept.remember(None, {"input": "one"}, {"id": "resp_a", "output": said})
+    kept.remember("resp_a", {"input": "two"}, {"id": "resp_b", "output": said})
+    sent, previous = kept.continued({"previous_response_id": "resp_b", "input": "three", "model": "m"})
+    assert previous == "resp_b" and "previous_response_id" not in sent
+    assert [item["content"] for item in sent["input"]] == ["one", "ok", "two", "ok", "three"]
+    kept.remember("resp_b", {"input": "three"}, {"id": "resp_c", "output": said})  # resp_a is forgotten
+    body = {"previous_response_id": "resp_c", "input": "four"}
+    assert kept.continued(body) == (body, None)  # sent as it came: a bridged account refuses it, typed
