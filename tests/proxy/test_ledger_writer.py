@@ -215,3 +215,32 @@ def test_a_record_the_database_refuses_still_releases_its_reservation():
     assert list(RequestRecord.objects.values_list("request_id", flat=True)) == [fine.request_id]
     key.refresh_from_db()
     assert (key.reserved_micros, key.spent_micros) == (0, 0)  # both released, nothing was charged
+
+
+def test_a_batch_is_stored_as_submitted_each_attempt_under_its_own_record():
+    from proxy.models import Attempt
+    from proxy.services import request_records_write
+
+    exchanges = [_exchange() for _ in range(3)]
+    for n, exchange in enumerate(exchanges):
+        exchange.finished_at = exchange.started_at + timedelta(milliseconds=1500 + n)
+        exchange.config_version = 7
+        exchange.attempts = [
+            AttemptLog(i, None, f"model-{n}-{i}", "sse", "failed", "completed", upstream_status=500 + i)
+            for i in range(n + 1)
+        ]
+    exchanges[1].served_model, exchanges[1].retry_count = "gpt-5-mini", 1
+    request_records_write(exchanges=list(reversed(exchanges)))
+
+    for exchange in exchanges:
+        record = RequestRecord.objects.get(request_id=exchange.request_id)
+        assert (record.started_at, record.finished_at) == (exchange.started_at, exchange.finished_at)
+        assert (record.served_model, record.retry_count, record.status_code) == (
+            exchange.served_model,
+            exchange.retry_count,
+            200,
+        )
+        stored = Attempt.objects.filter(request=record).order_by("ordinal")
+        assert [(a.ordinal, a.model, a.upstream_status, a.config_version) for a in stored] == [
+            (a.ordinal, a.model, a.upstream_status, 7) for a in exchange.attempts
+        ]
