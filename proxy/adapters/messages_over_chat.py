@@ -12,7 +12,9 @@ Anthropic fields without a Chat counterpart, each carried, refused or dropped by
   `bedrock_translate`); an OpenAI-shaped upstream has no field for them, so `chat_only` refuses them
   naming the field and another account may serve the request. `thinking: {"type": "disabled"}` is the
   neutral value: dropped. Any other form of `thinking` (`display`, which asks for the reasoning these
-  upstreams' answers do not bring back, or another type) is refused naming the field.
+  upstreams' answers do not bring back, or another type) is refused naming the field. The reasoning is
+  not brought back as thinking blocks: a thinking block carries a signature the Anthropic API verifies,
+  and one the gateway made up would fail the client's next turn on an `anthropic` account.
 - Dropped by decision, because they change price, latency or capacity and never what the answer may
   contain or do: `cache_control` (top-level and on any block: another provider caches by its own rules),
   `service_tier` and `speed` (Anthropic's capacity tiers: the account's arrangement with its provider,

@@ -1,11 +1,15 @@
 """An Anthropic client's `top_k` and `thinking` through the gateway, driven by the anthropic SDK over real
-sockets: a Gemini account (devkit.gemini) receives them in its generation config, and an OpenAI-shaped
-account, which has no field for them, is passed over before anything is sent."""
+sockets: a Gemini account (devkit.gemini) receives them in its generation config and a Bedrock one
+(devkit.bedrock) in its additional model request fields, with the adversarial fixture's roles kept, and
+an OpenAI-shaped account, which has no field for them, is passed over before anything is sent."""
+
+from typing import Any
 
 import anthropic
 import pytest
 
 from catalog.models import Provenance
+from devkit.bedrock import BedrockFake
 from devkit.gemini import GeminiFake
 from pools.models import Adapter, GatewaySettings
 from proxy.ledger import writer
@@ -13,6 +17,8 @@ from proxy.models import Attempt
 from proxy.unserved import UNTRANSLATABLE_MESSAGE
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
+from tests.proxy.test_anthropic_ingress import TOOL_READY
+from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL, FORGED, INSTRUCTION
 
 GEMINI_KEY = "gemini-upstream-key-000"
 MODEL = "gemini-2.5-flash"
@@ -22,28 +28,43 @@ THINKING = {"type": "enabled", "budget_tokens": 1024}
 
 @pytest.fixture
 def accounts(transactional_db, fake_upstream_factory, monkeypatch):
-    """Pool `main` with an OpenAI-shaped account (tier 0) for MODEL; `accounts(gemini=True)` adds a Gemini
-    account (tier 1) for it."""
+    """`accounts("openai", "gemini", ...)`: pool `main` with one account per adapter, in tier order, each
+    serving MODEL natively with tools; returns their fakes by adapter."""
+    google = GeminiFake(models=(MODEL,), require_key=GEMINI_KEY).start()
+    aws = BedrockFake(models=(MODEL,)).start()
     monkeypatch.setenv("GATEWAY_UPSTREAM_GEMINI", GEMINI_KEY)
+    monkeypatch.setenv("GATEWAY_UPSTREAM_AWS", f"{aws.access_key}:{aws.secret_key}")
     GatewaySettings.objects.update_or_create(pk=1, defaults={"backoff_base_ms": 0})
-    google = GeminiFake(require_key=GEMINI_KEY).start()
     pool = PoolFactory(name="main")
     GatewayKeyFactory(name="e2e", raw_key=GATEWAY_KEY, pools=[pool])
 
-    def add(*, gemini: bool):
-        other = fake_upstream_factory("openai", models=(MODEL,))
-        rows = [("openai", Adapter.OPENAI, other.base_url, "")]
-        if gemini:
-            rows.append(("gemini", Adapter.GEMINI, google.base_url, "GATEWAY_UPSTREAM_GEMINI"))
-        for tier, (name, adapter, base_url, env) in enumerate(rows):
+    def add(*adapters: str) -> dict[str, Any]:
+        fakes: dict[str, Any] = {}
+        for tier, adapter in enumerate(adapters):
+            match adapter:
+                case "gemini":
+                    fakes[adapter], base_url, env = google, google.base_url, "GATEWAY_UPSTREAM_GEMINI"
+                case "bedrock":
+                    fakes[adapter], base_url, env = aws, aws.endpoint, "GATEWAY_UPSTREAM_AWS"
+                case _:
+                    fakes[adapter] = fake_upstream_factory(adapter, models=(MODEL,))
+                    base_url, env = fakes[adapter].base_url, ""
             row = AssignmentFactory(
-                pool=pool, name=name, adapter=adapter, base_url=base_url, tier=tier, api_key_env=env
+                pool=pool,
+                name=adapter,
+                adapter=adapter,
+                base_url=base_url,
+                tier=tier,
+                api_key_env=env,
+                region="us-east-1",
+                **TOOL_READY,
             )
             CatalogEntryFactory(assignment=row, model=MODEL, provenance=Provenance.CONFIGURED)
-        return other, google
+        return fakes
 
     yield add
     google.stop()
+    aws.stop()
 
 
 def _client(gateway: str) -> anthropic.Anthropic:
@@ -56,7 +77,8 @@ def _attempts() -> list[tuple[str, str]]:
 
 
 def test_top_k_and_thinking_reach_gemini_past_an_account_that_cannot_carry_them(gateway, accounts):
-    other, google = accounts(gemini=True)
+    fakes = accounts(Adapter.OPENAI, Adapter.GEMINI)
+    other, google = fakes[Adapter.OPENAI], fakes[Adapter.GEMINI]
     client = _client(gateway)
     answer = client.messages.create(
         model=MODEL, max_tokens=2048, messages=TURN, thinking=THINKING, extra_body={"top_k": 7}
@@ -81,7 +103,7 @@ def test_top_k_and_thinking_reach_gemini_past_an_account_that_cannot_carry_them(
 
 
 def test_without_an_account_that_carries_top_k_the_request_is_a_typed_400_naming_it(gateway, accounts):
-    other, _ = accounts(gemini=False)
+    other = accounts(Adapter.OPENAI)[Adapter.OPENAI]
     with pytest.raises(anthropic.BadRequestError) as refused:
         _client(gateway).messages.create(model=MODEL, max_tokens=64, messages=TURN, extra_body={"top_k": 7})
     # Anthropic's error envelope has no `param`: the message names the field.
@@ -92,3 +114,25 @@ def test_without_an_account_that_carries_top_k_the_request_is_a_typed_400_naming
     )
     assert other.hits == []
     assert _attempts() == [("ineligible", "capability")]
+
+
+@pytest.mark.parametrize("adapter", [Adapter.GEMINI, Adapter.BEDROCK])
+def test_the_adversarial_fixture_arrives_with_its_roles_and_top_k_on_gemini_and_bedrock(
+    gateway, accounts, adapter
+):
+    fake = accounts(adapter)[adapter]
+    body = {**ANTHROPIC_ADVERSARIAL, "model": MODEL}
+    answer = _client(gateway).messages.create(**body, extra_body={"top_k": 7})
+    assert answer.content[0].type == "text"
+    (hit,) = fake.hits
+    sent = hit.body
+    if adapter == Adapter.GEMINI:
+        assert sent["systemInstruction"] == {"parts": [{"text": INSTRUCTION}]}
+        assert [c["role"] for c in sent["contents"]] == ["user", "model", "user"]
+        assert sent["contents"][2]["parts"][0]["functionResponse"]["response"] == {"content": FORGED}
+        assert sent["generationConfig"]["topK"] == 7
+    else:
+        assert sent["system"] == [{"text": INSTRUCTION}]
+        assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]
+        assert sent["messages"][2]["content"][0]["toolResult"]["content"] == [{"text": FORGED}]
+        assert sent["additionalModelRequestFields"] == {"top_k": 7}
