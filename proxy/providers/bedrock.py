@@ -29,6 +29,7 @@ PURE: it decides; the transport reads the credential, signs and sends.
 import json
 import re
 from collections.abc import Mapping
+from functools import partial
 
 from proxy.adapters.messages_over_chat import (
     anthropic_to_chat_request,
@@ -133,9 +134,9 @@ class Bedrock:
         wire = BedrockWire(model, self.signature(target.base_url, target.region, credential))
         headers = {"content-type": "application/json"}
         if path == RESPONSES:
-            upstream = bedrock_translate.chat_to_converse_request
+            upstream = partial(bedrock_translate.chat_to_converse_request, model=model)
             return responses_over_chat(where, headers, body, model, upstream=upstream, wire=wire)
-        payload = bedrock_translate.chat_to_converse_request(chat)
+        payload = bedrock_translate.chat_to_converse_request(chat, model=model)
         if path == MESSAGES:
             return messages_over_chat(where, headers, payload, model, wire)
         # Bedrock always reports usage: a Chat client that did not ask for it does not see it.

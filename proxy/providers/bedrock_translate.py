@@ -14,8 +14,9 @@ come here (`proxy.providers.bedrock`). The rules are `proxy.adapters.translate`'
   `parallel_tool_calls: false`, an image by URL or of a format Converse does not take, and a final
   assistant message (Converse would continue it) are refused naming the field. An Anthropic client's
   `top_k` and `thinking` (carried beside the Chat body, `AnthropicChat`) go as given in
-  `additionalModelRequestFields`, where Bedrock's Anthropic models take them; a model that has no such
-  field answers Bedrock's `ValidationException` (a 400 naming it), so they are never silently lost.
+  `additionalModelRequestFields` to Bedrock's Anthropic models (a model id naming `anthropic.`, with or
+  without an inference profile's region prefix), which take them; for any other model they are refused
+  naming the field (Bedrock would answer a terminal `ValidationException`), so another account serves.
   `thinking` after an assistant turn that called tools is refused: Bedrock's Claude then requires that
   turn's own signed reasoning blocks, which the gateway neither relays nor keeps.
 - Answers: `stopReason` `guardrail_intervened` and `content_filtered` are Chat's `content_filter` (a
@@ -165,9 +166,11 @@ def _tool_choice(choice: object) -> dict[str, Any]:
     return {"tool": {"name": kind(function.get("name"), str, "tool_choice.function.name")}}
 
 
-def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A Chat Completions body as a Converse body (the model and streaming are in the URL)."""
+def chat_to_converse_request(body: Mapping[str, Any], *, model: str) -> dict[str, Any]:
+    """A Chat Completions body as a Converse body for `model` (the model and streaming are in the URL)."""
     carried = body.carried if isinstance(body, AnthropicChat) else {}
+    if carried and not is_anthropic_model(model):
+        refuse(next(iter(carried)))
     body = present(body, "body")
     check_fields(body, _TRANSLATED)
 
@@ -209,6 +212,12 @@ def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
     if carried:
         out["additionalModelRequestFields"] = dict(carried)
     return out
+
+
+def is_anthropic_model(model: str) -> bool:
+    """Whether a Bedrock model id (`anthropic.claude-...`, an inference profile's `us.anthropic.claude-...`,
+    or a foundation model's ARN) names one of Anthropic's models, whose fields Bedrock passes on."""
+    return "anthropic." in model.split("/")[-1]
 
 
 def _called_tools_last(messages: list[Any]) -> bool:

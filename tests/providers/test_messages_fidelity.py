@@ -21,7 +21,8 @@ from tests.proxy.test_anthropic_ingress import TOOL_READY
 from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL, FORGED, INSTRUCTION
 
 GEMINI_KEY = "gemini-upstream-key-000"
-MODEL = "gemini-2.5-flash"
+# One model id every account serves; Bedrock passes top_k and thinking on to Anthropic models only.
+MODEL = "anthropic.claude-sonnet-4-5"
 TURN = [{"role": "user", "content": "hi"}]
 THINKING = {"type": "enabled", "budget_tokens": 1024}
 

@@ -22,10 +22,10 @@ TURN = {"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content
 ENABLED = {"type": "enabled", "budget_tokens": 2048}
 
 
-def call(adapter: str, body: dict[str, Any]) -> dict[str, Any]:
+def call(adapter: str, body: dict[str, Any], model: str = "anthropic.claude-sonnet-4-5") -> dict[str, Any]:
     target = Target(1, "acct", 1, adapter, "http://127.0.0.1:9/v1", "NO_SUCH_ENV_VAR")
     sent = provider(adapter).call(
-        "/messages", target, body, model="m", requirements=Requirements(), credential="key:secret"
+        "/messages", target, body, model=model, requirements=Requirements(), credential="key:secret"
     )
     return sent.payload
 
@@ -71,6 +71,20 @@ def test_bedrock_carries_top_k_and_thinking_as_additional_model_request_fields(f
     sent = call("bedrock", {**TURN, **fields})
     assert sent["additionalModelRequestFields"] == expected
     assert sent["inferenceConfig"] == {"maxTokens": 4096}
+
+
+@pytest.mark.parametrize("model", ["meta.llama3-70b-instruct-v1:0", "amazon.nova-pro-v1:0", "mistral.large"])
+@pytest.mark.parametrize(("fields", "param"), [({"top_k": 40}, "top_k"), ({"thinking": ENABLED}, "thinking")])
+def test_bedrock_refuses_top_k_and_thinking_for_a_model_that_is_not_anthropics(model, fields, param):
+    # Bedrock would answer a terminal ValidationException; refused here, another account can serve it.
+    with pytest.raises(RequestTranslationError) as error:
+        call("bedrock", {**TURN, **fields}, model=model)
+    assert error.value.param == param
+    for anthropic in (
+        "us.anthropic.claude-sonnet-4-5-v1:0",
+        "arn:aws:bedrock:::foundation-model/anthropic.claude-3",
+    ):
+        assert call("bedrock", {**TURN, **fields}, model=anthropic)["additionalModelRequestFields"] == fields
 
 
 def test_bedrock_refuses_thinking_that_continues_a_tool_loop_and_gemini_carries_it():
