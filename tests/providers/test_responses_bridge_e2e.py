@@ -3,6 +3,8 @@ openai SDK -> the gateway under uvicorn -> fake upstreams on loopback speaking A
 OpenAI Chat Completions; failover between a native `openai` account and a bridged one before anything
 is visible, plain and SSE; `previous_response_id` pinned to a bridged account is a typed 400."""
 
+import json
+
 import openai
 import pytest
 
@@ -11,6 +13,7 @@ from devkit import bedrock, gemini
 from devkit.bedrock import BedrockFake
 from devkit.behaviours import overloaded_before_visible, serve, unavailable
 from devkit.gemini import GeminiFake
+from devkit.tool_upstream import TOOL_INPUT, ToolUpstream
 from pools.models import Adapter, GatewaySettings
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY, UPSTREAM_KEY_ENV
@@ -186,3 +189,26 @@ def test_gemini_and_bedrock_accounts_carry_responses_and_fail_over_to_a_native_o
         assert (final.status, final.output_text) == ("completed", expected)
     assert final.usage is not None and final.usage.input_tokens == 10  # the native fake's count
     assert (len(fake.hits), native.hit_count()) == (2, 1)
+
+
+def test_the_sdk_stream_helper_accumulates_a_bridged_tool_call(gateway, setup: Setup):
+    with ToolUpstream(models=("model-x",)) as fake:
+        row = AssignmentFactory(
+            pool=setup.pool,
+            name="claude",
+            adapter=Adapter.ANTHROPIC,
+            base_url=fake.base_url,
+            api_key_env=UPSTREAM_KEY_ENV,
+            **TOOL_READY,
+        )
+        CatalogEntryFactory(assignment=row, model="model-x", provenance=Provenance.CONFIGURED)
+        tools = [
+            {"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {}}}
+        ]
+        with client(gateway).responses.stream(model="model-x", input="read it", tools=tools) as stream:
+            done = [e for e in stream if e.type == "response.function_call_arguments.done"]
+            final = stream.get_final_response()
+    (call,) = final.output
+    assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "read_file", TOOL_INPUT)
+    assert [json.loads(e.arguments) for e in done] == [TOOL_INPUT]
+    assert call.call_id.startswith("toolu_") and final.status == "completed"
