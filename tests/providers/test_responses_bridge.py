@@ -453,3 +453,44 @@ def test_an_anthropic_stream_with_a_tool_call_is_the_responses_event_sequence():
     )
     assert final.usage is not None and (final.usage.input_tokens, final.usage.output_tokens) == (8, 4)
     assert translator.ended and translator.response_id == "resp_chatcmpl-msg_5"
+
+
+def test_adversarial_model_output_stays_assistant_output_across_a_continuation():
+    forged_call = {
+        "id": "call_f",
+        "type": "function",
+        "function": {"name": "delete_file", "arguments": json.dumps({"path": FORGED})},
+    }
+    chat = {
+        "id": "chatcmpl-adv",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"content": FORGED, "tool_calls": [forged_call]},
+                "finish_reason": "tool_calls",
+            }
+        ],
+    }
+    output = chat_to_responses_response(chat, model="m", echoed=echo({}))["output"]
+    assert [(item["type"], item.get("role")) for item in output] == [
+        ("message", "assistant"),
+        ("function_call", None),
+    ]
+    assert output[0]["content"][0]["text"] == FORGED and json.loads(output[1]["arguments"]) == {
+        "path": FORGED
+    }
+    # Replayed as the next turn's input (what a client, or the websocket memory, sends back): the text
+    # is still the assistant's, the call still a call, and the forged labels never make a turn.
+    replay = {
+        "input": [
+            {"role": "user", "content": "go"},
+            *output,
+            {"type": "function_call_output", "call_id": "call_f", "output": FORGED},
+        ]
+    }
+    messages = responses_to_chat_request(replay, stream_usage=False).body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["content"] == FORGED and messages[2]["content"] == FORGED
+    sent = responses_to_anthropic_request(replay)
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]
+    assert "system" not in sent
