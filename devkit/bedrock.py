@@ -1,5 +1,5 @@
-"""A fake Amazon Bedrock runtime: Converse and ConverseStream, SigV4-checked, streams in AWS event-stream
-framing, errors named the way botocore reads them.
+"""A fake Amazon Bedrock runtime: Converse, ConverseStream and InvokeModel (Anthropic), SigV4-checked,
+streams in AWS event-stream framing, errors named the way botocore reads them.
 
 Contract (as Bedrock answers, checked against boto3's `bedrock-runtime` client in tests/providers):
 - `POST /model/{modelId}/converse` answers the Converse JSON (`output.message.content`, `stopReason`,
@@ -10,6 +10,12 @@ Contract (as Bedrock answers, checked against boto3's `bedrock-runtime` client i
   (ListFoundationModels, one page): `models` as on-demand text models, then `listed`, models the listing
   names with their own summary fields (an embedding model's `outputModalities: ["EMBEDDING"]`, a model
   served only through an inference profile) that Converse does not serve by their id.
+- `POST /model/{modelId}/invoke` (InvokeModel) takes an Anthropic model's own Messages body, which must
+  carry `anthropic_version: "bedrock-2023-05-31"` and no `model` or `stream` (else 400
+  `ValidationException`, as Bedrock answers), and answers the Messages JSON (`Refusal` as
+  `stop_reason: "refusal"`); `/invoke-with-response-stream` answers event-stream `chunk` frames, each
+  `{"bytes": <base64 of one Messages stream event>}`, `message_stop` carrying Bedrock's
+  `amazon-bedrock-invocationMetrics`.
 - Every request must carry a SigV4 signature (service `bedrock`, the fake's region) by the fake's access
   key, checked by recomputing it with botocore's own signer over the headers the request says it signed:
   a wrong secret is 403 `InvalidSignatureException`, an unknown key 403 `UnrecognizedClientException`, a
@@ -23,6 +29,7 @@ Contract (as Bedrock answers, checked against boto3's `bedrock-runtime` client i
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 import re
@@ -53,6 +60,7 @@ from devkit.upstream import FakeUpstream
 from devkit.wire import reply_for
 
 NAMESPACE = "http://internal.amazon.com/coral/com.amazon.bedrock/"
+ANTHROPIC_VERSION = "bedrock-2023-05-31"
 _AUTHORIZATION = re.compile(
     r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<date>\d{8})/(?P<region>[^/]+)/(?P<service>[^/]+)/"
     r"aws4_request, ?SignedHeaders=(?P<signed>[^,]+), ?Signature=(?P<signature>[0-9a-f]{64})$"
@@ -150,6 +158,8 @@ class BedrockFake(FakeUpstream):
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_post("/model/{model_id}/converse", self._converse)
         app.router.add_post("/model/{model_id}/converse-stream", self._converse)
+        app.router.add_post("/model/{model_id}/invoke", self._invoke)
+        app.router.add_post("/model/{model_id}/invoke-with-response-stream", self._invoke)
         app.router.add_get("/foundation-models", self._foundation_models)
 
     def _signature_problem(self, request: web.Request, body: bytes) -> tuple[str, str] | None:
@@ -209,10 +219,11 @@ class BedrockFake(FakeUpstream):
         ]
         return web.json_response({"modelSummaries": summaries})
 
-    async def _converse(self, request: web.Request) -> web.StreamResponse:
+    async def _admit(self, request: web.Request, stream: bool, problem_of) -> tuple[Any, Any]:
+        """(the request body, the model's behaviour), or (None, the answer already due: a refused
+        signature or body, a scripted rejection, a hang); `problem_of(body)` names a malformed body."""
         raw = await request.read()
         model = request.match_info["model_id"]
-        stream = request.path.endswith("/converse-stream")
         try:
             body = json.loads(raw)
         except ValueError:
@@ -220,22 +231,29 @@ class BedrockFake(FakeUpstream):
         self._record(request, model, body if isinstance(body, dict) else None, "sse" if stream else "http")
         problem = self._signature_problem(request, raw)
         if problem is not None:
-            return _error(403, *problem)
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return _error(400, "ValidationException", "1 validation error detected: messages is required.")
+            return None, _error(403, *problem)
+        if (message := problem_of(body)) is not None:
+            return None, _error(400, "ValidationException", message)
         behaviour = self._behaviour_for(model)
         match behaviour:
             case Reject(status=status, error=err, delay_s=delay):
                 if delay and await self._pause(delay):
-                    return drop(request)
-                return _error(status, err.type, err.message)
+                    return None, drop(request)
+                return None, _error(status, err.type, err.message)
             case RawError(status=status, body=payload, headers=headers):
-                return web.json_response(dict(payload), status=status, headers=dict(headers))
+                return None, web.json_response(dict(payload), status=status, headers=dict(headers))
             case Hang(seconds=seconds):
                 await self._pause(seconds)
-                return drop(request)
+                return None, drop(request)
         if not isinstance(behaviour, Serve | Refusal | FailBeforeVisible | FailAfterVisible | CutStream):
-            return drop(request)
+            return None, drop(request)
+        return body, behaviour
+
+    async def _converse(self, request: web.Request) -> web.StreamResponse:
+        stream = request.path.endswith("/converse-stream")
+        body, behaviour = await self._admit(request, stream, _converse_problem)
+        if body is None:
+            return behaviour
         if not stream:
             if not isinstance(behaviour, Serve | Refusal):
                 return drop(request)
@@ -252,11 +270,7 @@ class BedrockFake(FakeUpstream):
                 },
                 headers={"x-amzn-RequestId": str(uuid.uuid4())},
             )
-        return await self._stream(request, behaviour)
-
-    async def _stream(self, request: web.Request, behaviour: Any) -> web.StreamResponse:
         reply = reply_for(behaviour, self.name)
-        frames = [_event("messageStart", {"role": "assistant"})]
         deltas = [
             _event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": d}}) for d in reply.deltas
         ]
@@ -268,6 +282,69 @@ class BedrockFake(FakeUpstream):
                 {"usage": _usage(reply.input_tokens, reply.output_tokens), "metrics": {"latencyMs": 1}},
             ),
         ]
+        head = [_event("messageStart", {"role": "assistant"})]
+        return await self._stream(request, behaviour, head, [] if reply.refused else deltas, tail)
+
+    async def _invoke(self, request: web.Request) -> web.StreamResponse:
+        stream = request.path.endswith("/invoke-with-response-stream")
+        body, behaviour = await self._admit(request, stream, _invoke_problem)
+        if body is None:
+            return behaviour
+        reply = reply_for(behaviour, self.name)
+        model = request.match_info["model_id"]
+        stop = "refusal" if reply.refused else "end_turn"
+        usage = {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens}
+        message = {
+            "id": f"msg_bdrk_{uuid.uuid4().hex[:24]}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [] if reply.refused else [{"type": "text", "text": reply.text}],
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if not stream:
+            if not isinstance(behaviour, Serve | Refusal):
+                return drop(request)
+            if isinstance(behaviour, Serve) and behaviour.delay_s and await self._pause(behaviour.delay_s):
+                return drop(request)
+            return web.json_response(message, headers={"x-amzn-RequestId": str(uuid.uuid4())})
+        started = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        head = [
+            _chunk({"type": "message_start", "message": started}),
+            _chunk(
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+            ),
+        ]
+        deltas = [
+            _chunk({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d}})
+            for d in reply.deltas
+        ]
+        metrics = {
+            "inputTokenCount": reply.input_tokens,
+            "outputTokenCount": reply.output_tokens,
+            "invocationLatency": 1,
+            "firstByteLatency": 1,
+        }
+        tail = [
+            _chunk({"type": "content_block_stop", "index": 0}),
+            _chunk(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": reply.output_tokens},
+                }
+            ),
+            _chunk({"type": "message_stop", "amazon-bedrock-invocationMetrics": metrics}),
+        ]
+        return await self._stream(request, behaviour, head, [] if reply.refused else deltas, tail)
+
+    async def _stream(
+        self, request: web.Request, behaviour: Any, head: list[bytes], deltas: list[bytes], tail: list[bytes]
+    ) -> web.StreamResponse:
+        """`head`, then `deltas` and `tail` as `behaviour` says (an exception frame, a cut)."""
+        frames = list(head)
         cut = False
         match behaviour:
             case FailBeforeVisible(terminal="overloaded"):
@@ -289,7 +366,7 @@ class BedrockFake(FakeUpstream):
                 frames += deltas[:1] if after_visible else []
                 cut = not clean
             case _:
-                frames += [*([] if reply.refused else deltas), *tail]
+                frames += [*deltas, *tail]
         response = web.StreamResponse(
             headers={
                 "Content-Type": "application/vnd.amazon.eventstream",
@@ -309,6 +386,30 @@ class BedrockFake(FakeUpstream):
             return drop(request)
         await response.write_eof()
         return response
+
+
+def _chunk(event: dict[str, Any]) -> bytes:
+    """One InvokeModelWithResponseStream frame: a Messages stream event, base64 in `bytes` (and the
+    random padding `p` Bedrock adds against length side channels)."""
+    data = base64.b64encode(json.dumps(event).encode()).decode()
+    return _event("chunk", {"bytes": data, "p": "abcdefghijklmnopqrstuvwxyz"[: 1 + len(data) % 26]})
+
+
+def _converse_problem(body: Any) -> str | None:
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return "1 validation error detected: messages is required."
+    return None
+
+
+def _invoke_problem(body: Any) -> str | None:
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return "messages: field required"
+    if body.get("anthropic_version") != ANTHROPIC_VERSION:
+        return "Malformed input request: anthropic_version must be bedrock-2023-05-31"
+    extraneous = sorted(set(body) & {"model", "stream"})
+    if extraneous:
+        return f"Malformed input request: extraneous key [{extraneous[0]}] is not permitted"
+    return None
 
 
 def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:

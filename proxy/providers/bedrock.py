@@ -3,6 +3,15 @@ Converse / ConverseStream and answers back (`bedrock_translate`); an Anthropic M
 Responses client go through Chat on the way (no `previous_response_id` over HTTP: the gateway keeps no
 conversation). Count_tokens, embeddings and files are not carried.
 
+An Anthropic Messages client asking for an Anthropic model (`anthropic.claude-...`, or an inference profile
+of one such as `us.anthropic.claude-...`) is served by InvokeModel instead, with its own Messages body:
+`/model/{modelId}/invoke` or `/invoke-with-response-stream`, the body as sent without `model` and `stream`,
+with `anthropic_version: "bedrock-2023-05-31"` and the client's `anthropic-beta` flags as the body's
+`anthropic_beta` list, so every field (`thinking`, `top_k`, cache control...) reaches the model as it
+would reach Anthropic's own API. The answer is the Messages JSON as it comes; each stream frame's `chunk`
+carries one Messages event (base64), relayed as that SSE event (`InvokeChunks`), and an exception frame
+ends the stream with a Messages `error` event of its kind. Errors are named as for Converse.
+
 - `base_url` is the runtime endpoint, `https://bedrock-runtime.<region>.amazonaws.com`; the model id is in
   the path (`/model/{modelId}/converse`, `/converse-stream`), percent-encoded as the AWS SDKs send it.
 - Every request is signed with SigV4 (service `bedrock`) by the transport, with botocore's signer, for
@@ -26,6 +35,7 @@ conversation). Count_tokens, embeddings and files are not carried.
 PURE: it decides; the transport reads the credential, signs and sends.
 """
 
+import base64
 import json
 import re
 from collections.abc import Mapping
@@ -51,12 +61,13 @@ from proxy.providers.base import (
     responses_over_chat,
     url,
 )
-from proxy.sse import Dialect
+from proxy.sse import Block, Dialect, encode_block
 from routing.failures import ErrorShape
 from routing.route import Target
 from routing.types import Requirements
 
 SERVICE = "bedrock"
+ANTHROPIC_VERSION = "bedrock-2023-05-31"  # InvokeModel's Messages body version
 _REGION_HOST = re.compile(r"(?:^|[./])bedrock(?:-runtime)?(?:-fips)?\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d+)\.")
 # The runtime host, whose control-plane twin serves the model listing.
 _RUNTIME_HOST = re.compile(r"^(?P<scheme>https?://)bedrock-runtime(?P<fips>-fips)?\.")
@@ -78,6 +89,15 @@ def _error_name(headers: Mapping[str, str], payload: object) -> str | None:
     return named.rpartition("#")[2].partition(":")[0] or None
 
 
+def _aws_error(headers: Mapping[str, str], raw: bytes) -> bytes:
+    """An AWS error body as the Chat wire's, named by its exception, never its message."""
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        payload = None
+    return json.dumps(bedrock_translate.chat_error(_error_name(headers, payload), None)).encode()
+
+
 class BedrockWire:
     """Bedrock's answers, errors and event-stream frames as the Chat wire has them (one per attempt)."""
 
@@ -88,14 +108,12 @@ class BedrockWire:
         self.sigv4 = sigv4
 
     def answer(self, status: int, headers: Mapping[str, str], raw: bytes) -> tuple[int, bytes]:
+        if status >= 400:
+            return status, _aws_error(headers, raw)
         try:
             payload = json.loads(raw)
         except ValueError:
             payload = None
-        if status >= 400:
-            return status, json.dumps(
-                bedrock_translate.chat_error(_error_name(headers, payload), None)
-            ).encode()
         if not isinstance(payload, dict):
             return status, raw
         answer = bedrock_translate.converse_to_chat_response(
@@ -105,6 +123,73 @@ class BedrockWire:
 
     def stream(self) -> StreamTranslator | None:
         return bedrock_translate.ConverseToChatStream(model=self.model, created=0)
+
+
+class InvokeWire:
+    """InvokeModel's answers for an Anthropic model: the Messages API's own body as it comes, errors as
+    Converse's (`BedrockWire`), each event-stream `chunk` frame one Messages stream event."""
+
+    framing = AWS_EVENTSTREAM
+
+    def __init__(self, sigv4: SigV4) -> None:
+        self.sigv4 = sigv4
+
+    def answer(self, status: int, headers: Mapping[str, str], raw: bytes) -> tuple[int, bytes]:
+        return (status, _aws_error(headers, raw)) if status >= 400 else (status, raw)
+
+    def stream(self) -> StreamTranslator | None:
+        return InvokeChunks()
+
+
+# An exception frame inside an InvokeModel stream, as the Messages API's stream error type the relay reads.
+_STREAM_ERROR_TYPES = {
+    "throttlingException": "rate_limit_error",
+    "serviceUnavailableException": "overloaded_error",
+    "validationException": "invalid_request_error",
+}
+
+
+class InvokeChunks:
+    """InvokeModelWithResponseStream frames in, Messages SSE bytes out: a `chunk` frame's `bytes` (base64)
+    is one Messages stream event, sent as it is; an exception frame ends the stream with a Messages
+    `error` event naming only its type. One per upstream response."""
+
+    def __init__(self) -> None:
+        self._ended = False
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def feed(self, block: Block) -> bytes:
+        if self._ended:
+            return b""
+        try:
+            payload = json.loads(block.data) if block.data is not None else None
+        except (ValueError, RecursionError):
+            payload = None
+        if not isinstance(payload, dict):
+            return b""
+        if block.event == "exception":
+            name = payload.get("type")
+            kind = _STREAM_ERROR_TYPES.get(name, "api_error") if isinstance(name, str) else "api_error"
+            self._ended = True
+            error = {
+                "type": "error",
+                "error": {"type": kind, "message": f"Bedrock stream exception ({kind})"},
+            }
+            return encode_block("error", json.dumps(error))
+        try:
+            event = json.loads(base64.b64decode(payload.get("bytes") or "", validate=True))
+        except (ValueError, RecursionError):
+            return b""
+        if block.event != "chunk" or not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            return b""
+        self._ended = event["type"] == "message_stop"
+        return encode_block(event["type"], json.dumps(event, separators=(",", ":"), ensure_ascii=False))
+
+    def finish(self) -> bytes:
+        return b""  # a stream cut before `message_stop` stays cut: the relay reads it as interrupted
 
 
 class Bedrock:
@@ -127,11 +212,14 @@ class Bedrock:
         credential: str,
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
+        sigv4 = self.signature(target.base_url, target.region, credential)
+        if path == MESSAGES and anthropic_model(model):
+            return _invoke(target, body, model, sigv4, anthropic_beta)
         chat = anthropic_to_chat_request(body) if path == MESSAGES else body
         stream = chat.get("stream") is True
         operation = "converse-stream" if stream else "converse"
         where = url(target.base_url, f"/model/{path_segment(model)}/{operation}")
-        wire = BedrockWire(model, self.signature(target.base_url, target.region, credential))
+        wire = BedrockWire(model, sigv4)
         headers = {"content-type": "application/json"}
         if path == RESPONSES:
             upstream = partial(bedrock_translate.chat_to_converse_request, model=model)
@@ -167,6 +255,25 @@ class Bedrock:
             ):
                 ids.append(model)
         return ModelPage(ids)
+
+
+def anthropic_model(model: str) -> bool:
+    """An Anthropic model's id (`anthropic.claude-...`) or an inference profile of one (`us.anthropic...`)."""
+    return model.startswith("anthropic.") or ".anthropic." in model
+
+
+def _invoke(target: Target, body: Json, model: str, sigv4: SigV4, anthropic_beta: str | None) -> UpstreamCall:
+    """A Messages client on an Anthropic model: its own body to InvokeModel, every field kept (Converse
+    would have to refuse or drop what it has no form for: `thinking`, `top_k`, cache control...)."""
+    stream = body.get("stream") is True
+    operation = "invoke-with-response-stream" if stream else "invoke"
+    payload = {name: value for name, value in body.items() if name not in ("model", "stream")}
+    payload["anthropic_version"] = ANTHROPIC_VERSION
+    if anthropic_beta:  # Bedrock takes the client's beta flags in the body, not a header
+        payload["anthropic_beta"] = [flag.strip() for flag in anthropic_beta.split(",") if flag.strip()]
+    where = url(target.base_url, f"/model/{path_segment(model)}/{operation}")
+    headers = {"content-type": "application/json"}
+    return UpstreamCall(where, headers, payload, Dialect.ANTHROPIC, MESSAGES, model, wire=InvokeWire(sigv4))
 
 
 def _listed(summary: Json, field: str, value: str) -> bool:

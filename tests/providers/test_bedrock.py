@@ -11,7 +11,7 @@ from catalog.models import Provenance
 from devkit import bedrock
 from devkit.bedrock import BedrockFake
 from devkit.behaviours import fail_after_visible, refusal, serve
-from pools.models import Adapter, GatewaySettings
+from pools.models import Adapter, Assignment, GatewaySettings
 from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
@@ -94,14 +94,85 @@ def test_a_streamed_turn_is_decoded_from_event_stream_frames(gateway, bedrock_th
     assert wait_for(_attempts, what="the attempt")[0].output_tokens == 3
 
 
-def test_an_anthropic_client_is_served_by_a_bedrock_account(gateway, bedrock_then_openai):
-    client = anthropic.Anthropic(base_url=gateway, api_key=GATEWAY_KEY, max_retries=0)
-    assert (
-        client.messages.create(model=MODEL, max_tokens=20, messages=TURN).content[0].text
-        == "hello from bedrock"
+def _anthropic(gateway: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway, api_key=GATEWAY_KEY, max_retries=0)
+
+
+def test_an_anthropic_client_on_an_anthropic_model_is_served_by_invoke_model_with_every_field(
+    gateway, bedrock_then_openai
+):
+    aws, other = bedrock_then_openai
+    aws.script(MODEL, serve("from claude on bedrock", input_tokens=1000, output_tokens=100))
+    answer = _anthropic(gateway).messages.create(
+        model=MODEL,
+        max_tokens=2048,
+        messages=TURN,
+        extra_body={"top_k": 5, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+        extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"},
     )
-    with client.messages.stream(model=MODEL, max_tokens=20, messages=TURN) as stream:
+    assert answer.content[0].text == "from claude on bedrock"
+    hit = aws.hits[-1]
+    assert hit.path == f"/model/{MODEL}/invoke" and other.hits == []
+    assert hit.body == {
+        "anthropic_version": "bedrock-2023-05-31",
+        "max_tokens": 2048,
+        "messages": TURN,
+        "top_k": 5,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "anthropic_beta": ["interleaved-thinking-2025-05-14"],
+    }
+    (attempt,) = _attempts()
+    assert (attempt.input_tokens, attempt.output_tokens) == (1000, 100)
+    assert attempt.cost_micros == 3_000 + 1_500  # 1000 x 3 $/Mtok + 100 x 15 $/Mtok
+
+
+def test_an_anthropic_stream_comes_from_the_invoke_stream_chunks(gateway, bedrock_then_openai):
+    aws, _ = bedrock_then_openai
+    with _anthropic(gateway).messages.stream(model=MODEL, max_tokens=20, messages=TURN) as stream:
         assert "".join(stream.text_stream) == "hello from bedrock"
+        assert stream.get_final_message().usage.output_tokens == 3
+    assert aws.hits[-1].path == f"/model/{MODEL}/invoke-with-response-stream"
+    attempt = wait_for(lambda: next(iter(_attempts()), None), what="the attempt")
+    assert attempt.output_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_invoke_rejection_another_account_can_fix_fails_over(gateway, bedrock_then_openai, stream):
+    aws, _ = bedrock_then_openai
+    aws.script(MODEL, bedrock.throttled())
+    client = _anthropic(gateway)
+    if stream:
+        with client.messages.stream(model=MODEL, max_tokens=20, messages=TURN) as events:
+            assert "".join(events.text_stream) == "hello from openai"
+    else:
+        assert client.messages.create(model=MODEL, max_tokens=20, messages=TURN).content[0].text == (
+            "hello from openai"
+        )
+    first = wait_for(_attempts, what="the attempts")[0]
+    assert (first.status, first.failure_class) == ("retryable_failed", "rate_limited")
+
+
+def test_an_invoke_stream_exception_after_output_ends_it_never_retried(gateway, bedrock_then_openai):
+    aws, other = bedrock_then_openai
+    aws.script(MODEL, fail_after_visible())
+    with (
+        pytest.raises(anthropic.APIStatusError),
+        _anthropic(gateway).messages.stream(model=MODEL, max_tokens=20, messages=TURN) as stream,
+    ):
+        list(stream.text_stream)
+    assert other.hits == []
+
+
+def test_an_anthropic_client_on_another_model_goes_through_converse(gateway, bedrock_then_openai):
+    aws, _ = bedrock_then_openai
+    llama = "meta.llama3-70b-instruct-v1:0"
+    aws.models = (MODEL, llama)
+    CatalogEntryFactory(
+        assignment=Assignment.objects.get(name="bedrock"), model=llama, provenance=Provenance.CONFIGURED
+    )
+    answer = _anthropic(gateway).messages.create(model=llama, max_tokens=20, messages=TURN)
+    assert answer.content[0].text == "hello from bedrock"
+    assert aws.hits[-1].path == f"/model/{llama}/converse"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """The provider fakes speak the real wire formats: each provider's official client library, pointed at its
 fake, reads what the fake answers (plain, streamed, rejected) as it reads the real service."""
 
+import json
+
 import boto3
 import botocore.exceptions
 import openai
@@ -51,6 +53,17 @@ def _bedrock_client(fake: BedrockFake, secret: str | None = None):
         aws_access_key_id=fake.access_key,
         aws_secret_access_key=secret or fake.secret_key,
         config=Config(retries={"max_attempts": 1}),
+    )
+
+
+def _bedrock_control(fake: BedrockFake):
+    """boto3's `bedrock` client (the control plane: ListFoundationModels)."""
+    return boto3.client(
+        "bedrock",
+        region_name=fake.region,
+        endpoint_url=fake.endpoint,
+        aws_access_key_id=fake.access_key,
+        aws_secret_access_key=fake.secret_key,
     )
 
 
@@ -195,14 +208,57 @@ def test_bedrock_fake_refuses_a_bad_signature_and_names_an_unknown_model_a_valid
 
 
 def test_boto3_lists_the_foundation_models(aws):
-    client = boto3.client(
-        "bedrock",
-        region_name=aws.region,
-        endpoint_url=aws.endpoint,
-        aws_access_key_id=aws.access_key,
-        aws_secret_access_key=aws.secret_key,
-    )
+    client = _bedrock_control(aws)
     assert [m["modelId"] for m in client.list_foundation_models()["modelSummaries"]] == [CLAUDE]
+
+
+ANTHROPIC_BODY = {
+    "anthropic_version": "bedrock-2023-05-31",
+    "max_tokens": 64,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+
+
+def test_boto3_invokes_an_anthropic_model_with_its_messages_body(aws):
+    answer = _bedrock_client(aws).invoke_model(modelId=CLAUDE, body=json.dumps(ANTHROPIC_BODY))
+    message = json.loads(answer["body"].read())
+    assert (message["type"], message["content"], message["stop_reason"]) == (
+        "message",
+        [{"type": "text", "text": "hello from bedrock"}],
+        "end_turn",
+    )
+    assert message["usage"] == {"input_tokens": 10, "output_tokens": 3}
+    with pytest.raises(botocore.exceptions.ClientError) as refused:
+        _bedrock_client(aws).invoke_model(
+            modelId=CLAUDE, body=json.dumps({**ANTHROPIC_BODY, "model": CLAUDE})
+        )
+    assert refused.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_boto3_decodes_the_messages_events_inside_the_invoke_stream_chunks(aws):
+    stream = _bedrock_client(aws).invoke_model_with_response_stream(
+        modelId=CLAUDE, body=json.dumps(ANTHROPIC_BODY)
+    )["body"]
+    events = [json.loads(frame["chunk"]["bytes"]) for frame in stream]
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "content_block_start",
+        *["content_block_delta"] * 3,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta") == (
+        "hello from bedrock"
+    )
+    assert events[-1]["amazon-bedrock-invocationMetrics"]["outputTokenCount"] == 3
+    aws.script(CLAUDE, fail_after_visible())
+    broken = _bedrock_client(aws).invoke_model_with_response_stream(
+        modelId=CLAUDE, body=json.dumps(ANTHROPIC_BODY)
+    )
+    with pytest.raises(botocore.exceptions.EventStreamError) as failed:
+        list(broken["body"])
+    assert failed.value.response["Error"]["Code"] == "modelStreamErrorException"
 
 
 def test_bedrock_refusal_is_a_content_filtered_stop(aws):
@@ -290,13 +346,7 @@ def test_azure_sdk_lists_the_deployments_with_the_listing_api_version(azure):
 
 def test_boto3_reads_the_summary_fields_of_every_listed_model(aws):
     aws.listed = {"amazon.titan-embed-text-v2:0": {"outputModalities": ["EMBEDDING"]}}
-    client = boto3.client(
-        "bedrock",
-        region_name=aws.region,
-        endpoint_url=aws.endpoint,
-        aws_access_key_id=aws.access_key,
-        aws_secret_access_key=aws.secret_key,
-    )
+    client = _bedrock_control(aws)
     summaries = client.list_foundation_models()["modelSummaries"]
     assert [(m["modelId"], m["outputModalities"]) for m in summaries] == [
         (CLAUDE, ["TEXT"]),

@@ -1,6 +1,7 @@
 """An Anthropic client's `top_k` and `thinking` through the gateway, driven by the anthropic SDK over real
 sockets: a Gemini account (devkit.gemini) receives them in its generation config and a Bedrock one
-(devkit.bedrock) in its additional model request fields, with the adversarial fixture's roles kept, and
+(devkit.bedrock) in the Messages body InvokeModel takes for an Anthropic model, with the adversarial
+fixture's roles kept, and
 an OpenAI-shaped account, which has no field for them, is passed over before anything is sent."""
 
 from typing import Any
@@ -132,8 +133,11 @@ def test_the_adversarial_fixture_arrives_with_its_roles_and_top_k_on_gemini_and_
         assert [c["role"] for c in sent["contents"]] == ["user", "model", "user"]
         assert sent["contents"][2]["parts"][0]["functionResponse"]["response"] == {"content": FORGED}
         assert sent["generationConfig"]["topK"] == 7
-    else:
-        assert sent["system"] == [{"text": INSTRUCTION}]
+    else:  # an Anthropic model on Bedrock takes the Messages body itself (InvokeModel), as sent
+        assert hit.path == f"/model/{MODEL}/invoke"
+        assert sent == {
+            **{name: value for name, value in body.items() if name != "model"},
+            "anthropic_version": "bedrock-2023-05-31",
+            "top_k": 7,
+        }
         assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]
-        assert sent["messages"][2]["content"][0]["toolResult"]["content"] == [{"text": FORGED}]
-        assert sent["additionalModelRequestFields"] == {"top_k": 7}
