@@ -72,10 +72,15 @@ class CircuitPoller:
 
     def windows(self) -> list[tuple[int, str, float, float]]:
         """Half-open windows: (assignment id, route class, from open_until, to the first poll that
-        saw the circuit closed or opened again; the last poll if never)."""
+        saw the circuit closed or opened again; the last poll if never). An open that became
+        visible only after its open_until (a failure write that committed late, its cooldown
+        counted from when it was computed) starts at the last poll that did not see it yet: before
+        that, every request read the circuit as it was."""
         found: dict[tuple[int, str, float], float] = {}
+        starts: dict[tuple[int, str, float], float] = {}
         current: dict[tuple[int, str], float] = {}
         last = self.observations[-1][0] if self.observations else 0.0
+        before = -math.inf
         for t, rows in self.observations:
             seen = set()
             for assignment, route_class, state, open_until, _ in rows:
@@ -89,14 +94,16 @@ class CircuitPoller:
                     found[(*key, previous)] = t
                 if until is not None:
                     current[key] = until
-                    found.setdefault((*key, until), math.inf)
+                    if (*key, until) not in found:
+                        found[(*key, until)] = math.inf
+                        starts[(*key, until)] = max(until, before)
                 else:
                     current.pop(key, None)
             for key in [k for k in current if k not in seen]:
                 found[(*key, current.pop(key))] = t
-        return [
-            (a, rc, start, min(end, last)) for (a, rc, start), end in found.items() if start < min(end, last)
-        ]
+            before = t
+        windows = [(a, rc, starts[(a, rc, until)], min(end, last)) for (a, rc, until), end in found.items()]
+        return [(a, rc, start, end) for a, rc, start, end in windows if start < end]
 
 
 def read_arrivals(path: Path) -> list[dict]:

@@ -85,6 +85,15 @@ def test_a_circuit_closed_before_its_open_until_has_no_half_open_window():
     assert polls.windows() == [(1, "http", 10.0, 10.5)]
 
 
+def test_an_open_that_became_visible_after_its_open_until_starts_its_window_when_it_was_seen():
+    # A failure write computed its cooldown at 9.0 (open_until 10.0) but committed only after the poll
+    # at 10.5: until then every request read the circuit closed, so arrivals before 10.5 are no probes.
+    polls = poller((9.0, CLOSED_A), (10.5, CLOSED_A), (10.6, OPEN_A), (12.0, CLOSED_A))
+    assert polls.windows() == [(1, "http", 10.5, 12.0)]
+    log = [arrival("a", "p", "slow", 10.2, 10.9), arrival("a", "q", "serve", 10.3)]
+    assert half_open_check(log, polls, FakeDatabase()).ok
+
+
 LOG = """\
 {"event": "request"}
 routing state could not be saved
