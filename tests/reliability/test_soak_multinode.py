@@ -19,10 +19,12 @@ skip: the case still runs, and its figure is in the report):
   finding was the check's own: a failure write that commits late opens a circuit whose open_until is
   already past, and the check counted the arrivals before the commit (the circuit still read closed)
   as probes; its window now starts when the open became visible. The second full run of
-  2026-12-01 still showed 4 arrivals in a probe's position; in each, the request had passed over or
-  failed on other candidates first (a budget key's pass-overs, model_not_found), which the check,
-  judging by the circuit polls alone, cannot see. Kept as an expected failure until the check reads
-  each request's own plan from the ledger and several full runs hold.
+  2026-12-01 still showed 4 arrivals in a probe's position. Read against the polls, each request had
+  tried every candidate it had read as closed first (a view younger than the cooldown is trusted as
+  read), but an assignment it read open had closed since, or it passed candidates over (a budget key)
+  in ways the polls cannot show; whether each was a legitimate last resort beside the lease holder
+  needs the request's own plan. Kept as an expected failure until the check reads each request's
+  attempts from the ledger and several full runs hold.
 """
 
 import json
