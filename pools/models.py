@@ -235,7 +235,11 @@ class Assignment(models.Model):
     )
     quality = models.FloatField(null=True, blank=True, help_text="Empty: unknown.")
     min_deadline_ms = models.PositiveIntegerField(default=0)
-    discovery = models.BooleanField(default=False, help_text="sync_catalog asks GET {base_url}/models.")
+    discovery = models.BooleanField(
+        default=False,
+        help_text="sync_catalog asks the provider's model listing: GET {base_url}/models, or Azure's "
+        "deployments, Gemini's paged models, Bedrock's foundation models (README).",
+    )
     enabled = models.BooleanField(default=True)
 
     class Meta:
