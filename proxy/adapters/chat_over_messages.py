@@ -2,7 +2,9 @@
 and stream back as Chat.
 
 PURE: standard library and `proxy.sse` only, no I/O, no clock. The contract (role separation, strict
-requests, lenient answers, tool ids) is `proxy.adapters.translate`'s.
+requests, lenient answers, tool ids) is `proxy.adapters.translate`'s, and so is the key-by-key reading of
+each Chat message, part, tool call and tool (`chat_message` and its siblings): a participant's `name`, an
+assistant's `audio` or `function_call` are refused naming their path.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from proxy.adapters.translate import (
     _DONE,
     _JOIN,
     _KEEP_ALIVE,
+    CHAT_PART_HINTS,
     RequestTranslationError,
     ResponseTranslationError,
     _arguments,
@@ -23,7 +26,6 @@ from proxy.adapters.translate import (
     _chat_finish,
     _chat_id,
     _chat_usage_from_anthropic,
-    _check_fields,
     _integer,
     _json,
     _number,
@@ -34,6 +36,11 @@ from proxy.adapters.translate import (
     _string,
     _text_of_parts,
     anthropic_tool_id,
+    chat_function,
+    chat_message,
+    chat_named_choice,
+    chat_part,
+    chat_tool_call,
 )
 from proxy.sse import Block, encode_block
 
@@ -126,12 +133,13 @@ def chat_to_anthropic_request(body: Mapping[str, Any]) -> dict[str, Any]:
     messages = _array(body.get("messages"), "messages")
     for index, message in enumerate(messages):
         param = f"messages[{index}]"
-        message = _present(_object(message, param))
+        message = chat_message(message, param)
         role = message.get("role")
         if role in ("system", "developer"):
             # Hoisted to Anthropic's one instruction position, in order. Their place among the turns is
             # lost; their authority is not, and nothing else can reach that position.
-            system += [text for text in _text_of_parts(message.get("content"), f"{param}.content") if text]
+            texts = _text_of_parts(message.get("content"), f"{param}.content", dropped=CHAT_PART_HINTS)
+            system += [text for text in texts if text]
             continue
         if role == "user":
             blocks = _chat_user_blocks(message, param)
@@ -195,14 +203,13 @@ def _compact(blocks: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
 
 
 def _chat_user_blocks(message: Mapping[str, Any], param: str) -> list[dict[str, Any]]:
-    _check_fields(message, frozenset({"role", "content", "name"}), prefix=f"{param}.")
     content = message.get("content")
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks: list[dict[str, Any]] = []
     for index, part in enumerate(_array(content, f"{param}.content")):
         where = f"{param}.content[{index}]"
-        part = _object(part, where)
+        part = chat_part(part, where)
         match part.get("type"):
             case "text":
                 text = _string(part.get("text"), f"{where}.text")
@@ -233,40 +240,27 @@ def _chat_image_to_anthropic(part: Mapping[str, Any], param: str) -> dict[str, A
 
 
 def _chat_assistant_blocks(message: Mapping[str, Any], param: str) -> list[dict[str, Any]]:
-    _check_fields(
-        message, frozenset({"role", "content", "name", "tool_calls", "refusal"}), prefix=f"{param}."
-    )
     texts: list[str] = []
     if "content" in message:
         kinds = frozenset({"text", "refusal"})
-        texts += _text_of_parts(message["content"], f"{param}.content", kinds=kinds)
+        texts += _text_of_parts(message["content"], f"{param}.content", kinds=kinds, dropped=CHAT_PART_HINTS)
     if "refusal" in message:
         texts.append(_string(message["refusal"], f"{param}.refusal"))
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text} for text in texts if text]
     for index, call in enumerate(_array(message.get("tool_calls", []), f"{param}.tool_calls")):
         where = f"{param}.tool_calls[{index}]"
-        call = _object(call, where)
-        if call.get("type", "function") != "function":
-            _refuse(f"{where}.type")
-        function = _object(call.get("function"), f"{where}.function")
+        call_id, name, arguments = chat_tool_call(call, where)
+        tool_input = _arguments(arguments, f"{where}.function.arguments", RequestTranslationError)
         blocks.append(
-            {
-                "type": "tool_use",
-                "id": anthropic_tool_id(_string(call.get("id"), f"{where}.id")),
-                "name": _string(function.get("name"), f"{where}.function.name"),
-                "input": _arguments(
-                    function.get("arguments"), f"{where}.function.arguments", RequestTranslationError
-                ),
-            }
+            {"type": "tool_use", "id": anthropic_tool_id(call_id), "name": name, "input": tool_input}
         )
     return blocks
 
 
 def _chat_tool_result(message: Mapping[str, Any], param: str) -> dict[str, Any]:
-    _check_fields(message, frozenset({"role", "content", "tool_call_id", "name"}), prefix=f"{param}.")
     call_id = _string(message.get("tool_call_id"), f"{param}.tool_call_id")
     # Verbatim: whatever the result claims to be, it stays this tool_result block's content.
-    text = _JOIN.join(_text_of_parts(message.get("content", ""), f"{param}.content"))
+    text = _JOIN.join(_text_of_parts(message.get("content", ""), f"{param}.content", dropped=CHAT_PART_HINTS))
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": anthropic_tool_id(call_id)}
     if text:
         block["content"] = text  # Anthropic refuses an empty text block; an absent content is valid
@@ -274,10 +268,7 @@ def _chat_tool_result(message: Mapping[str, Any], param: str) -> dict[str, Any]:
 
 
 def _chat_tool_to_anthropic(tool: object, param: str) -> dict[str, Any]:
-    tool = _object(tool, param)
-    if tool.get("type") != "function":
-        _refuse(f"{param}.type")  # custom (free-form grammar) tools have no Anthropic counterpart
-    function = _object(tool.get("function"), f"{param}.function")
+    function = chat_function(tool, param)  # custom (free-form grammar) tools have no Anthropic counterpart
     out: dict[str, Any] = {"name": _string(function.get("name"), f"{param}.function.name")}
     if function.get("description") is not None:
         out["description"] = _string(function["description"], f"{param}.function.description")
@@ -300,11 +291,7 @@ def _chat_tool_choice_to_anthropic(choice: object) -> dict[str, Any] | None:
         if choice not in _CHAT_TOOL_CHOICE:
             _refuse("tool_choice")
         return {"type": _CHAT_TOOL_CHOICE[choice]}
-    choice = _object(choice, "tool_choice")
-    if choice.get("type") != "function":
-        _refuse("tool_choice.type")  # allowed_tools, custom
-    function = _object(choice.get("function"), "tool_choice.function")
-    return {"type": "tool", "name": _string(function.get("name"), "tool_choice.function.name")}
+    return {"type": "tool", "name": chat_named_choice(choice)}
 
 
 def anthropic_to_chat_response(

@@ -48,6 +48,7 @@ from proxy.adapters.translate import (
     _string,
     _text_of_parts,
     anthropic_tool_id,
+    block_fields,
 )
 from proxy.sse import Block, encode_block
 
@@ -81,6 +82,26 @@ _ANTHROPIC_OUTPUT_CONFIG_DROPPED = frozenset({"effort"})  # `format` is a struct
 _ANTHROPIC_TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 # Assistant history blocks that carry the model's own reasoning, meaningless to another provider.
 _ANTHROPIC_REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+# The keys of each block, tool and tool choice (anthropic-sdk-python `types/*_param.py`), read by
+# `block_fields`: carried, dropped as a hint (module docstring) or at a neutral value, else refused naming
+# the path. Refused: `citations` on a text block (citations of documents Chat cannot be given), a tool's
+# `input_examples` (content Chat has no place for), `defer_loading: true` and `allowed_callers` other
+# than direct (tool search and programmatic calling run at Anthropic), a tool use's `caller` other
+# than direct.
+_ANTHROPIC_HINTS = frozenset({"cache_control"})
+_TEXT_KEYS = frozenset({"type", "text"})
+_TOOL_KEYS = frozenset({"type", "name", "input_schema", "description", "strict"})
+# `eager_input_streaming` only changes how the call's input is streamed, never what it is.
+_TOOL_DROPPED = _ANTHROPIC_HINTS | {"eager_input_streaming"}
+_TOOL_NEUTRAL: Mapping[str, object] = {"defer_loading": False, "allowed_callers": ["direct"]}
+_DIRECT_CALLER: Mapping[str, object] = {"caller": {"type": "direct"}}
+_IMAGE_SOURCE_KEYS = {"base64": frozenset({"type", "media_type", "data"}), "url": frozenset({"type", "url"})}
+_TOOL_CHOICE_KEYS = {
+    "auto": frozenset({"type", "disable_parallel_tool_use"}),
+    "any": frozenset({"type", "disable_parallel_tool_use"}),
+    "tool": frozenset({"type", "name", "disable_parallel_tool_use"}),
+    "none": frozenset({"type"}),
+}
 
 
 class AnthropicChat(dict[str, Any]):
@@ -192,7 +213,7 @@ def _carried(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _anthropic_system_text(content: object, param: str) -> str:
-    return _JOIN.join(_text_of_parts(content, param))
+    return _JOIN.join(_text_of_parts(content, param, dropped=_ANTHROPIC_HINTS))
 
 
 def _anthropic_user_to_chat(content: object, param: str) -> list[dict[str, Any]]:
@@ -205,10 +226,14 @@ def _anthropic_user_to_chat(content: object, param: str) -> list[dict[str, Any]]
         block = _object(block, where)
         match block.get("type"):
             case "text":
+                block = block_fields(block, where, _TEXT_KEYS, dropped=_ANTHROPIC_HINTS)
                 parts.append({"type": "text", "text": _string(block.get("text"), f"{where}.text")})
             case "image":
                 parts.append(_anthropic_image_to_chat(block, where))
             case "tool_result":
+                # `is_error` has no Chat field: dropped, the text kept (`translate` docstring).
+                known = frozenset({"type", "tool_use_id", "content"})
+                block = block_fields(block, where, known, dropped=_ANTHROPIC_HINTS | {"is_error"})
                 tool_messages.append(
                     {
                         "role": "tool",
@@ -235,19 +260,17 @@ def _anthropic_tool_result_text(content: object, param: str) -> str:
         return ""
     if isinstance(content, str):
         return content
-    texts = []
-    for index, block in enumerate(_array(content, param)):
-        block = _object(block, f"{param}[{index}]")
-        # An image (or any non-text block) cannot ride in a Chat tool message: refused, see docstring.
-        if block.get("type") != "text":
-            _refuse(f"{param}[{index}].type")
-        texts.append(_string(block.get("text"), f"{param}[{index}].text"))
-    return _JOIN.join(texts)
+    # An image (or any non-text block) cannot ride in a Chat tool message: refused, see docstring.
+    return _JOIN.join(_text_of_parts(content, param, dropped=_ANTHROPIC_HINTS))
 
 
 def _anthropic_image_to_chat(block: Mapping[str, Any], param: str) -> dict[str, Any]:
+    block = block_fields(block, param, frozenset({"type", "source"}), dropped=_ANTHROPIC_HINTS)
     source = _object(block.get("source"), f"{param}.source")
-    match source.get("type"):
+    kind = source.get("type")
+    if isinstance(kind, str) and kind in _IMAGE_SOURCE_KEYS:
+        source = block_fields(source, f"{param}.source", _IMAGE_SOURCE_KEYS[kind])
+    match kind:
         case "base64":
             media_type = _string(source.get("media_type"), f"{param}.source.media_type")
             data = _string(source.get("data"), f"{param}.source.data")
@@ -269,8 +292,11 @@ def _anthropic_assistant_to_chat(content: object, param: str) -> dict[str, Any]:
         block = _object(block, where)
         kind = block.get("type")
         if kind == "text":
+            block = block_fields(block, where, _TEXT_KEYS, dropped=_ANTHROPIC_HINTS)
             texts.append(_string(block.get("text"), f"{where}.text"))
         elif kind == "tool_use":
+            known = frozenset({"type", "id", "name", "input"})
+            block = block_fields(block, where, known, dropped=_ANTHROPIC_HINTS, neutral=_DIRECT_CALLER)
             tool_input = _object(block.get("input"), f"{where}.input")
             function = {"name": _string(block.get("name"), f"{where}.name"), "arguments": _json(tool_input)}
             calls.append(
@@ -287,11 +313,11 @@ def _anthropic_assistant_to_chat(content: object, param: str) -> dict[str, Any]:
 
 
 def _anthropic_tool_to_chat(tool: object, param: str) -> dict[str, Any]:
-    tool = _object(tool, param)
-    if tool.get("type") not in (None, "custom"):
+    if _object(tool, param).get("type") not in (None, "custom"):
         # Anthropic-defined tools (bash, text editor, web search, computer use...) have no schema here,
         # and server tools run at Anthropic: neither exists on a Chat upstream.
         _refuse(f"{param}.type")
+    tool = block_fields(tool, param, _TOOL_KEYS, dropped=_TOOL_DROPPED, neutral=_TOOL_NEUTRAL)
     function: dict[str, Any] = {
         "name": _string(tool.get("name"), f"{param}.name"),
         "parameters": dict(_object(tool.get("input_schema"), f"{param}.input_schema")),
@@ -304,16 +330,16 @@ def _anthropic_tool_to_chat(tool: object, param: str) -> dict[str, Any]:
 
 
 def _anthropic_tool_choice_to_chat(choice: object) -> dict[str, Any]:
-    choice = _object(choice, "tool_choice")
-    kind = choice.get("type")
+    kind = _object(choice, "tool_choice").get("type")
+    if not isinstance(kind, str) or kind not in _TOOL_CHOICE_KEYS:
+        _refuse("tool_choice.type")
+    choice = block_fields(choice, "tool_choice", _TOOL_CHOICE_KEYS[kind])
     out: dict[str, Any] = {}
     if kind == "tool":
         name = _string(choice.get("name"), "tool_choice.name")
         out["tool_choice"] = {"type": "function", "function": {"name": name}}
-    elif isinstance(kind, str) and kind in _ANTHROPIC_TOOL_CHOICE:
-        out["tool_choice"] = _ANTHROPIC_TOOL_CHOICE[kind]
     else:
-        _refuse("tool_choice.type")
+        out["tool_choice"] = _ANTHROPIC_TOOL_CHOICE[kind]
     disable = choice.get("disable_parallel_tool_use")
     if disable is not None and _boolean(disable, "tool_choice.disable_parallel_tool_use") and kind != "none":
         out["parallel_tool_calls"] = False

@@ -25,6 +25,13 @@ Contract:
     `RequestTranslationError(param)` (SPEC §11: unknown fields get a typed error). A field whose value
     is null is treated as absent. A Chat field with its neutral value (`n: 1`, `logprobs: false`,
     `response_format: {"type": "text"}`, ...) is dropped; any other value of it is refused.
+  The same rule holds inside the body (`block_fields`, applied per block type): every key of a content
+  block, message, part, tool call, tool and tool choice is carried, dropped as a documented hint
+  (`cache_control`, ...), accepted at its neutral value, or refused naming its path, e.g.
+  `messages[2].content[0].citations`. The key inventories are the clients' wire types (anthropic-sdk-python
+  `types/*_param.py`, in `messages_over_chat`; openai-python `types/chat`, here: `chat_message` and its
+  siblings, shared with `proxy.providers.chat_request`). A block of a type the translation does not take
+  is refused by its `type` before its keys are read.
   The translation happens before dispatch, so a refusal sends nothing upstream.
 - Decisions, each documented where it is made:
   images inside a tool result are refused for Chat (a Chat `tool` message carries text only; a
@@ -145,6 +152,112 @@ def _check_fields(body: Mapping[str, Any], known: frozenset[str], *, prefix: str
             _refuse(f"{prefix}{key}")
 
 
+_NO_KEYS: frozenset[str] = frozenset()
+
+
+def block_fields(
+    value: object,
+    param: str,
+    known: frozenset[str],
+    *,
+    dropped: frozenset[str] = _NO_KEYS,
+    neutral: Mapping[str, object] | None = None,
+) -> dict[str, Any]:
+    """`value`, a content block, message, tool or part, read strictly: the JSON object without its null
+    keys, its `dropped` keys (hints, each a documented decision) and the keys at their `neutral` value;
+    any other key not in `known` is refused naming its path, `param.key` (the block-level `_check_fields`)."""
+    read: dict[str, Any] = {}
+    for key, item in _object(value, param).items():
+        if item is None or key in dropped:
+            continue
+        if (
+            neutral is not None
+            and key in neutral
+            and item == neutral[key]
+            and type(item) is type(neutral[key])
+        ):
+            continue
+        if key not in known:
+            _refuse(f"{param}.{key}")
+        read[key] = item
+    return read
+
+
+# The Chat Completions request shapes (openai-python `types/chat`), read the same way by every translator
+# of a Chat request. Refused, because another API cannot carry them: a participant's `name` on a system,
+# developer, user or assistant message (the model reads it), an assistant's `audio` and legacy
+# `function_call`. Dropped by decision: a `tool` message's `name` (legacy; its `tool_call_id` already
+# names the call), `prompt_cache_breakpoint` on a part (caching) and an image's `detail` (how many tokens
+# OpenAI spends on it; the image itself is carried whole).
+_CHAT_MESSAGE_KEYS = {
+    "system": frozenset({"role", "content"}),
+    "developer": frozenset({"role", "content"}),
+    "user": frozenset({"role", "content"}),
+    "assistant": frozenset({"role", "content", "refusal", "tool_calls"}),
+    "tool": frozenset({"role", "content", "tool_call_id"}),
+}
+_CHAT_PART_KEYS = {
+    "text": frozenset({"type", "text"}),
+    "refusal": frozenset({"type", "refusal"}),
+    "image_url": frozenset({"type", "image_url"}),
+}
+CHAT_PART_HINTS = frozenset({"prompt_cache_breakpoint"})
+_IMAGE_DETAIL = frozenset({"detail"})
+
+
+def chat_message(message: object, param: str) -> dict[str, Any]:
+    """A Chat message read strictly for its role (an unknown role is the caller's to refuse)."""
+    read = _object(message, param)
+    role = read.get("role")
+    known = _CHAT_MESSAGE_KEYS.get(role) if isinstance(role, str) else None
+    if known is None:
+        return _present(read)
+    return block_fields(read, param, known, dropped=frozenset({"name"}) if role == "tool" else _NO_KEYS)
+
+
+def chat_part(part: object, param: str) -> dict[str, Any]:
+    """A Chat content part read strictly for its type (an unknown type is the caller's to refuse); an
+    `image_url` part's image is read too, an image given as a bare URL string kept as it is."""
+    read = _object(part, param)
+    kind = read.get("type")
+    known = _CHAT_PART_KEYS.get(kind) if isinstance(kind, str) else None
+    if known is None:
+        return _present(read)
+    read = block_fields(read, param, known, dropped=CHAT_PART_HINTS)
+    if kind == "image_url" and isinstance(read.get("image_url"), Mapping):
+        where = f"{param}.image_url"
+        read["image_url"] = block_fields(read["image_url"], where, frozenset({"url"}), dropped=_IMAGE_DETAIL)
+    return read
+
+
+def chat_tool_call(call: object, param: str) -> tuple[str, str, object]:
+    """A Chat assistant's tool call read strictly: its id, function name and raw arguments."""
+    if _object(call, param).get("type", "function") != "function":
+        _refuse(f"{param}.type")  # custom (free-form grammar) calls have no counterpart
+    read = block_fields(call, param, frozenset({"id", "type", "function"}))
+    function = block_fields(read.get("function"), f"{param}.function", frozenset({"name", "arguments"}))
+    call_id = _string(read.get("id"), f"{param}.id")
+    return call_id, _string(function.get("name"), f"{param}.function.name"), function.get("arguments")
+
+
+def chat_function(tool: object, param: str) -> dict[str, Any]:
+    """The `function` of a Chat tool read strictly; other tool types (custom grammars) are refused."""
+    if _object(tool, param).get("type") != "function":
+        _refuse(f"{param}.type")
+    read = block_fields(tool, param, frozenset({"type", "function"}))
+    known = frozenset({"name", "description", "parameters", "strict"})
+    return block_fields(read.get("function"), f"{param}.function", known)
+
+
+def chat_named_choice(choice: object) -> str:
+    """The function name of a Chat `tool_choice` object; other forms (allowed_tools, custom) are refused."""
+    if _object(choice, "tool_choice").get("type") != "function":
+        _refuse("tool_choice.type")
+    read = block_fields(choice, "tool_choice", frozenset({"type", "function"}))
+    function = block_fields(read.get("function"), "tool_choice.function", frozenset({"name"}))
+    return _string(function.get("name"), "tool_choice.function.name")
+
+
 _ANTHROPIC_ID = re.compile(r"[A-Za-z0-9_-]+")
 _ANTHROPIC_ID_BAD = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -162,16 +275,19 @@ def anthropic_tool_id(value: str) -> str:
     return f"{_ANTHROPIC_ID_BAD.sub('_', value)}_{digest}"
 
 
-def _text_of_parts(content: object, param: str, *, kinds: frozenset[str] = frozenset({"text"})) -> list[str]:
-    """The texts of a string or a list of text parts (Chat) / text blocks (Anthropic)."""
+def _text_of_parts(
+    content: object, param: str, *, kinds: frozenset[str] = frozenset({"text"}), dropped: frozenset[str]
+) -> list[str]:
+    """The texts of a string or a list of text parts (Chat) / text blocks (Anthropic), each read strictly
+    (`block_fields`) with its API's `dropped` hints."""
     if isinstance(content, str):
         return [content]
     texts = []
     for index, part in enumerate(_array(content, param)):
-        part = _object(part, f"{param}[{index}]")
-        kind = part.get("type")
+        kind = _object(part, f"{param}[{index}]").get("type")
         if not isinstance(kind, str) or kind not in kinds:
             _refuse(f"{param}[{index}].type")
+        part = block_fields(part, f"{param}[{index}]", frozenset({"type", kind}), dropped=dropped)
         # A refusal part keeps its text under `refusal`.
         texts.append(_string(part.get(kind), f"{param}[{index}].{kind}"))
     return texts

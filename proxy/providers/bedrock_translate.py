@@ -11,7 +11,8 @@ come here (`proxy.providers.bedrock`). The rules are `proxy.adapters.translate`'
   deterministic rewrite as Anthropic's, so calls and results still pair.
 - Requests are strict (`chat_request`): `seed` and the penalties have no Converse field and are dropped
   as sampling hints; a JSON response format, `tool_choice: "none"` (Converse has no such mode),
-  `parallel_tool_calls: false`, an image by URL or of a format Converse does not take, and a final
+  `parallel_tool_calls: false`, a strict tool schema (`function.strict: true`, which Converse cannot
+  enforce), an image by URL or of a format Converse does not take, and a final
   assistant message (Converse would continue it) are refused naming the field. An Anthropic client's
   `top_k` and `thinking` (carried beside the Chat body, `AnthropicChat`) go as given in
   `additionalModelRequestFields` to Bedrock's Anthropic models (a model id naming `anthropic.`, with or
@@ -34,7 +35,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.adapters.messages_over_chat import AnthropicChat
-from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError, anthropic_tool_id
+from proxy.adapters.translate import (
+    RequestTranslationError,
+    ResponseTranslationError,
+    anthropic_tool_id,
+    chat_function,
+    chat_named_choice,
+    chat_part,
+    chat_tool_call,
+)
 from proxy.providers.chat_request import (
     arguments,
     check_fields,
@@ -45,7 +54,6 @@ from proxy.providers.chat_request import (
     refuse,
     stops,
     texts,
-    tool_function,
 )
 from proxy.providers.chat_request import turns as chat_turns
 from proxy.sse import Block, encode_block
@@ -96,7 +104,7 @@ def _user_blocks(content: object, param: str) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for index, part in enumerate(kind(content, list, param)):
         where = f"{param}[{index}]"
-        part = kind(part, Mapping, where)
+        part = chat_part(part, where)
         if part.get("type") == "text":
             if text := kind(part.get("text"), str, f"{where}.text"):
                 blocks.append({"text": text})
@@ -118,16 +126,11 @@ def _assistant_blocks(message: Mapping[str, Any], param: str) -> list[dict[str, 
         blocks.append({"text": kind(message["refusal"], str, f"{param}.refusal")})
     for index, call in enumerate(kind(message.get("tool_calls", []), list, f"{param}.tool_calls")):
         where = f"{param}.tool_calls[{index}]"
-        call = kind(call, Mapping, where)
-        if call.get("type", "function") != "function":
-            refuse(f"{where}.type")
-        function = kind(call.get("function"), Mapping, f"{where}.function")
+        call_id, name, raw = chat_tool_call(call, where)
         use = {
-            "toolUseId": anthropic_tool_id(kind(call.get("id"), str, f"{where}.id")),
-            "name": kind(function.get("name"), str, f"{where}.function.name"),
-            "input": arguments(
-                function.get("arguments"), f"{where}.function.arguments", RequestTranslationError
-            ),
+            "toolUseId": anthropic_tool_id(call_id),
+            "name": name,
+            "input": arguments(raw, f"{where}.function.arguments", RequestTranslationError),
         }
         blocks.append({"toolUse": use})
     return blocks
@@ -140,7 +143,7 @@ def _tool_result(message: Mapping[str, Any], param: str) -> dict[str, Any]:
 
 
 def _tool(tool: object, param: str) -> dict[str, Any]:
-    function = tool_function(tool, param)
+    function = chat_function(tool, param)
     spec: dict[str, Any] = {"name": kind(function.get("name"), str, f"{param}.function.name")}
     if function.get("description") is not None:
         spec["description"] = kind(function["description"], str, f"{param}.function.description")
@@ -151,6 +154,8 @@ def _tool(tool: object, param: str) -> dict[str, Any]:
         else dict(kind(parameters, Mapping, f"{param}.function.parameters"))
     )
     spec["inputSchema"] = {"json": schema}
+    if function.get("strict") is not None and kind(function["strict"], bool, f"{param}.function.strict"):
+        refuse(f"{param}.function.strict")  # Converse has no strict tool schemas: not enforceable
     return {"toolSpec": spec}
 
 
@@ -159,11 +164,7 @@ def _tool_choice(choice: object) -> dict[str, Any]:
         return _TOOL_CHOICE["auto"]
     if isinstance(choice, str):
         return _TOOL_CHOICE.get(choice) or refuse("tool_choice")
-    named: Mapping[str, Any] = kind(choice, Mapping, "tool_choice")
-    if named.get("type") != "function":
-        refuse("tool_choice.type")
-    function = kind(named.get("function"), Mapping, "tool_choice.function")
-    return {"tool": {"name": kind(function.get("name"), str, "tool_choice.function.name")}}
+    return {"tool": {"name": chat_named_choice(choice)}}
 
 
 def chat_to_converse_request(body: Mapping[str, Any], *, model: str) -> dict[str, Any]:

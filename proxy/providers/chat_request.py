@@ -6,7 +6,9 @@ PURE: standard library and `proxy.adapters.translate` only.
 The field policy is `proxy.adapters.translate`'s: a top-level field is translated by the provider,
 dropped as a hint that cannot change what the answer may contain or do (`DROPPED`), accepted only at
 its neutral value (`NEUTRAL`), or refused with `RequestTranslationError(param)`, `param` naming the field
-and never holding any of the body's content.
+and never holding any of the body's content. Messages, parts, tool calls and tools are read by the same
+block-level rules as every Chat request (`proxy.adapters.translate.chat_message` and its siblings): an
+unknown key is refused naming its path, e.g. `messages[2].name`.
 """
 
 import json
@@ -14,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from proxy.adapters.translate import RequestTranslationError
+from proxy.adapters.translate import RequestTranslationError, chat_message, chat_part
 
 # Hints and OpenAI-side storage/caching: the answer may contain and do the same without them.
 DROPPED = frozenset(
@@ -74,7 +76,7 @@ def texts(content: object, param: str) -> list[str]:
         return [content]
     found = []
     for index, part in enumerate(kind(content, list, param)):
-        part = kind(part, Mapping, f"{param}[{index}]")
+        part = chat_part(part, f"{param}[{index}]")
         if part.get("type") not in ("text", "refusal"):
             refuse(f"{param}[{index}].type")
         found.append(kind(part.get(part["type"]), str, f"{param}[{index}].{part['type']}"))
@@ -97,7 +99,7 @@ def turns(body: Mapping[str, Any], items: str, turn_of: TurnOf) -> tuple[list[st
     last_role = ""
     for index, message in enumerate(kind(body.get("messages"), list, "messages")):
         param = f"messages[{index}]"
-        message = present(message, param)
+        message = chat_message(message, param)
         role = message.get("role")
         if role in ("system", "developer"):
             system += [t for t in texts(message.get("content"), f"{param}.content") if t]
@@ -142,15 +144,6 @@ def arguments(value: object, param: str, error: type[Exception]) -> dict[str, An
         if isinstance(parsed, dict):
             return parsed
     raise error(param)
-
-
-def tool_function(tool: object, param: str) -> Mapping[str, Any]:
-    """The `function` of a Chat tool; other tool types (custom grammars) have no counterpart."""
-    read: Mapping[str, Any] = kind(tool, Mapping, param)
-    if read.get("type") != "function":
-        refuse(f"{param}.type")
-    function: Mapping[str, Any] = kind(read.get("function"), Mapping, f"{param}.function")
-    return function
 
 
 def stops(body: Mapping[str, Any]) -> list[str]:

@@ -29,7 +29,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.adapters.messages_over_chat import AnthropicChat
-from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
+from proxy.adapters.translate import (
+    RequestTranslationError,
+    ResponseTranslationError,
+    chat_function,
+    chat_named_choice,
+    chat_part,
+    chat_tool_call,
+)
 from proxy.providers.chat_request import (
     arguments,
     check_fields,
@@ -40,7 +47,6 @@ from proxy.providers.chat_request import (
     refuse,
     stops,
     texts,
-    tool_function,
 )
 from proxy.providers.chat_request import turns as chat_turns
 from proxy.sse import Block, encode_block
@@ -76,7 +82,7 @@ def _user_parts(content: object, param: str) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(kind(content, list, param)):
         where = f"{param}[{index}]"
-        part = kind(part, Mapping, where)
+        part = chat_part(part, where)
         if part.get("type") == "text":
             if text := kind(part.get("text"), str, f"{where}.text"):
                 parts.append({"text": text})
@@ -96,14 +102,9 @@ def _model_parts(message: Mapping[str, Any], param: str, names: dict[str, str]) 
         parts.append({"text": kind(message["refusal"], str, f"{param}.refusal")})
     for index, call in enumerate(kind(message.get("tool_calls") or [], list, f"{param}.tool_calls")):
         where = f"{param}.tool_calls[{index}]"
-        call = kind(call, Mapping, where)
-        if call.get("type", "function") != "function":
-            refuse(f"{where}.type")
-        function = kind(call.get("function"), Mapping, f"{where}.function")
-        call_id = kind(call.get("id"), str, f"{where}.id")
-        name = kind(function.get("name"), str, f"{where}.function.name")
+        call_id, name, raw = chat_tool_call(call, where)
         names[call_id] = name
-        args = arguments(function.get("arguments"), f"{where}.function.arguments", RequestTranslationError)
+        args = arguments(raw, f"{where}.function.arguments", RequestTranslationError)
         parts.append({"functionCall": {"id": call_id, "name": name, "args": args}})
     return parts
 
@@ -117,7 +118,7 @@ def _tool_result(message: Mapping[str, Any], param: str, names: Mapping[str, str
 
 
 def _tool(tool: object, param: str) -> tuple[dict[str, Any], bool]:
-    function = tool_function(tool, param)
+    function = chat_function(tool, param)
     out: dict[str, Any] = {"name": kind(function.get("name"), str, f"{param}.function.name")}
     if function.get("description") is not None:
         out["description"] = kind(function["description"], str, f"{param}.function.description")
@@ -136,11 +137,7 @@ def _tool_config(choice: object, strict: bool) -> dict[str, Any] | None:
     elif isinstance(choice, str):
         mode, names = _TOOL_MODES.get(choice) or refuse("tool_choice"), None
     else:
-        named: Mapping[str, Any] = kind(choice, Mapping, "tool_choice")
-        if named.get("type") != "function":
-            refuse("tool_choice.type")
-        function = kind(named.get("function"), Mapping, "tool_choice.function")
-        mode, names = "ANY", [kind(function.get("name"), str, "tool_choice.function.name")]
+        mode, names = "ANY", [chat_named_choice(choice)]
     if strict and mode == "AUTO":
         mode = "VALIDATED"  # strict schemas: Gemini's schema-adherent calling
     config: dict[str, Any] = {"mode": mode}
