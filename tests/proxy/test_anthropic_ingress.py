@@ -21,6 +21,7 @@ from devkit.behaviours import (
 )
 from devkit.upstream import FakeUpstream
 from pools.models import Adapter, Assignment, GatewaySettings, ModelFallback, Pool
+from proxy.unserved import UNTRANSLATABLE_MESSAGE
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY, UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import (
@@ -466,6 +467,37 @@ def test_a_request_no_route_can_carry_is_a_typed_400_and_nothing_is_sent(gateway
     assert [(a.status, a.ineligible_reason) for a in attempts_of(record_of(response))] == [
         ("ineligible", "capability")
     ]
+
+
+CACHE = {"type": "ephemeral"}
+
+
+def test_a_block_key_no_route_can_carry_is_a_typed_400_naming_its_path(gateway, gpt, claude):
+    # Claude Code's cache breakpoints on blocks and tools are hints: dropped, the request served.
+    cached = [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": CACHE}]}]
+    served = messages(gateway, {"model": "gpt-5", "messages": cached})
+    assert served.status_code == 200
+    (hit,) = gpt.hits
+    assert hit.body["messages"] == [{"role": "user", "content": "hi"}]
+    # A citation (of a document the Chat upstream was never given) cannot be carried: the path is named.
+    citation = {"type": "char_location", "cited_text": "h", "document_index": 0, "start_char_index": 0}
+    cited = [{"role": "user", "content": [{"type": "text", "text": "hi", "citations": [citation]}]}]
+    refused = messages(gateway, {"model": "gpt-5", "messages": cited})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (error["type"], error["message"]) == (
+        "invalid_request_error",
+        UNTRANSLATABLE_MESSAGE.format("messages[0].content[0].citations"),
+    )
+    # The other direction: a Chat participant's `name` has no Anthropic field.
+    named = [{"role": "user", "content": "hi", "name": "alice"}]
+    response = post(gateway, "/v1/chat/completions", {"model": "claude-opus-4-8", "messages": named})
+    assert response.status_code == 400
+    assert (response.json()["error"]["code"], response.json()["error"]["param"]) == (
+        "invalid_request",
+        "messages[0].name",
+    )
+    assert len(gpt.hits) == 1 and claude.hits == []
 
 
 def test_typed_errors_on_anthropic_routes_use_the_anthropic_envelope(gateway, claude):
