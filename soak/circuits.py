@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -142,14 +143,57 @@ def replay_check(arrivals: list[dict]) -> Check:
     )
 
 
-def half_open_check(arrivals: list[dict], poller: CircuitPoller, database: Database) -> Check:
+@dataclass(frozen=True)
+class Plan:
+    """One request as its gateway recorded it (the ledger): when it started (epoch seconds) and its
+    attempts in ordinal order, (assignment name, status), the pass-overs (`ineligible`) included."""
+
+    started: float
+    attempts: tuple[tuple[str, str], ...]
+
+
+def read_plans(database: Database, outcomes: list[Outcome]) -> dict[str, Plan]:
+    """The ledger's Plan of every request the client knows the id of, by the client's `sid` (the
+    upstreams log requests by it). A request a killed node took with it has none."""
+    sids = {o.request_id: o.sid for o in outcomes if o.request_id and o.sid}
+    names = assignment_names(database)
+    started: dict[str, float] = {}
+    attempts: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for rid, at, assignment, status in database.query(
+        "SELECT r.request_id, EXTRACT(EPOCH FROM r.started_at), a.assignment_id, a.status "
+        "FROM proxy_requestrecord r LEFT JOIN proxy_attempt a ON a.request_id = r.id "
+        "ORDER BY r.id, a.ordinal"
+    ):
+        if (sid := sids.get(rid)) is None:
+            continue
+        started[sid] = float(at)
+        if status is not None:
+            attempts[sid].append((names.get(assignment, "?"), status))
+    return {sid: Plan(at, tuple(attempts[sid])) for sid, at in started.items()}
+
+
+def assignment_names(database: Database) -> dict[int, str]:
+    rows = database.query("SELECT id, name FROM pools_assignment")
+    return {pk: name.removeprefix("acct-") for pk, name in rows}
+
+
+def half_open_check(
+    arrivals: list[dict], poller: CircuitPoller, database: Database, plans: dict[str, Plan]
+) -> Check:
     """See the module docstring. SPEC §5.4 keeps an open or half-open assignment at the end of a
     plan for availability: a request that does not hold the probe lease may still reach it, but
     only after every assignment whose circuit was closed. Such a last-resort arrival holds no probe
-    slot; every other arrival in a half-open window is in a probe's position and counts."""
-    names = {
-        pk: name.removeprefix("acct-") for pk, name in database.query("SELECT id, name FROM pools_assignment")
-    }
+    slot; every other arrival in a half-open window is in a probe's position and counts.
+
+    What "closed" was for the request is judged from its plan in the ledger (`plans`): the gateway
+    orders the candidates by the health it read at the request's start, and passes some over
+    (budget, deadline, capability, a circuit read again) without an upstream arrival. So the
+    arrival is a last resort iff every assignment whose circuit was closed at the last poll before
+    the request's `started_at` is among the request's attempts before the one this arrival is
+    (dispatched or passed over). A request without a plan (a killed node's; websocket frames, whose
+    ids the client does not see) is judged from the polls alone: every assignment closed at the
+    last poll before the arrival was reached earlier by the same request."""
+    names = assignment_names(database)
     rows = database.query("SELECT half_open_probes FROM pools_gatewaysettings WHERE id = 1")
     limit = rows[0][0] if rows else 1
     by_lane: dict[tuple[str, str], list[dict]] = defaultdict(list)
@@ -162,22 +206,40 @@ def half_open_check(arrivals: list[dict], poller: CircuitPoller, database: Datab
         lane.sort(key=lambda a: a["a"])
     times = [t for t, _ in poller.observations]
 
-    def last_resort(a: dict) -> bool:
-        """Every assignment whose circuit (this route class) was closed at the last poll before the
-        arrival was tried earlier by the same request."""
-        at = bisect.bisect_right(times, a["a"]) - 1
+    def closed_at(t: float, route_class: str) -> set[str] | None:
+        at = bisect.bisect_right(times, t) - 1
         if at < 0:
-            return False
+            return None
         not_closed = {
             names.get(assignment)
-            for assignment, route_class, state, _, _ in poller.observations[at][1]
-            if route_class == a["t"] and state != "closed"
+            for assignment, rc, state, _, _ in poller.observations[at][1]
+            if rc == route_class and state != "closed"
         }
+        return set(names.values()) - not_closed
+
+    def before_in_plan(a: dict, plan: Plan) -> set[str] | None:
+        """The assignments of the request's attempts before the one this arrival is: the n-th
+        arrival of the request at this upstream is its n-th dispatch there."""
+        n = sum(1 for b in by_sid[a["sid"]] if b["u"] == a["u"] and b["a"] < a["a"])
+        for i, (name, status) in enumerate(plan.attempts):
+            if name == a["u"] and status != "ineligible":
+                if n == 0:
+                    return {name for name, _ in plan.attempts[:i]}
+                n -= 1
+        return None
+
+    def last_resort(a: dict) -> tuple[bool, bool]:
+        """(a last resort?, judged from the ledger?)"""
+        plan = plans.get(a.get("sid") or "")
+        if plan is not None and (tried := before_in_plan(a, plan)) is not None:
+            closed = closed_at(plan.started, a["t"])
+            return closed is not None and closed - {a["u"]} <= tried, True
+        closed = closed_at(a["a"], a["t"])
         tried = {b["u"] for b in by_sid.get(a.get("sid") or "", []) if b["a"] < a["a"]}
-        return all(name in tried for name in set(names.values()) - not_closed - {a["u"]})
+        return closed is not None and closed - {a["u"]} <= tried, False
 
     windows = poller.windows()
-    violations, examined, max_seen, resort = [], 0, 0, 0
+    violations, examined, max_seen, resort, from_ledger, judged = [], 0, 0, 0, 0, 0
     for assignment, route_class, start, end in windows:
         lane = by_lane.get((names.get(assignment, "?"), route_class), [])
         inside = [a for a in lane if start <= a["a"] < end]
@@ -186,17 +248,21 @@ def half_open_check(arrivals: list[dict], poller: CircuitPoller, database: Datab
             inside = [a for a in inside if a["a"] < first_served.get("e", math.inf)]
         probes = []
         for a in inside:
-            if last_resort(a):
+            judged += 1
+            spared, by_ledger = last_resort(a)
+            from_ledger += by_ledger
+            if spared:
                 resort += 1
                 continue
             in_flight = sum(1 for b in probes if b.get("e", math.inf) > a["a"])
             probes.append(a)
             max_seen = max(max_seen, in_flight + 1)
             if in_flight >= limit:
+                how = "its plan" if by_ledger else "the polls only"
                 violations.append(
                     f"{names.get(assignment)}/{route_class} half-open from {start:.3f}: "
                     f"{a['sid']} arrived at "
-                    f"{a['a']:.3f} ({a['k']}) with {in_flight} probe(s) in flight"
+                    f"{a['a']:.3f} ({a['k']}) with {in_flight} probe(s) in flight (judged from {how})"
                 )
         examined += 1 if probes else 0
     return Check(
@@ -204,8 +270,10 @@ def half_open_check(arrivals: list[dict], poller: CircuitPoller, database: Datab
         f"at most half_open_probes ({limit}) probes at once per half-open circuit across nodes",
         bool(poller.observations) and not violations,
         f"{len(windows)} half-open windows seen in {len(poller.observations)} circuit polls, "
-        f"{examined} with probes; at most {max_seen} probe(s) at once; {resort} last-resort arrivals "
-        f"(every closed assignment tried first); {len(violations)} violations",
+        f"{examined} with probes; at most {max_seen} probe(s) at once; {judged} arrivals in the windows, "
+        f"{from_ledger} judged from the request's plan in the ledger, the rest from the polls; "
+        f"{resort} last-resort arrivals (every assignment closed for the request tried first); "
+        f"{len(violations)} violations",
         examples(violations),
     )
 

@@ -34,7 +34,18 @@ arrival; an arrival while `half_open_probes` earlier window arrivals are still i
 upstream (arrived, not yet answered or disconnected) is a violation: while a probe is in flight no
 verdict on it exists, so its slot cannot legitimately have been freed. A probe that ends neutrally
 (the client's deadline) is seen by the upstream as the gateway closing the connection, which ends it
-in the log too. The figure: windows examined, arrivals in them, the largest concurrency seen.
+in the log too. An arrival that is a last resort (SPEC §5.4: an open or half-open assignment stays
+at the end of a plan, reached without the lease once everything before it was tried) holds no probe
+slot and is not counted. Whether it was one is judged from the request's plan in the ledger
+(`read_plans`, by the client's id): the gateway orders its candidates by the health it read at the
+request's start and passes some over without an upstream arrival (budget, deadline, capability, a
+circuit read again), so the arrival is a last resort iff every assignment whose circuit was closed
+at the last poll before the request's `started_at` is among its attempts before this one
+(dispatched or passed over). A request the ledger lacks (its node was killed; websocket frames,
+whose ids the client does not see) is judged from the polls alone: every assignment closed at the
+last poll before the arrival was reached earlier by the same request. The plans read are written to
+`ledger_plans.jsonl` beside `circuit_polls.jsonl` and the upstreams' log, to judge a run again.
+The figure: windows examined, arrivals in them and how each was judged, the largest concurrency seen.
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ from soak.circuits import (
     half_open_check,
     probes_check,
     read_arrivals,
+    read_plans,
     records_checks,
     replay_check,
     split_deadline,
@@ -192,10 +204,14 @@ def main(args: argparse.Namespace) -> int:
         checks += [c for c in l_checks if c.id not in ("records", "probes")]
         checks += [*records_checks(outcomes, faults, database), probes_check(database)]
         checks.append(replay_check(arrivals))
-        checks.append(half_open_check(arrivals, poller, database))
         with open(workdir / "circuit_polls.jsonl", "w") as out:
             for t, rows in poller.observations:
                 out.write(json.dumps([t, rows], default=str) + "\n")
+        plans = read_plans(database, outcomes)
+        with open(workdir / "ledger_plans.jsonl", "w") as out:
+            for sid, plan in plans.items():
+                out.write(json.dumps([sid, plan.started, plan.attempts]) + "\n")
+        checks.append(half_open_check(arrivals, poller, database, plans))
         checks += budget_checks(database, load.max_reservation, outcomes, faults)
         checks.append(agreement)
         checks += node_checks(nodes, baselines, after, samples, args, database.port)

@@ -4,7 +4,8 @@ gateway would break it."""
 
 from datetime import UTC, datetime
 
-from soak.circuits import CircuitPoller, half_open_check, replay_check
+from soak.circuits import CircuitPoller, Plan, half_open_check, read_plans, replay_check
+from soak.load import Outcome
 from soak.nodes import tracebacks
 
 
@@ -49,7 +50,7 @@ CLOSED_A = [(1, "http", "closed", None, 0)]
 def test_a_second_request_in_a_probes_position_while_the_probe_is_in_flight_is_a_violation():
     polls = poller((9.0, OPEN_A), (10.2, HALF_OPEN_A), (14.0, CLOSED_A))
     log = [arrival("a", "p", "hang", 10.1, 13.0), arrival("a", "q", "unavailable", 11.0)]
-    check = half_open_check(log, polls, FakeDatabase())
+    check = half_open_check(log, polls, FakeDatabase(), {})
     assert not check.ok and "1 violations" in check.detail, check.detail
 
 
@@ -61,7 +62,7 @@ def test_a_last_resort_arrival_after_every_closed_assignment_is_no_probe():
         arrival("c", "q", "rate_limited", 10.95),
         arrival("a", "q", "unavailable", 11.0),
     ]
-    check = half_open_check(log, polls, FakeDatabase())
+    check = half_open_check(log, polls, FakeDatabase(), {})
     assert check.ok and "1 last-resort" in check.detail, check.detail
 
 
@@ -74,7 +75,7 @@ def test_the_window_ends_with_the_first_served_probe():
         arrival("a", "q", "slow", 10.5, 10.9),
         arrival("a", "r", "serve", 10.6),
     ]
-    check = half_open_check(log, polls, FakeDatabase())
+    check = half_open_check(log, polls, FakeDatabase(), {})
     assert check.ok, check.detail
 
 
@@ -91,7 +92,80 @@ def test_an_open_that_became_visible_after_its_open_until_starts_its_window_when
     polls = poller((9.0, CLOSED_A), (10.5, CLOSED_A), (10.6, OPEN_A), (12.0, CLOSED_A))
     assert polls.windows() == [(1, "http", 10.5, 12.0)]
     log = [arrival("a", "p", "slow", 10.2, 10.9), arrival("a", "q", "serve", 10.3)]
-    assert half_open_check(log, polls, FakeDatabase()).ok
+    assert half_open_check(log, polls, FakeDatabase(), {}).ok
+
+
+# The ledger's view (Plan): what the request started with and what it tried, pass-overs included.
+# In each case p holds a's probe (10.1 to 13.0) and q reaches a at 11.0 while it is in flight.
+B_OPEN = (2, "http", "open", ts(30.0), 0)
+C_OPEN = (3, "http", "open", ts(30.0), 0)
+PROBE_P = arrival("a", "p", "hang", 10.1, 13.0)
+
+
+def test_a_candidate_passed_over_without_an_arrival_counts_as_tried_from_the_ledger():
+    # b was closed for q, but q passed it over (its budget): the upstream never saw it. The polls
+    # alone count q as a probe; its plan shows it reached a last.
+    polls = poller((9.0, OPEN_A), (10.2, HALF_OPEN_A), (14.0, CLOSED_A))
+    log = [PROBE_P, arrival("c", "q", "unavailable", 10.9), arrival("a", "q", "unavailable", 11.0)]
+    plans = {"q": Plan(10.5, (("b", "ineligible"), ("c", "retryable_failed"), ("a", "failed")))}
+    check = half_open_check(log, polls, FakeDatabase(), plans)
+    assert check.ok and "1 last-resort" in check.detail and "1 judged from" in check.detail, check.detail
+    assert not half_open_check(log, polls, FakeDatabase(), {}).ok
+
+
+def test_an_assignment_open_when_the_request_started_need_not_be_tried_first():
+    # b was open when q started (q read it open: last in its plan) and closed before q reached a.
+    polls = poller(
+        (9.0, [*OPEN_A, B_OPEN]), (10.2, [*HALF_OPEN_A, B_OPEN]), (10.8, HALF_OPEN_A), (14.0, CLOSED_A)
+    )
+    log = [PROBE_P, arrival("c", "q", "unavailable", 10.9), arrival("a", "q", "unavailable", 11.0)]
+    plans = {"q": Plan(10.3, (("c", "retryable_failed"), ("a", "failed")))}
+    assert half_open_check(log, polls, FakeDatabase(), plans).ok
+    assert not half_open_check(log, polls, FakeDatabase(), {}).ok
+
+
+def test_a_request_that_reached_a_first_while_others_were_closed_at_its_start_is_a_probe():
+    # b and c were closed when q started; q went to a first. By the arrival both had opened, which
+    # the polls alone would take for a last resort; q's plan shows a probe's position.
+    polls = poller(
+        (9.0, OPEN_A), (10.2, HALF_OPEN_A), (10.9, [*HALF_OPEN_A, B_OPEN, C_OPEN]), (14.0, CLOSED_A)
+    )
+    log = [PROBE_P, arrival("a", "q", "unavailable", 11.0)]
+    assert half_open_check(log, polls, FakeDatabase(), {}).ok
+    plans = {"q": Plan(10.5, (("a", "failed"), ("b", "ineligible"), ("c", "ineligible")))}
+    check = half_open_check(log, polls, FakeDatabase(), plans)
+    assert not check.ok and "1 violations" in check.detail and "its plan" in check.examples[0], check.detail
+
+
+def test_the_attempts_before_an_arrival_are_those_before_its_own_dispatch():
+    # q's plan tried b and c, but only after a: at its arrival at a nothing closed had been tried.
+    polls = poller((9.0, OPEN_A), (10.2, HALF_OPEN_A), (14.0, CLOSED_A))
+    log = [PROBE_P, arrival("a", "q", "unavailable", 11.0), arrival("b", "q", "serve", 11.1)]
+    plans = {"q": Plan(10.5, (("a", "retryable_failed"), ("b", "succeeded"), ("c", "ineligible")))}
+    assert not half_open_check(log, polls, FakeDatabase(), plans).ok
+
+
+def test_the_plans_are_read_by_the_clients_sid_in_ordinal_order():
+    class Ledger(FakeDatabase):
+        def query(self, sql, params=()):
+            if "proxy_requestrecord" in sql:
+                return [
+                    ("rid-1", 10.5, 2, "ineligible"),
+                    ("rid-1", 10.5, 1, "failed"),
+                    ("rid-2", 11.0, None, None),  # no attempt (nothing eligible)
+                    ("rid-9", 12.0, 3, "succeeded"),  # not the client's
+                ]
+            return super().query(sql, params)
+
+    outcomes = [
+        Outcome(1, "chat_http", "http", request_id="rid-1", sid="load-1"),
+        Outcome(2, "chat_sse", "sse", request_id="rid-2", sid="load-2"),
+        Outcome(3, "websocket", "websocket", sid="load-3"),
+    ]
+    assert read_plans(Ledger(), outcomes) == {
+        "load-1": Plan(10.5, (("b", "ineligible"), ("a", "failed"))),
+        "load-2": Plan(11.0, ()),
+    }
 
 
 LOG = """\
