@@ -36,6 +36,7 @@ from proxy.adapters.translate import (
     _string,
     _text_of_parts,
     anthropic_tool_id,
+    block_fields,
     chat_function,
     chat_message,
     chat_named_choice,
@@ -111,6 +112,7 @@ _CHAT_NEUTRAL: Mapping[str, Callable[[object], bool]] = {
     "modalities": lambda value: value == ["text"],
     "functions": lambda value: value == [],
 }
+_OBFUSCATION = frozenset({"include_obfuscation"})
 _CHAT_TOOL_CHOICE = {"auto": "auto", "required": "any", "none": "none"}
 _DATA_URL = re.compile(r"data:(?P<media_type>[^;,]+);base64,(?P<data>.*)", re.DOTALL)
 
@@ -195,6 +197,11 @@ def chat_to_anthropic_request(body: Mapping[str, Any]) -> dict[str, Any]:
             out["tool_choice"] = choice
     if "stream" in body and _boolean(body["stream"], "stream"):
         out["stream"] = True
+    if "stream_options" in body:
+        # The relay reads `include_usage`; `include_obfuscation` pads OpenAI's stream events against
+        # length side channels, which an Anthropic stream does not have: dropped.
+        options = ("include_usage",)
+        block_fields(body["stream_options"], "stream_options", frozenset(options), dropped=_OBFUSCATION)
     return out
 
 

@@ -183,8 +183,9 @@ def anthropic_to_chat_request(body: Mapping[str, Any]) -> AnthropicChat:
         if "tool_choice" in body:
             out.update(_anthropic_tool_choice_to_chat(body["tool_choice"]))
     elif "tool_choice" in body:
-        # Chat refuses a tool_choice without tools; with no tools there is no choice to honour.
-        _object(body["tool_choice"], "tool_choice")
+        # Chat refuses a tool_choice without tools; with no tools there is no choice to honour (it is
+        # still read, so a malformed one is refused as it would be with tools).
+        _anthropic_tool_choice_to_chat(body["tool_choice"])
     if "stream" in body and _boolean(body["stream"], "stream"):
         out["stream"] = True
         # Anthropic streams always report usage; Chat only when asked.

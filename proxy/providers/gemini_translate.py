@@ -32,6 +32,7 @@ from proxy.adapters.messages_over_chat import AnthropicChat
 from proxy.adapters.translate import (
     RequestTranslationError,
     ResponseTranslationError,
+    block_fields,
     chat_function,
     chat_named_choice,
     chat_part,
@@ -201,11 +202,15 @@ def _generation_config(body: Mapping[str, Any]) -> dict[str, Any]:
     if "stop" in body:
         config["stopSequences"] = stops(body)
     if "response_format" in body:
-        fmt = kind(body["response_format"], Mapping, "response_format")
+        fmt = block_fields(body["response_format"], "response_format", frozenset({"type", "json_schema"}))
         if fmt.get("type") == "json_object":
             config["responseMimeType"] = "application/json"
         elif fmt.get("type") == "json_schema":
-            spec = kind(fmt.get("json_schema"), Mapping, "response_format.json_schema")
+            # `name` only labels the format; Gemini always holds the answer to the schema, `strict` or not.
+            # A `description` the model would read has no Gemini field: refused naming its path.
+            known = frozenset({"schema", "strict"})
+            where = "response_format.json_schema"
+            spec = block_fields(fmt.get("json_schema"), where, known, dropped=frozenset({"name"}))
             config["responseMimeType"] = "application/json"
             config["responseJsonSchema"] = dict(
                 kind(spec.get("schema"), Mapping, "response_format.json_schema.schema")

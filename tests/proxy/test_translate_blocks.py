@@ -247,3 +247,38 @@ def test_converse_refuses_strict_tools_it_cannot_enforce() -> None:
     assert info.value.param == "tools[0].function.strict"
     # Carried where the upstream enforces it.
     assert chat_to_anthropic_request(body)["tools"][0]["strict"] is True
+
+
+def test_nested_request_objects_are_read_strictly_too() -> None:
+    # Chat's stream options: the relay reads include_usage; include_obfuscation is a dropped hint.
+    streamed = chat_body() | {"stream": True}
+    options = {"include_usage": True, "include_obfuscation": False}
+    assert chat_to_anthropic_request(streamed | {"stream_options": options}) == chat_to_anthropic_request(
+        streamed
+    )
+    with pytest.raises(RequestTranslationError) as info:
+        chat_to_anthropic_request(streamed | {"stream_options": {"include_usage": True, "extra": 1}})
+    assert info.value.param == "stream_options.extra"
+    # An Anthropic tool choice without tools is still read.
+    body = anthropic_body()
+    del body["tools"]
+    body["tool_choice"] = {"type": "auto", "name": "read"}
+    with pytest.raises(RequestTranslationError) as info:
+        anthropic_to_chat_request(body)
+    assert info.value.param == "tool_choice.name"
+
+
+def test_gemini_json_schema_keeps_the_schema_and_refuses_what_the_model_would_read() -> None:
+    spec = {"name": "answer", "strict": True, "schema": SCHEMA}
+    body = chat_body() | {"response_format": {"type": "json_schema", "json_schema": spec}}
+    assert chat_to_gemini_request(body)["generationConfig"]["responseJsonSchema"] == SCHEMA
+    for change, param in [
+        (
+            {"json_schema": spec | {"description": "Only the path."}},
+            "response_format.json_schema.description",
+        ),
+        ({"extra": 1}, "response_format.extra"),
+    ]:
+        with pytest.raises(RequestTranslationError) as info:
+            chat_to_gemini_request(body | {"response_format": body["response_format"] | change})
+        assert info.value.param == param
