@@ -11,7 +11,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ from devkit.behaviours import close_websocket, serve, slow_stream
 from devkit.databases import Database
 from devkit.gateway import GatewayProcess, gateway_config
 from devkit.procfs import peak_rss_kb, peak_rss_reset
+from devkit.upstream import FakeUpstream
 from tests.proxy.test_edge_processes import MIB, EndlessStream
 
 KEY = "sk-gw-servers-test-key-0123456789"
@@ -98,29 +99,67 @@ class EndlessWebsocket:
         self.thread.join(5)
 
 
+def _start(launcher: list[str], upstream_url: str, workdir: Path) -> tuple[GatewayProcess, Database]:
+    """A gateway process whose one assignment is `upstream_url`, on a fresh database in `workdir`."""
+    database = Database.create(workdir)
+    process = GatewayProcess(
+        database,
+        workdir,
+        launcher=launcher,
+        env_extra={UPSTREAM_KEY_ENV: "sk-servers-upstream", "GATEWAY_MAX_BODY_BYTES": str(MAX_BODY)},
+    )
+    try:
+        process.prepare(gateway_config({"a": upstream_url}, key=KEY, key_env=UPSTREAM_KEY_ENV))
+        process.start()
+    except BaseException:
+        process.kill()
+        database.drop()
+        raise
+    return process, database
+
+
 @pytest.fixture
-def start_gateway(tmp_path: Path, monkeypatch) -> Iterator:
-    """`start(launcher, upstream_url)`: a gateway process whose one assignment is `upstream_url`."""
-    monkeypatch.setenv(UPSTREAM_KEY_ENV, "sk-servers-upstream")
+def start_gateway(tmp_path: Path) -> Iterator:
+    """`start(launcher, upstream_url)`: a gateway process of the test's own whose one assignment is
+    `upstream_url`; for the tests that measure memory (a process that served earlier tests could reuse
+    memory they freed, and hide growth)."""
     started: list[tuple[GatewayProcess, Database]] = []
 
     def start(launcher: list[str], upstream_url: str) -> GatewayProcess:
-        database = Database.create(tmp_path / str(len(started)))
-        process = GatewayProcess(
-            database,
-            tmp_path / str(len(started)),
-            launcher=launcher,
-            env_extra={"GATEWAY_MAX_BODY_BYTES": str(MAX_BODY)},
-        )
-        started.append((process, database))
-        process.prepare(gateway_config({"a": upstream_url}, key=KEY, key_env=UPSTREAM_KEY_ENV))
-        process.start()
-        return process
+        started.append(_start(launcher, upstream_url, tmp_path / str(len(started))))
+        return started[-1][0]
 
     yield start
     for process, database in started:
         process.kill()
         database.drop()
+
+
+@pytest.fixture(scope="module")
+def _shared() -> Iterator[tuple[FakeUpstream, dict[str, tuple[GatewayProcess, Database]]]]:
+    with FakeUpstream("a", ("gpt-5",)) as upstream:
+        processes: dict[str, tuple[GatewayProcess, Database]] = {}
+        yield upstream, processes
+        for process, database in processes.values():
+            process.kill()
+            database.drop()
+
+
+@pytest.fixture
+def shared_gateway(_shared, tmp_path_factory) -> tuple[FakeUpstream, Callable[[list[str]], GatewayProcess]]:
+    """(a, gateway): the module's fake upstream `a`, reset for this test, and `gateway(launcher)`, one
+    process per server for the whole module, whose one assignment is `a`: the close-code tests only read
+    what one connection of their own is told, so they need no gateway of their own."""
+    upstream, processes = _shared
+    upstream.reset()
+
+    def gateway(launcher: list[str]) -> GatewayProcess:
+        name = launcher[-1]
+        if name not in processes:
+            processes[name] = _start(launcher, upstream.base_url, tmp_path_factory.mktemp(f"shared-{name}"))
+        return processes[name][0]
+
+    return upstream, gateway
 
 
 def _ws(process: GatewayProcess, **kwargs):
@@ -161,12 +200,10 @@ def _close_of(ws, timeout: float = 6) -> tuple[int, str] | None:
         daphne_fails("daphne cannot send close code 1014: the client stays open"),
     ],
 )
-def test_the_live_upstream_closing_closes_the_client_with_1014(
-    start_gateway, fake_upstream_factory, launcher
-):
-    a = fake_upstream_factory("a", models=("gpt-5",))
+def test_the_live_upstream_closing_closes_the_client_with_1014(shared_gateway, launcher):
+    a, gateway = shared_gateway
     a.script("gpt-5", serve("first"), close_websocket(code=1011))
-    process = start_gateway(launcher, a.base_url)
+    process = gateway(launcher)
     with _ws(process) as ws:
         _create(ws)
         assert _until_terminal(ws)[-1]["type"] == "response.completed"
@@ -182,10 +219,10 @@ def test_the_live_upstream_closing_closes_the_client_with_1014(
         daphne_fails("daphne cannot send close code 1008: the client gets 1011"),
     ],
 )
-def test_a_client_flooding_frames_is_closed_with_1008(start_gateway, fake_upstream_factory, launcher):
-    a = fake_upstream_factory("a", models=("gpt-5",))
+def test_a_client_flooding_frames_is_closed_with_1008(shared_gateway, launcher):
+    a, gateway = shared_gateway
     a.script("gpt-5", slow_stream(0.2, " ".join(["word"] * 20)))
-    process = start_gateway(launcher, a.base_url)
+    process = gateway(launcher)
     with _ws(process) as ws:
         for _ in range(20):  # far more than may wait behind the streaming response
             try:
@@ -203,9 +240,9 @@ def test_a_client_flooding_frames_is_closed_with_1008(start_gateway, fake_upstre
         daphne_fails("daphne drops the close reason (the code arrives alone)"),
     ],
 )
-def test_a_wrong_key_is_closed_with_4401(start_gateway, fake_upstream_factory, launcher):
-    a = fake_upstream_factory("a", models=("gpt-5",))
-    process = start_gateway(launcher, a.base_url)
+def test_a_wrong_key_is_closed_with_4401(shared_gateway, launcher):
+    a, gateway = shared_gateway
+    process = gateway(launcher)
     with connect(
         f"ws://127.0.0.1:{process.port}/v1/responses",
         additional_headers={"authorization": "Bearer sk-gw-not-a-real-key-000000000"},
