@@ -12,6 +12,7 @@ import pytest
 
 from proxy.adapters.messages_over_chat import anthropic_to_chat_request, chat_only
 from proxy.adapters.translate import RequestTranslationError
+from proxy.providers.bedrock_translate import chat_to_converse_request
 from proxy.providers.registry import CARRIERS, provider
 from routing.route import Target
 from routing.types import Requirements
@@ -22,12 +23,24 @@ TURN = {"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content
 ENABLED = {"type": "enabled", "budget_tokens": 2048}
 
 
-def call(adapter: str, body: dict[str, Any], model: str = "anthropic.claude-sonnet-4-5") -> dict[str, Any]:
+# A Messages client on one of Anthropic's models on Bedrock is served by InvokeModel with its own body
+# (`proxy.providers.bedrock`); any other Bedrock model goes through Converse, the translation tested here.
+CLAUDE_ON_BEDROCK = "anthropic.claude-sonnet-4-5"
+CONVERSE_MODEL = "meta.llama3-70b-instruct-v1:0"
+
+
+def call(adapter: str, body: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+    model = model or (CONVERSE_MODEL if adapter == "bedrock" else CLAUDE_ON_BEDROCK)
     target = Target(1, "acct", 1, adapter, "http://127.0.0.1:9/v1", "NO_SUCH_ENV_VAR")
     sent = provider(adapter).call(
         "/messages", target, body, model=model, requirements=Requirements(), credential="key:secret"
     )
     return sent.payload
+
+
+def converse(body: dict[str, Any], model: str = CLAUDE_ON_BEDROCK) -> dict[str, Any]:
+    """The Converse translation of a Messages body for `model` (pure: no provider routing)."""
+    return chat_to_converse_request(anthropic_to_chat_request(body), model=model)
 
 
 def refused(adapter: str, body: dict[str, Any]) -> str:
@@ -68,9 +81,12 @@ def test_gemini_carries_top_k_and_thinking_in_its_generation_config(fields, expe
     ],
 )
 def test_bedrock_carries_top_k_and_thinking_as_additional_model_request_fields(fields, expected):
-    sent = call("bedrock", {**TURN, **fields})
+    sent = converse({**TURN, **fields})
     assert sent["additionalModelRequestFields"] == expected
     assert sent["inferenceConfig"] == {"maxTokens": 4096}
+    # Through the provider, a Messages client on Claude keeps them in its own InvokeModel body.
+    invoked = call("bedrock", {**TURN, **fields}, model=CLAUDE_ON_BEDROCK)
+    assert {name: invoked[name] for name in fields} == fields
 
 
 @pytest.mark.parametrize("model", ["meta.llama3-70b-instruct-v1:0", "amazon.nova-pro-v1:0", "mistral.large"])
@@ -84,19 +100,21 @@ def test_bedrock_refuses_top_k_and_thinking_for_a_model_that_is_not_anthropics(m
         "us.anthropic.claude-sonnet-4-5-v1:0",
         "arn:aws:bedrock:::foundation-model/anthropic.claude-3",
     ):
-        assert call("bedrock", {**TURN, **fields}, model=anthropic)["additionalModelRequestFields"] == fields
+        assert converse({**TURN, **fields}, model=anthropic)["additionalModelRequestFields"] == fields
 
 
 def test_bedrock_refuses_thinking_that_continues_a_tool_loop_and_gemini_carries_it():
     # Bedrock's Claude needs the calling turn's signed reasoning blocks back, which the gateway has not.
     looping = {**ANTHROPIC_ADVERSARIAL, "thinking": ENABLED, "max_tokens": 4096}
-    assert refused("bedrock", looping) == "thinking"
+    with pytest.raises(RequestTranslationError) as error:
+        converse(looping)
+    assert error.value.param == "thinking"
     assert call("gemini", looping)["generationConfig"]["thinkingConfig"] == {"thinkingBudget": 2048}
     # A later turn past the loop, or a tool loop without thinking, is carried.
     answered = {"role": "assistant", "content": "Done."}
     later = {**looping, "messages": [*looping["messages"], answered, {"role": "user", "content": "Thanks"}]}
-    assert call("bedrock", later)["additionalModelRequestFields"] == {"thinking": ENABLED}
-    assert "additionalModelRequestFields" not in call("bedrock", ANTHROPIC_ADVERSARIAL)
+    assert converse(later)["additionalModelRequestFields"] == {"thinking": ENABLED}
+    assert "additionalModelRequestFields" not in converse(ANTHROPIC_ADVERSARIAL)
 
 
 @pytest.mark.parametrize("adapter", CHAT_SHAPED)
