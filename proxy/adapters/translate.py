@@ -186,9 +186,11 @@ def block_fields(
 # The Chat Completions request shapes (openai-python `types/chat`), read the same way by every translator
 # of a Chat request. Refused, because another API cannot carry them: a participant's `name` on a system,
 # developer, user or assistant message (the model reads it), an assistant's `audio` and legacy
-# `function_call`. Dropped by decision: a `tool` message's `name` (legacy; its `tool_call_id` already
-# names the call), `prompt_cache_breakpoint` on a part (caching) and an image's `detail` (how many tokens
-# OpenAI spends on it; the image itself is carried whole).
+# `function_call`, and the non-empty `annotations` (web citations) of an assistant message echoed back
+# from an answer (the SDK's answer object carries `annotations: []`, the neutral value). Dropped by
+# decision: a `tool` message's `name` (legacy; its `tool_call_id` already names the call),
+# `prompt_cache_breakpoint` on a part (caching) and an image's `detail` (how many tokens OpenAI spends on
+# it; the image itself is carried whole).
 _CHAT_MESSAGE_KEYS = {
     "system": frozenset({"role", "content"}),
     "developer": frozenset({"role", "content"}),
@@ -196,6 +198,7 @@ _CHAT_MESSAGE_KEYS = {
     "assistant": frozenset({"role", "content", "refusal", "tool_calls"}),
     "tool": frozenset({"role", "content", "tool_call_id"}),
 }
+_NO_ANNOTATIONS: Mapping[str, object] = {"annotations": []}
 _CHAT_PART_KEYS = {
     "text": frozenset({"type", "text"}),
     "refusal": frozenset({"type", "refusal"}),
@@ -212,7 +215,8 @@ def chat_message(message: object, param: str) -> dict[str, Any]:
     known = _CHAT_MESSAGE_KEYS.get(role) if isinstance(role, str) else None
     if known is None:
         return _present(read)
-    return block_fields(read, param, known, dropped=frozenset({"name"}) if role == "tool" else _NO_KEYS)
+    dropped = frozenset({"name"}) if role == "tool" else _NO_KEYS
+    return block_fields(read, param, known, dropped=dropped, neutral=_NO_ANNOTATIONS)
 
 
 def chat_part(part: object, param: str) -> dict[str, Any]:

@@ -178,7 +178,8 @@ def sdk_like() -> dict[str, Any]:
     _, user, assistant, tool = body["messages"]
     user["content"][0]["prompt_cache_breakpoint"] = {"mode": "explicit"}
     user["content"][1]["image_url"]["detail"] = "high"
-    assistant |= {"refusal": None, "audio": None, "function_call": None, "name": None}
+    # As the SDK echoes an answer's message back: `annotations: []` and nulls.
+    assistant |= {"refusal": None, "audio": None, "function_call": None, "name": None, "annotations": []}
     tool["name"] = "read"  # legacy: the call id already names the call
     return body
 
@@ -214,6 +215,7 @@ def test_chat_hints_and_nulls_change_nothing(translate: Callable[[dict[str, Any]
             _set(["messages", 2, "function_call"], {"name": "read", "arguments": "{}"}),
             "messages[2].function_call",
         ),
+        (_set(["messages", 2, "annotations"], [{"type": "url_citation"}]), "messages[2].annotations"),
         (_set(["messages", 2, "tool_calls", 0, "extra"], 1), "messages[2].tool_calls[0].extra"),
         (
             _set(["messages", 2, "tool_calls", 0, "function", "extra"], 1),
