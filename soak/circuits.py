@@ -217,35 +217,51 @@ def half_open_check(
         }
         return set(names.values()) - not_closed
 
-    def before_in_plan(a: dict, plan: Plan) -> set[str] | None:
-        """The assignments of the request's attempts before the one this arrival is: the n-th
-        arrival of the request at this upstream is its n-th dispatch there."""
+    def attempt_of(a: dict) -> tuple[Plan, int] | None:
+        """The request's plan and the index in it of the attempt this arrival is: the n-th arrival
+        of the request at this upstream is its n-th dispatch there."""
+        plan = plans.get(a.get("sid") or "")
+        if plan is None:
+            return None
         n = sum(1 for b in by_sid[a["sid"]] if b["u"] == a["u"] and b["a"] < a["a"])
         for i, (name, status) in enumerate(plan.attempts):
             if name == a["u"] and status != "ineligible":
                 if n == 0:
-                    return {name for name, _ in plan.attempts[:i]}
+                    return plan, i
                 n -= 1
         return None
 
     def last_resort(a: dict) -> tuple[bool, bool]:
         """(a last resort?, judged from the ledger?)"""
-        plan = plans.get(a.get("sid") or "")
-        if plan is not None and (tried := before_in_plan(a, plan)) is not None:
+        if (found := attempt_of(a)) is not None:
+            plan, i = found
             closed = closed_at(plan.started, a["t"])
+            tried = {name for name, _ in plan.attempts[:i]}
             return closed is not None and closed - {a["u"]} <= tried, True
         closed = closed_at(a["a"], a["t"])
         tried = {b["u"] for b in by_sid.get(a.get("sid") or "", []) if b["a"] < a["a"]}
         return closed is not None and closed - {a["u"]} <= tried, False
+
+    def succeeded(a: dict) -> bool:
+        """The gateway took the arrival's answer as a success, which closes the circuit whoever
+        sent it (a last resort too): its attempt in the ledger, else what the upstream served."""
+        if (found := attempt_of(a)) is not None:
+            plan, i = found
+            return plan.attempts[i][1] == "succeeded"
+        return a["k"] in SERVED
 
     windows = poller.windows()
     violations, examined, max_seen, resort, from_ledger, judged = [], 0, 0, 0, 0, 0
     for assignment, route_class, start, end in windows:
         lane = by_lane.get((names.get(assignment, "?"), route_class), [])
         inside = [a for a in lane if start <= a["a"] < end]
-        first_served = next((a for a in inside if a["k"] in SERVED), None)
-        if first_served is not None:
-            inside = [a for a in inside if a["a"] < first_served.get("e", math.inf)]
+        closed_by = math.inf  # the end of the first answer in the window the gateway took as a success
+        for n, a in enumerate(inside):
+            if a["a"] >= closed_by:
+                inside = inside[:n]
+                break
+            if succeeded(a):
+                closed_by = min(closed_by, a.get("e", math.inf))
         probes = []
         for a in inside:
             judged += 1

@@ -27,12 +27,14 @@ The harness polls the circuit rows every 100 ms (its own connection). Each open 
 gives its `open_until`: from that instant the circuit is half-open and admits at most
 `half_open_probes` requests of that (assignment, route class) at once, on all nodes together. The
 window ends when a poll sees the circuit closed or opened again (with a later `open_until`), or, if
-sooner, when the first probe that the upstream served ends (its success closes the circuit a moment
-later; cutting the window there keeps the polling lag from counting ordinary traffic after the close
-as probes). Within each window, the upstream's arrivals of that route class are taken in order of
-arrival; an arrival while `half_open_probes` earlier window arrivals are still in flight at the
-upstream (arrived, not yet answered or disconnected) is a violation: while a probe is in flight no
-verdict on it exists, so its slot cannot legitimately have been freed. A probe that ends neutrally
+sooner, when the first answer in the window that the gateway took as a success ends (its attempt
+`succeeded` in the ledger; without a plan, what the upstream served): any success closes the
+circuit a moment later, a last resort's too, and cutting the window there keeps the polling lag
+from counting ordinary traffic after the close as probes. Within each window, the upstream's
+arrivals of that route class are taken in order of arrival; an arrival while `half_open_probes`
+earlier window arrivals are still in flight at the upstream (arrived, not yet answered or
+disconnected) is a violation: while a probe is in flight no verdict on it exists, so its slot
+cannot legitimately have been freed. A probe that ends neutrally
 (the client's deadline) is seen by the upstream as the gateway closing the connection, which ends it
 in the log too. An arrival that is a last resort (SPEC §5.4: an open or half-open assignment stays
 at the end of a plan, reached without the lease once everything before it was tried) holds no probe

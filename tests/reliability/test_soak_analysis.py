@@ -145,6 +145,38 @@ def test_the_attempts_before_an_arrival_are_those_before_its_own_dispatch():
     assert not half_open_check(log, polls, FakeDatabase(), plans).ok
 
 
+def last_resort_success_then_r(q_status):
+    # p holds a's probe (a slow answer, 10.1 to 13.0); q reaches a last (b and c failed first) and is
+    # served at 10.5-10.6; r starts at 10.7, when the polls (lagging) still show a half-open, and
+    # goes to a first.
+    polls = poller((9.0, OPEN_A), (10.2, HALF_OPEN_A), (10.65, HALF_OPEN_A), (11.0, CLOSED_A))
+    log = [
+        arrival("a", "p", "slow", 10.1, 13.0),
+        arrival("b", "q", "unavailable", 10.3),
+        arrival("c", "q", "unavailable", 10.4),
+        arrival("a", "q", "serve", 10.5, 10.6),
+        arrival("a", "r", "serve", 10.8, 10.9),
+    ]
+    plans = {
+        "q": Plan(10.25, (("b", "retryable_failed"), ("c", "retryable_failed"), ("a", q_status))),
+        "r": Plan(10.7, (("a", "succeeded"),)),
+    }
+    return half_open_check(log, polls, FakeDatabase(), plans)
+
+
+def test_a_last_resorts_success_closes_the_circuit_and_ends_the_window():
+    # Any success closes the circuit (SPEC §7.1), a last resort's too: r read it closed.
+    check = last_resort_success_then_r("succeeded")
+    assert check.ok and "1 last-resort" in check.detail, check.detail
+
+
+def test_an_answer_the_gateway_did_not_take_as_a_success_does_not_end_the_window():
+    # The upstream served q, but the gateway recorded no success (its deadline cut the answer):
+    # the circuit stayed half-open, and r went to a beside p's probe.
+    check = last_resort_success_then_r("failed")
+    assert not check.ok and "r arrived" in check.examples[0], check.detail
+
+
 def test_the_plans_are_read_by_the_clients_sid_in_ordinal_order():
     class Ledger(FakeDatabase):
         def query(self, sql, params=()):
