@@ -39,7 +39,6 @@ import base64
 import json
 import re
 from collections.abc import Mapping
-from functools import partial
 
 from proxy.adapters.messages_over_chat import (
     anthropic_to_chat_request,
@@ -222,9 +221,9 @@ class Bedrock:
         wire = BedrockWire(model, sigv4)
         headers = {"content-type": "application/json"}
         if path == RESPONSES:
-            upstream = partial(bedrock_translate.chat_to_converse_request, model=model)
+            upstream = bedrock_translate.chat_to_converse_request
             return responses_over_chat(where, headers, body, model, upstream=upstream, wire=wire)
-        payload = bedrock_translate.chat_to_converse_request(chat, model=model)
+        payload = bedrock_translate.chat_to_converse_request(chat)
         if path == MESSAGES:
             return messages_over_chat(where, headers, payload, model, wire)
         # Bedrock always reports usage: a Chat client that did not ask for it does not see it.

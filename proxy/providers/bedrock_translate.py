@@ -14,12 +14,10 @@ come here (`proxy.providers.bedrock`). The rules are `proxy.adapters.translate`'
   `parallel_tool_calls: false`, a strict tool schema (`function.strict: true`, which Converse cannot
   enforce), an image by URL or of a format Converse does not take, and a final
   assistant message (Converse would continue it) are refused naming the field. An Anthropic client's
-  `top_k` and `thinking` (carried beside the Chat body, `AnthropicChat`) go as given in
-  `additionalModelRequestFields` to Bedrock's Anthropic models (a model id naming `anthropic.`, with or
-  without an inference profile's region prefix), which take them; for any other model they are refused
-  naming the field (Bedrock would answer a terminal `ValidationException`), so another account serves.
-  `thinking` after an assistant turn that called tools is refused: Bedrock's Claude then requires that
-  turn's own signed reasoning blocks, which the gateway neither relays nor keeps.
+  `top_k` and `thinking` (carried beside the Chat body, `AnthropicChat`) are refused naming the field:
+  an Anthropic client reaches Converse only on a model that is not Anthropic's (on Claude its own body
+  goes to InvokeModel, see `bedrock`), which would answer a terminal `ValidationException`; refused
+  here, another account serves.
 - Answers: `stopReason` `guardrail_intervened` and `content_filtered` are Chat's `content_filter` (a
   safety refusal); usage is `inputTokens` (plus cache reads and writes) and `outputTokens`; reasoning
   (`reasoningContent`) has no Chat field and is not relayed (its tokens are in `outputTokens`).
@@ -167,11 +165,10 @@ def _tool_choice(choice: object) -> dict[str, Any]:
     return {"tool": {"name": chat_named_choice(choice)}}
 
 
-def chat_to_converse_request(body: Mapping[str, Any], *, model: str) -> dict[str, Any]:
-    """A Chat Completions body as a Converse body for `model` (the model and streaming are in the URL)."""
-    carried = body.carried if isinstance(body, AnthropicChat) else {}
-    if carried and not is_anthropic_model(model):
-        refuse(next(iter(carried)))
+def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Chat Completions body as a Converse body (the model and streaming are in the URL)."""
+    if isinstance(body, AnthropicChat) and body.carried:
+        refuse(next(iter(body.carried)))
     body = present(body, "body")
     check_fields(body, _TRANSLATED)
 
@@ -208,23 +205,7 @@ def chat_to_converse_request(body: Mapping[str, Any], *, model: str) -> dict[str
         }
     if body.get("parallel_tool_calls") is False:
         refuse("parallel_tool_calls")  # Converse may call several tools at once: not enforceable
-    if "thinking" in carried and _called_tools_last(body["messages"]):
-        refuse("thinking")
-    if carried:
-        out["additionalModelRequestFields"] = dict(carried)
     return out
-
-
-def is_anthropic_model(model: str) -> bool:
-    """Whether a Bedrock model id (`anthropic.claude-...`, an inference profile's `us.anthropic.claude-...`,
-    or a foundation model's ARN) names one of Anthropic's models, whose fields Bedrock passes on."""
-    return "anthropic." in model.split("/")[-1]
-
-
-def _called_tools_last(messages: list[Any]) -> bool:
-    """Whether the conversation's last assistant turn called tools (a tool loop is being continued)."""
-    assistant = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant"]
-    return bool(assistant and assistant[-1].get("tool_calls"))
 
 
 # ---------------------------------------------------------------------------------------------------

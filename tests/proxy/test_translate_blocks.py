@@ -187,7 +187,7 @@ def sdk_like() -> dict[str, Any]:
 TRANSLATORS: dict[str, Callable[[dict[str, Any]], object]] = {
     "anthropic": chat_to_anthropic_request,
     "gemini": chat_to_gemini_request,
-    "converse": lambda body: chat_to_converse_request(body, model="anthropic.claude-test"),
+    "converse": chat_to_converse_request,
 }
 
 

@@ -38,9 +38,9 @@ def call(adapter: str, body: dict[str, Any], model: str | None = None) -> dict[s
     return sent.payload
 
 
-def converse(body: dict[str, Any], model: str = CLAUDE_ON_BEDROCK) -> dict[str, Any]:
-    """The Converse translation of a Messages body for `model` (pure: no provider routing)."""
-    return chat_to_converse_request(anthropic_to_chat_request(body), model=model)
+def converse(body: dict[str, Any]) -> dict[str, Any]:
+    """The Converse translation of a Messages body (pure: no provider routing)."""
+    return chat_to_converse_request(anthropic_to_chat_request(body))
 
 
 def refused(adapter: str, body: dict[str, Any]) -> str:
@@ -72,48 +72,39 @@ def test_gemini_carries_top_k_and_thinking_in_its_generation_config(fields, expe
 
 
 @pytest.mark.parametrize(
-    ("fields", "expected"),
+    "fields",
     [
-        ({"top_k": 40}, {"top_k": 40}),
-        ({"thinking": ENABLED}, {"thinking": ENABLED}),
-        ({"thinking": {"type": "adaptive"}}, {"thinking": {"type": "adaptive"}}),
-        ({"top_k": 5, "thinking": ENABLED}, {"top_k": 5, "thinking": ENABLED}),
+        {"top_k": 40},
+        {"thinking": ENABLED},
+        {"thinking": {"type": "adaptive"}},
+        {"top_k": 5, "thinking": ENABLED},
     ],
 )
-def test_bedrock_carries_top_k_and_thinking_as_additional_model_request_fields(fields, expected):
-    sent = converse({**TURN, **fields})
-    assert sent["additionalModelRequestFields"] == expected
-    assert sent["inferenceConfig"] == {"maxTokens": 4096}
-    # Through the provider, a Messages client on Claude keeps them in its own InvokeModel body.
-    invoked = call("bedrock", {**TURN, **fields}, model=CLAUDE_ON_BEDROCK)
-    assert {name: invoked[name] for name in fields} == fields
+def test_bedrock_keeps_top_k_and_thinking_in_claudes_own_body_and_converse_refuses_them(fields):
+    # A Messages client on Claude: its own body to InvokeModel, every field as sent.
+    for claude in (CLAUDE_ON_BEDROCK, "us.anthropic.claude-sonnet-4-5-v1:0"):
+        invoked = call("bedrock", {**TURN, **fields}, model=claude)
+        assert {name: invoked[name] for name in fields} == fields
+    # Any other model is served by Converse, which has no field for them (Bedrock would answer a terminal
+    # ValidationException): refused by name, so another account serves.
+    with pytest.raises(RequestTranslationError) as error:
+        converse({**TURN, **fields})
+    assert error.value.param == next(iter(fields))
 
 
 @pytest.mark.parametrize("model", ["meta.llama3-70b-instruct-v1:0", "amazon.nova-pro-v1:0", "mistral.large"])
 @pytest.mark.parametrize(("fields", "param"), [({"top_k": 40}, "top_k"), ({"thinking": ENABLED}, "thinking")])
 def test_bedrock_refuses_top_k_and_thinking_for_a_model_that_is_not_anthropics(model, fields, param):
-    # Bedrock would answer a terminal ValidationException; refused here, another account can serve it.
     with pytest.raises(RequestTranslationError) as error:
         call("bedrock", {**TURN, **fields}, model=model)
     assert error.value.param == param
-    for anthropic in (
-        "us.anthropic.claude-sonnet-4-5-v1:0",
-        "arn:aws:bedrock:::foundation-model/anthropic.claude-3",
-    ):
-        assert converse({**TURN, **fields}, model=anthropic)["additionalModelRequestFields"] == fields
 
 
-def test_bedrock_refuses_thinking_that_continues_a_tool_loop_and_gemini_carries_it():
-    # Bedrock's Claude needs the calling turn's signed reasoning blocks back, which the gateway has not.
+def test_thinking_continuing_a_tool_loop_reaches_claude_on_bedrock_and_gemini():
+    # On Claude, the client's own body goes back with its own signed reasoning blocks (InvokeModel).
     looping = {**ANTHROPIC_ADVERSARIAL, "thinking": ENABLED, "max_tokens": 4096}
-    with pytest.raises(RequestTranslationError) as error:
-        converse(looping)
-    assert error.value.param == "thinking"
+    assert call("bedrock", looping, model=CLAUDE_ON_BEDROCK)["thinking"] == ENABLED
     assert call("gemini", looping)["generationConfig"]["thinkingConfig"] == {"thinkingBudget": 2048}
-    # A later turn past the loop, or a tool loop without thinking, is carried.
-    answered = {"role": "assistant", "content": "Done."}
-    later = {**looping, "messages": [*looping["messages"], answered, {"role": "user", "content": "Thanks"}]}
-    assert converse(later)["additionalModelRequestFields"] == {"thinking": ENABLED}
     assert "additionalModelRequestFields" not in converse(ANTHROPIC_ADVERSARIAL)
 
 

@@ -37,8 +37,7 @@ def test_roles_tools_and_inference_settings_are_carried():
             "seed": 1,
             "tools": [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}],
             "tool_choice": "required",
-        },
-        model="m",
+        }
     )
     call_id = out["messages"][1]["content"][0]["toolUse"]["toolUseId"]
     assert call_id.startswith("functions_read_0_")  # a valid Converse id, the same on both sides
@@ -86,7 +85,7 @@ def test_roles_tools_and_inference_settings_are_carried():
 )
 def test_what_converse_cannot_carry_is_refused_naming_the_field(change, param):
     with pytest.raises(RequestTranslationError) as refused:
-        chat_to_converse_request({"model": "m", "messages": [USER], **change}, model="m")
+        chat_to_converse_request({"model": "m", "messages": [USER], **change})
     assert str(refused.value) == param
 
 
