@@ -4,6 +4,7 @@ e2e key; and several gateway processes on the test database (`gateway_nodes`, Po
 for the whole suite by tests/conftest.py, so tests in any directory request them by name."""
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -29,8 +30,31 @@ UPSTREAM_KEY = "sk-upstream-credential-canary-42"
 
 
 class _Server(uvicorn.Server):
+    """uvicorn in a test's thread; `exit()` wakes its main loop at once, where uvicorn's own loop would
+    notice `should_exit` at its next tick (0.1 s apart): half a tick saved in each of some 500 teardowns."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
     def install_signal_handlers(self) -> None:  # not the main thread
         pass
+
+    async def main_loop(self) -> None:
+        """uvicorn's `main_loop` (a tick every 0.1 s until `on_tick` says exit), woken by `exit`."""
+        self._loop = asyncio.get_running_loop()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+
+    def exit(self) -> None:
+        self.should_exit = True
+        if self._loop is not None:  # else the loop's first tick, still to come, sees `should_exit`
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone already
+                self._loop.call_soon_threadsafe(self._wake.set)
 
 
 @pytest.fixture
@@ -58,7 +82,7 @@ def gateway(transactional_db):
             break
         time.sleep(0.02)
     yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
+    server.exit()
     thread.join(10)
     ledger.writer.flush()  # before the test database is emptied under it
 
