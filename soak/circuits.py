@@ -255,7 +255,12 @@ def half_open_check(
     for assignment, route_class, start, end in windows:
         lane = by_lane.get((names.get(assignment, "?"), route_class), [])
         inside = [a for a in lane if start <= a["a"] < end]
-        closed_by = math.inf  # the end of the first answer in the window the gateway took as a success
+        # The end of the first success that closes the circuit in the window: one answered in it, or
+        # one answered before it whose close no poll before the window could show (its write lands
+        # later, inside the window).
+        seen_at = times[max(bisect.bisect_left(times, start) - 1, 0)] if times else start
+        before = [a for a in lane if a["a"] < start and a.get("e", math.inf) >= seen_at]
+        closed_by = min((a.get("e", math.inf) for a in before if succeeded(a)), default=math.inf)
         for n, a in enumerate(inside):
             if a["a"] >= closed_by:
                 inside = inside[:n]

@@ -30,7 +30,9 @@ window ends when a poll sees the circuit closed or opened again (with a later `o
 sooner, when the first answer in the window that the gateway took as a success ends (its attempt
 `succeeded` in the ledger; without a plan, what the upstream served): any success closes the
 circuit a moment later, a last resort's too, and cutting the window there keeps the polling lag
-from counting ordinary traffic after the close as probes. Within each window, the upstream's
+from counting ordinary traffic after the close as probes. A success that ended before the window
+but after the last poll before it closes the circuit inside the window too (no poll could show it):
+the window ends with it. Within each window, the upstream's
 arrivals of that route class are taken in order of arrival; an arrival while `half_open_probes`
 earlier window arrivals are still in flight at the upstream (arrived, not yet answered or
 disconnected) is a violation: while a probe is in flight no verdict on it exists, so its slot

@@ -177,6 +177,36 @@ def test_an_answer_the_gateway_did_not_take_as_a_success_does_not_end_the_window
     assert not check.ok and "r arrived" in check.examples[0], check.detail
 
 
+def success_before_the_window_then_r(q_end):
+    # q reaches a last (b and c failed first) and is served, ending at q_end, just before a's
+    # cooldown ends at 10.0; p takes the probe at 10.1 (a slow answer), r starts at 10.3 and goes to
+    # a first. The last poll before the window is at 9.95.
+    polls = poller((9.0, OPEN_A), (9.95, OPEN_A), (10.2, HALF_OPEN_A), (11.0, CLOSED_A))
+    log = [
+        arrival("b", "q", "unavailable", 9.8),
+        arrival("c", "q", "unavailable", 9.85),
+        arrival("a", "q", "serve", q_end - 0.02, q_end),
+        arrival("a", "p", "slow", 10.1, 13.0),
+        arrival("a", "r", "serve", 10.4, 10.5),
+    ]
+    plans = {
+        "q": Plan(9.7, (("b", "retryable_failed"), ("c", "retryable_failed"), ("a", "succeeded"))),
+        "p": Plan(10.05, (("a", "succeeded"),)),
+        "r": Plan(10.3, (("a", "succeeded"),)),
+    }
+    return half_open_check(log, polls, FakeDatabase(), plans)
+
+
+def test_a_success_whose_close_no_poll_before_the_window_could_show_ends_the_window():
+    # q's success closes the circuit once its write lands, inside the window: r read it closed.
+    assert success_before_the_window_then_r(9.98).ok
+
+
+def test_a_success_the_polls_before_the_window_saw_no_close_of_does_not_end_it():
+    # q ended before the poll at 9.95, which still saw a open: the circuit did go half-open.
+    assert not success_before_the_window_then_r(9.92).ok
+
+
 def test_the_plans_are_read_by_the_clients_sid_in_ordinal_order():
     class Ledger(FakeDatabase):
         def query(self, sql, params=()):
