@@ -35,6 +35,9 @@ SESSION_AFFINITY_TTL = timedelta(hours=1)
 # Uploaded files stay until deleted (OpenAI keeps them indefinitely); a year bounds a forgotten one.
 FILE_AFFINITY_TTL = timedelta(days=365)
 DB_WAIT_FLOOR_S = 0.5  # a request's shortest wait for a database write (see db_wait_s)
+# The share of the shortest cooldown for which a request trusts the circuits it read (see
+# HealthWrites.current): the rest allows for a failure write committing after its cooldown started.
+TRUSTED_SHARE = 0.5
 
 
 def probe_circuit(
@@ -154,9 +157,12 @@ class HealthWrites:
     ) -> Candidate | None:
         """`c` as it stands now, or None when it is not to be tried now (the view was read by
         `read_by`). A circuit this request read closed can have opened, cooled down and gone half-open
-        (another request's probe in flight) only after a cooldown: a view younger than the shortest
-        cooldown is trusted as read; an older one (the request waited on a stalled database, or on
-        slow attempts) is read again for the candidate about to be dispatched, which then goes after
+        (another request's probe in flight) only after a cooldown, counted from when the failure that
+        opened it was computed: that can be before the view was read, when the failure's write
+        committed after it (a row lock, a busy database). So a view is trusted as read only while
+        younger than half the shortest cooldown (TRUSTED_SHARE: the failure write may lag that much
+        behind its computation); an older one (the request waited on a stalled database, or on slow
+        attempts) is read again for the candidate about to be dispatched, which then goes after
         every closed one (SPEC §5.4, §7.1: only the lease holder tries a half-open assignment first)."""
         settings = self.breaker_settings
         if c.health is Health.COOLING:
@@ -170,7 +176,7 @@ class HealthWrites:
         if c.health not in (Health.HEALTHY, Health.FAILING):
             return c
         shortest = timedelta(seconds=min(settings.cooldown_seconds, settings.max_cooldown_seconds))
-        if datetime.now(UTC) - read_by < shortest:
+        if datetime.now(UTC) - read_by < shortest * TRUSTED_SHARE:
             return c
         key = self.circuit_key(c)
         try:
