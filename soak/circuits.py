@@ -31,12 +31,15 @@ from soak.load import Outcome
 
 class CircuitPoller:
     """Reads the circuit rows every `interval` seconds on its own connection (reconnecting while the
-    database restarts or stalls): each observation is (time.time(), rows)."""
+    database restarts or stalls): each observation is (time.time(), rows), stamped once the rows are
+    read; `sent[i]` is when observation i's query was sent (its snapshot lies between the two, far
+    apart at times: the harness's own load holds the thread back)."""
 
     def __init__(self, database: Database, interval: float = 0.1) -> None:
         self.database = database
         self.interval = interval
         self.observations: list[tuple[float, list[tuple]]] = []
+        self.sent: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="circuit-poller", daemon=True)
 
@@ -56,10 +59,12 @@ class CircuitPoller:
             try:
                 if conn is None:
                     conn = psycopg.connect(libpq_url(self.database.url), autocommit=True, connect_timeout=2)
+                sent = time.time()
                 rows = conn.execute(
                     "SELECT assignment_id, route_class, state, open_until, probes_in_flight "
                     "FROM routing_circuit"
                 ).fetchall()
+                self.sent.append(sent)
                 self.observations.append((time.time(), rows))
             except Exception:  # the database restarting or stalled: try again
                 if conn is not None:
@@ -257,8 +262,9 @@ def half_open_check(
         inside = [a for a in lane if start <= a["a"] < end]
         # The end of the first success that closes the circuit in the window: one answered in it, or
         # one answered before it whose close no poll before the window could show (its write lands
-        # later, inside the window).
-        seen_at = times[max(bisect.bisect_left(times, start) - 1, 0)] if times else start
+        # later, inside the window): after the last poll before the window was sent.
+        last = bisect.bisect_left(times, start) - 1
+        seen_at = poller.sent[last] if last >= 0 else -math.inf
         before = [a for a in lane if a["a"] < start and a.get("e", math.inf) >= seen_at]
         closed_by = min((a.get("e", math.inf) for a in before if succeeded(a)), default=math.inf)
         for n, a in enumerate(inside):

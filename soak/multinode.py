@@ -31,8 +31,9 @@ sooner, when the first answer in the window that the gateway took as a success e
 `succeeded` in the ledger; without a plan, what the upstream served): any success closes the
 circuit a moment later, a last resort's too, and cutting the window there keeps the polling lag
 from counting ordinary traffic after the close as probes. A success that ended before the window
-but after the last poll before it closes the circuit inside the window too (no poll could show it):
-the window ends with it. Within each window, the upstream's
+but after the last poll before it was sent (a poll's snapshot lies between sending its query and
+its stamp, which the harness's load can hold far apart) closes the circuit inside the window too
+(no poll could show it): the window ends with it. Within each window, the upstream's
 arrivals of that route class are taken in order of arrival; an arrival while `half_open_probes`
 earlier window arrivals are still in flight at the upstream (arrived, not yet answered or
 disconnected) is a violation: while a probe is in flight no verdict on it exists, so its slot
@@ -209,8 +210,8 @@ def main(args: argparse.Namespace) -> int:
         checks += [*records_checks(outcomes, faults, database), probes_check(database)]
         checks.append(replay_check(arrivals))
         with open(workdir / "circuit_polls.jsonl", "w") as out:
-            for t, rows in poller.observations:
-                out.write(json.dumps([t, rows], default=str) + "\n")
+            for (t, rows), sent in zip(poller.observations, poller.sent, strict=True):
+                out.write(json.dumps([t, rows, sent], default=str) + "\n")
         plans = read_plans(database, outcomes)
         with open(workdir / "ledger_plans.jsonl", "w") as out:
             for sid, plan in plans.items():

@@ -24,9 +24,11 @@ class FakeDatabase:
         return [(1,)]  # half_open_probes
 
 
-def poller(*observations):
+def poller(*observations, sent=None):
+    """Polls stamped at their reads; each sent when stamped unless `sent` says otherwise."""
     p = CircuitPoller.__new__(CircuitPoller)
     p.observations = list(observations)
+    p.sent = sent or [t for t, _ in observations]
     return p
 
 
@@ -177,11 +179,11 @@ def test_an_answer_the_gateway_did_not_take_as_a_success_does_not_end_the_window
     assert not check.ok and "r arrived" in check.examples[0], check.detail
 
 
-def success_before_the_window_then_r(q_end):
+def success_before_the_window_then_r(q_end, sent=None):
     # q reaches a last (b and c failed first) and is served, ending at q_end, just before a's
     # cooldown ends at 10.0; p takes the probe at 10.1 (a slow answer), r starts at 10.3 and goes to
-    # a first. The last poll before the window is at 9.95.
-    polls = poller((9.0, OPEN_A), (9.95, OPEN_A), (10.2, HALF_OPEN_A), (11.0, CLOSED_A))
+    # a first. The last poll before the window is stamped 9.95.
+    polls = poller((9.0, OPEN_A), (9.95, OPEN_A), (10.2, HALF_OPEN_A), (11.0, CLOSED_A), sent=sent)
     log = [
         arrival("b", "q", "unavailable", 9.8),
         arrival("c", "q", "unavailable", 9.85),
@@ -205,6 +207,12 @@ def test_a_success_whose_close_no_poll_before_the_window_could_show_ends_the_win
 def test_a_success_the_polls_before_the_window_saw_no_close_of_does_not_end_it():
     # q ended before the poll at 9.95, which still saw a open: the circuit did go half-open.
     assert not success_before_the_window_then_r(9.92).ok
+
+
+def test_a_poll_read_before_the_success_ended_shows_nothing_of_its_close():
+    # The poll stamped 9.95 was sent at 9.90 (the harness held its thread back): its snapshot may
+    # predate q's end at 9.92, so it cannot show that q's success had not closed the circuit.
+    assert success_before_the_window_then_r(9.92, sent=[9.0, 9.90, 10.2, 11.0]).ok
 
 
 def test_the_plans_are_read_by_the_clients_sid_in_ordinal_order():
