@@ -192,7 +192,10 @@ class ResponsesConsumer(DirectConsumer):
             await self.close(code=code, reason=reason)
 
     async def _abandon(self, frames: int) -> None:
-        """Frames the connection ended before serving still get their ledger row: `cancelled`."""
+        """Frames the connection ended before serving still get their ledger row: `cancelled`. Frames
+        of a connection whose key was never accepted were no key's requests: they get none."""
+        if self.key_id is None:
+            return
         for _ in range(frames):
             exchange = self._exchange()
             exchange.outcome, exchange.status_code = Outcome.CANCELLED, 499
