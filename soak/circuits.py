@@ -211,16 +211,26 @@ def half_open_check(
         lane.sort(key=lambda a: a["a"])
     times = [t for t, _ in poller.observations]
 
-    def closed_at(t: float, route_class: str) -> set[str] | None:
-        at = bisect.bisect_right(times, t) - 1
-        if at < 0:
-            return None
+    def closed_in(at: int, route_class: str) -> set[str]:
         not_closed = {
             names.get(assignment)
             for assignment, rc, state, _, _ in poller.observations[at][1]
             if rc == route_class and state != "closed"
         }
         return set(names.values()) - not_closed
+
+    def closed_at(t: float, route_class: str) -> set[str] | None:
+        at = bisect.bisect_right(times, t) - 1
+        return closed_in(at, route_class) if at >= 0 else None
+
+    def closed_around(t: float, route_class: str) -> set[str] | None:
+        """Closed at the last poll read before `t` and at the first sent after it: the request read
+        its view after starting, so one that opened in between may have been read open."""
+        closed = closed_at(t, route_class)
+        after = bisect.bisect_left(poller.sent, t)
+        if closed is not None and after < len(times):
+            closed &= closed_in(after, route_class)
+        return closed
 
     def attempt_of(a: dict) -> tuple[Plan, int] | None:
         """The request's plan and the index in it of the attempt this arrival is: the n-th arrival
@@ -240,7 +250,7 @@ def half_open_check(
         """(a last resort?, judged from the ledger?)"""
         if (found := attempt_of(a)) is not None:
             plan, i = found
-            closed = closed_at(plan.started, a["t"])
+            closed = closed_around(plan.started, a["t"])
             tried = {name for name, _ in plan.attempts[:i]}
             return closed is not None and closed - {a["u"]} <= tried, True
         closed = closed_at(a["a"], a["t"])

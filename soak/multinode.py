@@ -45,8 +45,9 @@ slot and is not counted. Whether it was one is judged from the request's plan in
 (`read_plans`, by the client's id): the gateway orders its candidates by the health it read at the
 request's start and passes some over without an upstream arrival (budget, deadline, capability, a
 circuit read again), so the arrival is a last resort iff every assignment whose circuit was closed
-at the last poll before the request's `started_at` is among its attempts before this one
-(dispatched or passed over). A request the ledger lacks (its node was killed; websocket frames,
+at the last poll read before the request's `started_at`, and still at the first poll sent after it
+(the request reads its view after starting), is among its attempts before this one (dispatched or
+passed over). A request the ledger lacks (its node was killed; websocket frames,
 whose ids the client does not see) is judged from the polls alone: every assignment closed at the
 last poll before the arrival was reached earlier by the same request. The plans read are written to
 `ledger_plans.jsonl` beside `circuit_polls.jsonl` and the upstreams' log, to judge a run again.

@@ -130,13 +130,27 @@ def test_a_request_that_reached_a_first_while_others_were_closed_at_its_start_is
     # b and c were closed when q started; q went to a first. By the arrival both had opened, which
     # the polls alone would take for a last resort; q's plan shows a probe's position.
     polls = poller(
-        (9.0, OPEN_A), (10.2, HALF_OPEN_A), (10.9, [*HALF_OPEN_A, B_OPEN, C_OPEN]), (14.0, CLOSED_A)
+        (9.0, OPEN_A),
+        (10.2, HALF_OPEN_A),
+        (10.6, HALF_OPEN_A),
+        (10.9, [*HALF_OPEN_A, B_OPEN, C_OPEN]),
+        (14.0, CLOSED_A),
     )
     log = [PROBE_P, arrival("a", "q", "unavailable", 11.0)]
     assert half_open_check(log, polls, FakeDatabase(), {}).ok
     plans = {"q": Plan(10.5, (("a", "failed"), ("b", "ineligible"), ("c", "ineligible")))}
     check = half_open_check(log, polls, FakeDatabase(), plans)
     assert not check.ok and "1 violations" in check.detail and "its plan" in check.examples[0], check.detail
+
+
+def test_an_assignment_that_opened_around_the_requests_start_may_have_been_read_open():
+    # b was closed at the poll before q started (10.5) but open at the first poll after: q may have
+    # read it open (last in its plan). q tried c, then reached a: a last resort.
+    polls = poller((9.0, OPEN_A), (10.2, HALF_OPEN_A), (10.6, [*HALF_OPEN_A, B_OPEN]), (14.0, CLOSED_A))
+    log = [PROBE_P, arrival("c", "q", "unavailable", 10.9), arrival("a", "q", "unavailable", 11.0)]
+    plans = {"q": Plan(10.5, (("c", "retryable_failed"), ("a", "failed"), ("b", "ineligible")))}
+    check = half_open_check(log, polls, FakeDatabase(), plans)
+    assert check.ok and "1 last-resort" in check.detail, check.detail
 
 
 def test_the_attempts_before_an_arrival_are_those_before_its_own_dispatch():
