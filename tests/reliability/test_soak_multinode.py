@@ -7,28 +7,22 @@ It runs in the PostgreSQL pass of the suite only (the production shape: several 
 server database); the soak starts its own server from /usr/lib/postgresql/*/bin, so it needs those
 binaries too. The run happens once per module, in a subprocess; each invariant is its own case.
 
-Some invariants are known not to hold today; each is an expected failure with its reason (not a
-skip: the case still runs, and its figure is in the report):
-- `half_open_probes`: requests arrive at an assignment in a probe's position while its probe is in
-  flight, at times. One path is closed: a request that read a circuit closed and then waited (on a
-  stalled database, or on slow attempts) longer than the cooldown dispatched on that old health,
-  although the assignment had opened and gone half-open meanwhile (the relay now reads the circuit
-  again before such a dispatch; tests/proxy/test_stalled_database.py). So is a second: an assignment
-  open with its cooldown running when a request read it, reached last after the cooldown ended, was
-  dispatched without the lease beside the next lease holder (it now takes the lease first). A third
-  finding was the check's own: a failure write that commits late opens a circuit whose open_until is
-  already past, and the check counted the arrivals before the commit (the circuit still read closed)
-  as probes; its window now starts when the open became visible. The check now judges each arrival
-  from the request's own plan in the ledger (its started_at, its attempts with the pass-overs), and
-  a window ends with the first success that closes the circuit, a last resort's too (one answered
-  just before the window included). Judged so, full runs of 2026-12-01 showed a third gateway path,
-  now closed: a failure write that commits late starts its cooldown before a request reads the
-  circuit closed, so the view trusted for a whole cooldown saw the circuit half-open before it
-  expired (the view is now trusted for half the shortest cooldown; tests/proxy/test_half_open_trust.py).
-  A later run still showed 2 arrivals in a probe's position right after another request's probe
-  took the lease: the polls, stamped after their read and up to 0.4 s apart when the harness is
-  busy, cannot tell whether an earlier last resort's success (its write queued behind its failures')
-  had closed the circuit by then. Kept as an expected failure until several full runs hold.
+An invariant known not to hold would be an expected failure here with its reason (`KNOWN`; not a
+skip: the case still runs, and its figure is in the report). None is today. The last one was
+`half_open_probes` (requests in a probe's position beside the lease holder), which held in two full
+runs in a row on 2026-12-01 (3 nodes, 20,000 requests each) once three gateway paths were closed
+and the check judged precisely:
+- a request that read a circuit closed and waited longer than the cooldown dispatched on that old
+  health (it now reads the circuit again first; tests/proxy/test_stalled_database.py);
+- an assignment open when read, reached last after its cooldown, was dispatched without the lease
+  (it now takes the lease first; same file);
+- a failure write committing late starts its cooldown before a request reads the circuit closed, so
+  a view trusted for a whole cooldown could dispatch to it half-open (a view is now trusted for half
+  the shortest cooldown; tests/proxy/test_half_open_trust.py).
+The check (soak/circuits.py `half_open_check`) judges each arrival from the request's own plan in
+the ledger (its started_at, its attempts with the pass-overs), with the polls bracketing the
+request's read, and ends a window with the first success that closes the circuit, a last resort's
+too; tests/reliability/test_soak_analysis.py.
 """
 
 import json
@@ -58,10 +52,7 @@ pytestmark = [
 ]
 
 
-KNOWN = {
-    "half_open_probes": "requests reached a half-open assignment in a probe's position while its probe was "
-    "in flight (three paths closed; not yet shown to hold over several full runs)",
-}
+KNOWN: dict[str, str] = {}  # check id -> why it is expected to fail (none today)
 
 
 @pytest.fixture(scope="module")
