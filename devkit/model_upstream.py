@@ -22,18 +22,18 @@ way a model does and answers from what it read, so what it answers depends on wh
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
 import struct
-import threading
 import uuid
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from aiohttp import web
+
+from devkit.threaded_app import ThreadedApp
 
 Mode = Literal["faithful", "flatten_tool_results", "drop_images", "text_tool_calls"]
 
@@ -205,7 +205,9 @@ async def _compress(request: web.Request, handler) -> web.StreamResponse:
     return response
 
 
-class ModelUpstream:
+class ModelUpstream(ThreadedApp):
+    thread_name = "model-upstream"
+
     def __init__(
         self,
         mode: Mode = "faithful",
@@ -221,48 +223,14 @@ class ModelUpstream:
         self.status = status
         self.canary = canary
         self.hits: list[tuple[str, dict[str, Any]]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
+        super().__init__()
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> Self:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="model-upstream", daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        if self._loop is None or self._runner is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        assert self._thread is not None
-        self._thread.join()
-        self._loop.close()
-        self._loop = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    async def _listen(self) -> None:
+    def application(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_compress])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._list)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        return app
 
     def _refusal(self, request: web.Request, anthropic: bool) -> web.Response | None:
         sent = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix(

@@ -15,13 +15,13 @@ Responses bridge's end-to-end tests (a bridged conversation with tool calls).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import uuid
-from typing import Any, Self
+from typing import Any
 
 from aiohttp import web
+
+from devkit.threaded_app import ThreadedApp
 
 TOOL_INPUT = {"path": "notes.txt"}
 
@@ -44,52 +44,20 @@ def _sse(kind: str, **fields: Any) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n".encode()
 
 
-class ToolUpstream:
+class ToolUpstream(ThreadedApp):
+    thread_name = "tool-upstream"
+
     def __init__(self, *, models: tuple[str, ...] = ("claude-test",), chat_done: bool = True) -> None:
         self.models = models
         self.chat_done = chat_done
         self.hits: list[dict[str, Any]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
+        super().__init__()
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> Self:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="tool-upstream", daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        if self._loop is None or self._runner is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        assert self._thread is not None
-        self._thread.join()
-        self._loop.close()
-        self._loop = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    async def _listen(self) -> None:
+    def application(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        return app
 
     @staticmethod
     def _error(status: int, kind: str, message: str) -> web.Response:
