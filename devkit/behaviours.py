@@ -28,6 +28,7 @@ class Serve(Behaviour):
     input_tokens: int = 10
     output_tokens: int | None = None  # None: the number of streamed deltas
     delay_s: float = 0.0  # pause before each stream event, or before a JSON body
+    linger_s: float = 0.0  # on streams: the connection stays open this long after the last event
 
 
 @dataclass(frozen=True)

@@ -268,6 +268,8 @@ class FakeUpstream(FilesApi):
             return response  # the client went away; aiohttp then ends the connection quietly
         if cut:
             return drop(request)
+        if isinstance(behaviour, Serve) and behaviour.linger_s and await self._pause(behaviour.linger_s):
+            return drop(request)  # the fake is stopping
         if coding is not None:
             await response.write(compressor.flush())
         await response.write_eof()

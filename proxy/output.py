@@ -248,6 +248,7 @@ class AttemptStream:
         started = time.monotonic()
         source, batches = self.source, self.batches
         ended = False  # the exchange is settled (and handed to the ledger): touch it no more
+        delivered = False  # the client was sent the stream's end: a client leaving now lost nothing
         stopping = False
 
         async def interrupt() -> None:
@@ -271,6 +272,7 @@ class AttemptStream:
                     await settle(self._end(True, self.exchange.outcome or outcome, status))
                 for part in self.framing.pack(out):
                     yield part
+                delivered = self.terminal_seen
                 if done:
                     return
                 try:
@@ -293,7 +295,9 @@ class AttemptStream:
         except (asyncio.CancelledError, GeneratorExit):
             # GeneratorExit: the client stopped reading before the end (it went away while a write
             # was pending); nobody is left to answer, as with a cancel.
-            if not ended:
+            # A client that closes once it has the stream's end (the SDKs do at `[DONE]`) while the
+            # upstream has yet to close its side was served whole: a success, not a cancel.
+            if not ended and not delivered:
                 log.status, log.failure_class = AttemptStatus.CANCELLED, FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN
                 outcome, status = Outcome.CANCELLED, 499

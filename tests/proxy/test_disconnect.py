@@ -2,11 +2,12 @@
 for the circuit."""
 
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
 
-from devkit.behaviours import hang, slow_stream
+from devkit.behaviours import hang, serve, slow_stream
 from proxy.ledger import writer
 from proxy.models import Attempt
 from routing.models import Circuit
@@ -56,3 +57,25 @@ def test_a_client_disconnect_mid_stream_cancels_the_upstream_stream(gateway, two
     assert time.monotonic() - started < 3
     assert attempt.elapsed_ms < 2500  # the whole stream would take ~2 s more
     assert not Circuit.objects.exists()
+
+
+def test_a_client_that_leaves_at_done_while_the_upstream_lingers_was_served(gateway, two_assignments):
+    """The SDKs close a stream at `[DONE]`; an upstream may hold its side open a moment longer. The client
+    had the whole answer: the request is a success with its usage and cost, not a cancel."""
+    a, _, _ = two_assignments
+    a.script("gpt-5", replace(serve(), linger_s=3.0))
+    with httpx.stream(
+        "POST", f"{gateway}/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH, timeout=10
+    ) as response:
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            if line == "data: [DONE]":
+                break
+    assert lines[-1] == "data: [DONE]"
+    deadline = time.monotonic() + 5
+    while (attempt := (writer.flush(), Attempt.objects.first())[1]) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert attempt is not None
+    assert (attempt.status, attempt.dispatch_state) == ("succeeded", "completed")
+    assert attempt.request.outcome == "ok"
