@@ -111,17 +111,28 @@ def test_a_responses_answer_does_not_wait_past_its_deadline_for_its_affinity_wri
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="a row lock that leaves other tables writable")
-def test_a_request_that_waited_past_a_cooldown_does_not_dispatch_on_the_health_it_read_before(
-    gateway, two_assignments
+@pytest.mark.parametrize(
+    ("cooldown", "waited"),
+    [
+        # Past the cooldown: acct-a opened, cooled down and went half-open while the request waited.
+        (1, 1.2),
+        # Before the cooldown is over: the failure that opened acct-a was computed 0.9 s before the
+        # request's read but committed after it, so acct-a is half-open already. A view younger than
+        # the cooldown is trusted for only half of it (proxy.health.TRUSTED_SHARE).
+        (2, 1.3),
+    ],
+)
+def test_a_request_that_waited_does_not_dispatch_on_the_health_it_read_before(
+    gateway, two_assignments, cooldown, waited
 ):
     """Fault 5 (half_open_probes): a request read acct-a's circuit closed, then waited on the database
-    (its budget reservation) for longer than the cooldown. Meanwhile acct-a opened, cooled down and
-    went half-open with another request's probe in flight. On the health it had read, the request
-    tried acct-a first, a second probe in parallel (SPEC §7.1: only the lease holder tries a half-open
-    assignment first). It reads the circuit again before dispatching, and takes acct-b."""
+    (its budget reservation). Meanwhile acct-a went half-open with another request's probe in flight.
+    On the health it had read, the request would try acct-a first, a second probe in parallel (SPEC
+    §7.1: only the lease holder tries a half-open assignment first). It reads the circuit again before
+    dispatching, and takes acct-b."""
     a, b, (acct_a, _) = two_assignments
     _price(1_000_000, 1_000_000)
-    GatewaySettings.objects.filter(pk=1).update(cooldown_seconds=1)
+    GatewaySettings.objects.filter(pk=1).update(cooldown_seconds=cooldown)
     GatewayKey.objects.update(budget_micros=1_000_000)
     key = GatewayKey.objects.get()
     table = GatewayKey._meta.db_table
@@ -139,9 +150,9 @@ def test_a_request_that_waited_past_a_cooldown_does_not_dispatch_on_the_health_i
         )
         request.start()
         _wait_for_a_lock_wait()  # it has read acct-a closed and waits for its reservation...
-        time.sleep(1.2)  # ...past the cooldown
+        time.sleep(waited)
         now = datetime.now(UTC)
-        Circuit.objects.create(  # acct-a opened and cooled down meanwhile; another request probes it
+        Circuit.objects.create(  # acct-a is half-open by now; another request probes it
             pool=acct_a.pool,
             assignment=acct_a,
             model="gpt-5",
@@ -149,7 +160,7 @@ def test_a_request_that_waited_past_a_cooldown_does_not_dispatch_on_the_health_i
             state=CircuitState.HALF_OPEN,
             reason=CircuitReason.UPSTREAM_UNAVAILABLE,
             consecutive_failures=3,
-            cooldown_seconds=1,
+            cooldown_seconds=cooldown,
             open_until=now - timedelta(seconds=0.2),
             probes_in_flight=1,
             probe_lease_expires_at=now + timedelta(seconds=60),

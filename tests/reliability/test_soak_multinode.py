@@ -18,7 +18,7 @@ and the check judged precisely:
   (it now takes the lease first; same file);
 - a failure write committing late starts its cooldown before a request reads the circuit closed, so
   a view trusted for a whole cooldown could dispatch to it half-open (a view is now trusted for half
-  the shortest cooldown; tests/proxy/test_half_open_trust.py).
+  the shortest cooldown; tests/proxy/test_stalled_database.py).
 The check (soak/circuits.py `half_open_check`) judges each arrival from the request's own plan in
 the ledger (its started_at, its attempts with the pass-overs), with the polls bracketing the
 request's read, and ends a window with the first success that closes the circuit, a last resort's
