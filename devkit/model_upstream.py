@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from devkit.threaded_app import ThreadedApp
+from devkit.threaded_app import ThreadedApp, gzip_when_offered
 
 Mode = Literal["faithful", "flatten_tool_results", "drop_images", "text_tool_calls"]
 
@@ -197,14 +197,6 @@ def think(turns: list[Turn], tools: set[str], mode: Mode) -> Thought:
     return Thought(text="hello")
 
 
-@web.middleware
-async def _compress(request: web.Request, handler) -> web.StreamResponse:
-    response = await handler(request)
-    if "gzip" in request.headers.get("accept-encoding", "") and isinstance(response, web.Response):
-        response.enable_compression(web.ContentCoding.gzip)
-    return response
-
-
 class ModelUpstream(ThreadedApp):
     thread_name = "model-upstream"
 
@@ -226,7 +218,7 @@ class ModelUpstream(ThreadedApp):
         super().__init__()
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[_compress])
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[gzip_when_offered])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._list)

@@ -11,6 +11,15 @@ from typing import Self
 from aiohttp import web
 
 
+@web.middleware
+async def gzip_when_offered(request: web.Request, handler) -> web.StreamResponse:
+    """A plain answer gzip-compressed when the request offers it, as providers' front ends do."""
+    response = await handler(request)
+    if "gzip" in request.headers.get("accept-encoding", "") and isinstance(response, web.Response):
+        response.enable_compression(web.ContentCoding.gzip)
+    return response
+
+
 class ThreadedApp:
     thread_name = "fake-upstream"
 

@@ -10,6 +10,7 @@ Responses bridge's end-to-end tests (a bridged conversation with tool calls).
   `done: <the result's text>` (`end_turn`); without tools, `hello`.
 - `POST /v1/chat/completions` streams `hello` as Chat chunks and a `stop` finish, and ends without
   `[DONE]` when `chat_done` is False, as some OpenAI-compatible servers do.
+- A plain answer is gzip-compressed when the request offers it, as Anthropic's front end does.
 - Every request body is recorded in `hits`.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from devkit.threaded_app import ThreadedApp
+from devkit.threaded_app import ThreadedApp, gzip_when_offered
 
 TOOL_INPUT = {"path": "notes.txt"}
 
@@ -54,7 +55,7 @@ class ToolUpstream(ThreadedApp):
         super().__init__()
 
     def application(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[gzip_when_offered])
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/chat/completions", self._chat)
         return app
