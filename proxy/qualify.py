@@ -16,6 +16,7 @@ Contract:
 """
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,7 +134,7 @@ async def _attempt(
         answer = json.loads(call.response(raw))
         if call.client_path == MESSAGES:
             # Judged in one shape whatever the client API: the Chat form of the Messages answer.
-            answer = anthropic_to_chat_response(answer, model=call.model)
+            answer = anthropic_to_chat_response(answer, model=call.model, created=0)  # judged, never shown
     except (ResponseTranslationError, ValueError, TypeError, AttributeError):
         return MALFORMED
     if not isinstance(answer, dict):
@@ -174,6 +175,7 @@ async def replay(
                     model=model,
                     requirements=Requirements(),
                     credential=credential_of(target),
+                    created=int(time.time()),
                 )
             except RequestTranslationError:
                 outcome = Outcome(label, False, UNTRANSLATABLE)

@@ -306,6 +306,7 @@ class Relay:
                 model=c.model,
                 requirements=self.requirements,
                 credential=credential_of(self.view.targets[c.assignment_id]),
+                created=int(time.time()),  # once per call: every chunk of a translated stream shares it
                 anthropic_beta=self.anthropic_beta,
             )
         except RequestTranslationError as refused:

@@ -301,9 +301,7 @@ def _chat_tool_choice_to_anthropic(choice: object) -> dict[str, Any] | None:
     return {"type": "tool", "name": chat_named_choice(choice)}
 
 
-def anthropic_to_chat_response(
-    msg_json: Mapping[str, Any], *, model: str, created: int = 0
-) -> dict[str, Any]:
+def anthropic_to_chat_response(msg_json: Mapping[str, Any], *, model: str, created: int) -> dict[str, Any]:
     """An Anthropic Message as a Chat Completions response reporting `model` (`created`: Unix seconds)."""
     blocks = msg_json.get("content")
     if not isinstance(blocks, list):
@@ -354,9 +352,10 @@ class AnthropicToChatStream:
 
     `include_usage` is the client's `stream_options.include_usage`: the usage chunk (with `choices: []`)
     is sent only when asked, as OpenAI does, because clients that did not ask may not expect it.
+    `created` (Unix seconds) is every chunk's, as OpenAI gives all chunks of one completion the same.
     """
 
-    def __init__(self, *, model: str, include_usage: bool, created: int = 0) -> None:
+    def __init__(self, *, model: str, include_usage: bool, created: int) -> None:
         self._model = model
         self._include_usage = include_usage
         self._created = created

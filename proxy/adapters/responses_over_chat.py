@@ -452,9 +452,10 @@ def _function_item(call_id: str, name: str, arguments: str, status: str) -> dict
 
 
 def chat_to_responses_response(
-    chat_json: Mapping[str, Any], *, model: str, echoed: Mapping[str, Any]
+    chat_json: Mapping[str, Any], *, model: str, echoed: Mapping[str, Any], created: int
 ) -> dict[str, Any]:
-    """A Chat Completions answer as a Responses object reporting `model`; `echoed`: `echo(request)`."""
+    """A Chat Completions answer as a Responses object reporting `model`, created at `created` (Unix
+    seconds); `echoed`: `echo(request)`."""
     choices = chat_json.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
         raise ResponseTranslationError("choices")
@@ -487,11 +488,10 @@ def chat_to_responses_response(
             raise ResponseTranslationError(f"{where}.function.arguments")
         call_id = call.get("id") if isinstance(call.get("id"), str) and call["id"] else f"call_{index}"
         output.append(_function_item(call_id, function["name"], arguments, "completed"))
-    created = chat_json.get("created")
     return _response(
         response_id,
         model,
-        created if isinstance(created, int) else 0,
+        created,
         status,
         echoed,
         output=output,

@@ -37,15 +37,15 @@ class ChatToResponsesStream:
     the usage is known.
     """
 
-    def __init__(self, *, model: str, echoed: Mapping[str, Any]) -> None:
+    def __init__(self, *, model: str, echoed: Mapping[str, Any], created: int) -> None:
         self._model = model
         self._echoed = echoed
+        self._created = created  # every snapshot's `created_at` (Unix seconds)
         self._sequence = 0
         self._started = False
         self._ended = False
         self._closed = False  # the items are closed (the finish reason came)
         self._id = _response_id(None)
-        self._created = 0
         self._output: list[dict[str, Any]] = []
         self._message: int | None = None  # the output index of the open message item
         self._part: tuple[str, int] | None = None  # the open part's kind and content index
@@ -114,8 +114,6 @@ class ChatToResponsesStream:
             return b""
         self._started = True
         self._id = _response_id(chunk.get("id"))
-        created = chunk.get("created")
-        self._created = created if isinstance(created, int) else 0
         started = self._snapshot("in_progress")
         return self._event("response.created", response=started) + self._event(
             "response.in_progress", response=started

@@ -59,6 +59,7 @@ class Anthropic:
         model: str,
         requirements: Requirements,
         credential: str,
+        created: int,
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         headers = json_headers(self.auth_headers(credential))
@@ -71,8 +72,10 @@ class Anthropic:
                 Dialect.ANTHROPIC,
                 path,
                 model,
-                answer=partial(anthropic_to_chat_response, model=model),
-                translator=partial(AnthropicToChatStream, model=model, include_usage=include_usage(body)),
+                answer=partial(anthropic_to_chat_response, model=model, created=created),
+                translator=partial(
+                    AnthropicToChatStream, model=model, include_usage=include_usage(body), created=created
+                ),
             )
         if path == RESPONSES:
             echoed = echo(body)
@@ -83,8 +86,8 @@ class Anthropic:
                 Dialect.ANTHROPIC,
                 path,
                 model,
-                answer=partial(anthropic_to_responses_response, model=model, echoed=echoed),
-                translator=partial(AnthropicToResponsesStream, model=model, echoed=echoed),
+                answer=partial(anthropic_to_responses_response, model=model, echoed=echoed, created=created),
+                translator=partial(AnthropicToResponsesStream, model=model, echoed=echoed, created=created),
             )
         if anthropic_beta:
             headers["anthropic-beta"] = anthropic_beta

@@ -104,6 +104,7 @@ class AzureOpenAI(OpenAI):
         model: str,
         requirements: Requirements,
         credential: str,
+        created: int,
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         base = target.base_url.rstrip("/")
@@ -119,6 +120,7 @@ class AzureOpenAI(OpenAI):
             model=model,
             requirements=requirements,
             credential=credential,
+            created=created,
         )
         where = f"{call.url}?api-version={API_VERSION}" if deployment else call.url
         return replace(call, url=where, wire=WIRE)

@@ -190,10 +190,13 @@ class Provider(Protocol):
         model: str,
         requirements: Requirements,
         credential: str,
+        created: int,
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         """The upstream request for client route `path` (one of `routes`) on `target`, serving
-        `model`. RequestTranslationError when the body cannot be carried to this API."""
+        `model`. `created`: when the call is made (Unix seconds, the caller's clock), the `created` or
+        `created_at` of every answer translated from its upstream's wire, each chunk of a stream alike.
+        RequestTranslationError when the body cannot be carried to this API."""
         ...
 
     def models_url(self, base_url: str) -> str:
@@ -276,14 +279,15 @@ def responses_over_chat(
     body: Json,
     model: str,
     *,
+    created: int,
     upstream: Callable[[Json], Json] | None = None,
     stream_usage: bool = True,
     wire: Wire | None = None,
 ) -> UpstreamCall:
     """A Responses client's call to a Chat-shaped upstream: `body` translated to Chat (with `model`),
     then by `upstream` to the provider's own request when it has one (its refusals renamed to the
-    client's fields); the answer and the stream are translated back to Responses. `stream_usage`: a
-    stream asks for usage (`stream_options`), as every Responses stream reports it."""
+    client's fields); the answer and the stream are translated back to Responses, created at `created`.
+    `stream_usage`: a stream asks for usage (`stream_options`), as every Responses stream reports it."""
     chat = responses_to_chat_request(body, stream_usage=stream_usage)
     with chat.refusals():
         payload = {**chat.body, "model": model}
@@ -296,7 +300,7 @@ def responses_over_chat(
         Dialect.CHAT,
         RESPONSES,
         model,
-        answer=partial(chat_to_responses_response, model=model, echoed=echoed),
-        translator=partial(ChatToResponsesStream, model=model, echoed=echoed),
+        answer=partial(chat_to_responses_response, model=model, echoed=echoed, created=created),
+        translator=partial(ChatToResponsesStream, model=model, echoed=echoed, created=created),
         wire=wire,
     )

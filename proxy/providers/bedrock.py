@@ -102,9 +102,10 @@ class BedrockWire:
 
     framing = AWS_EVENTSTREAM
 
-    def __init__(self, model: str, sigv4: SigV4) -> None:
+    def __init__(self, model: str, sigv4: SigV4, created: int) -> None:
         self.model = model
         self.sigv4 = sigv4
+        self.created = created  # the call's: every answer and chunk carries it
 
     def answer(self, status: int, headers: Mapping[str, str], raw: bytes) -> tuple[int, bytes]:
         if status >= 400:
@@ -116,12 +117,15 @@ class BedrockWire:
         if not isinstance(payload, dict):
             return status, raw
         answer = bedrock_translate.converse_to_chat_response(
-            payload, model=self.model, request_id=headers.get("x-amzn-requestid", "bedrock"), created=0
+            payload,
+            model=self.model,
+            request_id=headers.get("x-amzn-requestid", "bedrock"),
+            created=self.created,
         )
         return status, json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
 
     def stream(self) -> StreamTranslator | None:
-        return bedrock_translate.ConverseToChatStream(model=self.model, created=0)
+        return bedrock_translate.ConverseToChatStream(model=self.model, created=self.created)
 
 
 class InvokeWire:
@@ -209,6 +213,7 @@ class Bedrock:
         model: str,
         requirements: Requirements,
         credential: str,
+        created: int,
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         sigv4 = self.signature(target.base_url, target.region, credential)
@@ -218,11 +223,13 @@ class Bedrock:
         stream = chat.get("stream") is True
         operation = "converse-stream" if stream else "converse"
         where = url(target.base_url, f"/model/{path_segment(model)}/{operation}")
-        wire = BedrockWire(model, sigv4)
+        wire = BedrockWire(model, sigv4, created)
         headers = {"content-type": "application/json"}
         if path == RESPONSES:
             upstream = bedrock_translate.chat_to_converse_request
-            return responses_over_chat(where, headers, body, model, upstream=upstream, wire=wire)
+            return responses_over_chat(
+                where, headers, body, model, created=created, upstream=upstream, wire=wire
+            )
         payload = bedrock_translate.chat_to_converse_request(chat)
         if path == MESSAGES:
             return messages_over_chat(where, headers, payload, model, wire)

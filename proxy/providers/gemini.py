@@ -59,8 +59,9 @@ class GeminiWire:
     framing = SSE
     sigv4: SigV4 | None = None
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, created: int) -> None:
         self.model = model
+        self.created = created  # the call's: every answer and chunk carries it
 
     def answer(self, status: int, headers: Mapping[str, str], raw: bytes) -> tuple[int, bytes]:
         try:
@@ -76,11 +77,11 @@ class GeminiWire:
                 status = 401
             chat.pop("status", None)
             return status, json.dumps(chat).encode()
-        answer = gemini_translate.gemini_to_chat_response(payload, model=self.model)
+        answer = gemini_translate.gemini_to_chat_response(payload, model=self.model, created=self.created)
         return status, json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
 
     def stream(self) -> StreamTranslator | None:
-        return gemini_translate.GeminiToChatStream(model=self.model, created=0)
+        return gemini_translate.GeminiToChatStream(model=self.model, created=self.created)
 
 
 class Gemini:
@@ -101,6 +102,7 @@ class Gemini:
         model: str,
         requirements: Requirements,
         credential: str,
+        created: int,
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         chat = anthropic_to_chat_request(body) if path == MESSAGES else body
@@ -108,10 +110,12 @@ class Gemini:
         method = "streamGenerateContent?alt=sse" if stream else "generateContent"
         where = url(target.base_url, f"/models/{path_segment(model)}:{method}")
         headers = json_headers(self.auth_headers(credential))
-        wire = GeminiWire(model)
+        wire = GeminiWire(model, created)
         if path == RESPONSES:
             upstream = gemini_translate.chat_to_gemini_request
-            return responses_over_chat(where, headers, body, model, upstream=upstream, wire=wire)
+            return responses_over_chat(
+                where, headers, body, model, created=created, upstream=upstream, wire=wire
+            )
         payload = gemini_translate.chat_to_gemini_request(chat)
         if path == MESSAGES:
             return messages_over_chat(where, headers, payload, model, wire)

@@ -294,8 +294,9 @@ def _text(part: Mapping[str, Any]) -> str:
     return part["text"] if isinstance(part.get("text"), str) and part.get("thought") is not True else ""
 
 
-def gemini_to_chat_response(payload: Mapping[str, Any], *, model: str, created: int = 0) -> dict[str, Any]:
-    """A generateContent answer as a Chat Completions response reporting `model`."""
+def gemini_to_chat_response(payload: Mapping[str, Any], *, model: str, created: int) -> dict[str, Any]:
+    """A generateContent answer as a Chat Completions response reporting `model` (`created`: Unix
+    seconds)."""
     parts = _parts(payload)
     calls = [c for i, p in enumerate(parts) if (c := _call(p, i)) is not None]
     text = "".join(_text(p) for p in parts)

@@ -57,6 +57,7 @@ class OpenAI:
         model: str,
         requirements: Requirements,
         credential: str,
+        created: int,
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         auth = self.auth_headers(credential)

@@ -50,6 +50,7 @@ class OpenAICompatible(OpenAI):
         model: str,
         requirements: Requirements,
         credential: str,
+        created: int,
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         if path != RESPONSES:
@@ -62,6 +63,7 @@ class OpenAICompatible(OpenAI):
                 model=model,
                 requirements=requirements,
                 credential=credential,
+                created=created,
                 anthropic_beta=anthropic_beta,
             )
         return responses_over_chat(
@@ -69,6 +71,7 @@ class OpenAICompatible(OpenAI):
             json_headers(self.auth_headers(credential)),
             body,
             model,
+            created=created,
             upstream=lambda chat: self.shape(chat, requirements),
             stream_usage=self.asks_stream_usage(target),
         )

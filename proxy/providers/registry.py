@@ -56,13 +56,14 @@ def upstream_call(
     model: str,
     requirements: Requirements,
     credential: str,
+    created: int,
     anthropic_beta: str | None = None,
 ) -> UpstreamCall:
     """The request for client route `path` (without `/v1`) on `target`, serving `model`, carrying
-    `credential` (decrypted, `pools.credentials.credential_of`, read at call time). A route the
-    target's provider cannot carry is excluded by eligibility before dispatch (`CARRIERS`), so it is a
-    caller bug here; a request the translation refuses raises RequestTranslationError before anything
-    is sent."""
+    `credential` (decrypted, `pools.credentials.credential_of`, read at call time), made at `created`
+    (Unix seconds, `Provider.call`). A route the target's provider cannot carry is excluded by
+    eligibility before dispatch (`CARRIERS`), so it is a caller bug here; a request the translation
+    refuses raises RequestTranslationError before anything is sent."""
     chosen = PROVIDERS[target.adapter]
     route = "/files" if path.startswith("/files/") else path
     if route not in chosen.routes:
@@ -74,5 +75,6 @@ def upstream_call(
         model=model,
         requirements=requirements,
         credential=credential,
+        created=created,
         anthropic_beta=anthropic_beta,
     )

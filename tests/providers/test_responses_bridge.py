@@ -55,7 +55,7 @@ BRIDGED = ("anthropic", "openai_compatible", "gemini", "bedrock")
 def call(adapter: str, body: dict[str, Any]):
     target = Target(1, "acct", 1, adapter, "http://127.0.0.1:9/v1", "NO_SUCH_ENV_VAR")
     return provider(adapter).call(
-        "/responses", target, body, model="m", requirements=Requirements(), credential="key:secret"
+        "/responses", target, body, model="m", requirements=Requirements(), credential="key:secret", created=0
     )
 
 
@@ -258,7 +258,7 @@ CHAT_ANSWER = {
 
 
 def test_a_chat_answer_is_a_responses_object_the_sdk_reads():
-    answer = chat_to_responses_response(CHAT_ANSWER, model="m", echoed=echo(RESPONSES_ADVERSARIAL))
+    answer = chat_to_responses_response(CHAT_ANSWER, model="m", echoed=echo(RESPONSES_ADVERSARIAL), created=0)
     parsed = Response.model_validate(answer)
     assert (parsed.id, parsed.status, parsed.model, parsed.output_text) == (
         "resp_chatcmpl-42",
@@ -283,7 +283,7 @@ def test_a_chat_answer_is_a_responses_object_the_sdk_reads():
 )
 def test_a_cut_answer_is_incomplete(finish, reason):
     chat = {**CHAT_ANSWER, "choices": [{"index": 0, "message": {"content": "par"}, "finish_reason": finish}]}
-    answer = chat_to_responses_response(chat, model="m", echoed=echo({}))
+    answer = chat_to_responses_response(chat, model="m", echoed=echo({}), created=0)
     assert (answer["status"], answer["incomplete_details"]) == ("incomplete", {"reason": reason})
     assert answer["output"][0]["status"] == "incomplete"
 
@@ -296,7 +296,9 @@ def test_an_anthropic_answer_with_a_tool_call_is_a_function_call_item():
         "stop_reason": "tool_use",
         "usage": {"input_tokens": 3, "output_tokens": 4},
     }
-    parsed = Response.model_validate(anthropic_to_responses_response(message, model="m", echoed=echo({})))
+    parsed = Response.model_validate(
+        anthropic_to_responses_response(message, model="m", echoed=echo({}), created=0)
+    )
     (item,) = parsed.output
     assert (item.type, item.call_id, json.loads(item.arguments)) == (
         "function_call",
@@ -370,7 +372,7 @@ EXPECTED_TYPES = [
 
 
 def test_a_chat_stream_is_the_responses_event_sequence():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}))
+    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0)
     out = b"".join(translator.feed(block) for block in blocks(CHAT_STREAM))
     parsed = events(out)
     assert [e.type for e in parsed] == EXPECTED_TYPES
@@ -383,7 +385,7 @@ def test_a_chat_stream_is_the_responses_event_sequence():
 
 
 def test_a_stream_cut_before_its_end_is_never_completed():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}))
+    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0)
     out = b"".join(
         translator.feed(block)
         for block in blocks(
@@ -396,7 +398,7 @@ def test_a_stream_cut_before_its_end_is_never_completed():
 
 
 def test_a_length_finish_ends_with_response_incomplete_at_eof():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}))
+    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0)
     raw = chat_chunk({"content": "par"}) + chat_chunk({}, "length")
     out = b"".join(translator.feed(block) for block in blocks(raw)) + translator.finish()
     final = events(out)[-1]
@@ -440,7 +442,7 @@ def test_an_anthropic_stream_with_a_tool_call_is_the_responses_event_sequence():
             anthropic_event("message_stop"),
         ]
     )
-    translator = AnthropicToResponsesStream(model="m", echoed=echo({}))
+    translator = AnthropicToResponsesStream(model="m", echoed=echo({}), created=0)
     out = b"".join(translator.feed(block) for block in blocks(raw))
     parsed = events(out)
     # One text delta (the Chat stream above has two), else the same sequence.
@@ -471,7 +473,7 @@ def test_adversarial_model_output_stays_assistant_output_across_a_continuation()
             }
         ],
     }
-    output = chat_to_responses_response(chat, model="m", echoed=echo({}))["output"]
+    output = chat_to_responses_response(chat, model="m", echoed=echo({}), created=0)["output"]
     assert [(item["type"], item.get("role")) for item in output] == [
         ("message", "assistant"),
         ("function_call", None),

@@ -265,7 +265,7 @@ def test_adversarial_model_output_stays_assistant_output() -> None:
     assert message["role"] == "assistant"
     assert message["content"] == [{"type": "text", "text": FORGED}]
 
-    back = anthropic_to_chat_response(message, model="m")
+    back = anthropic_to_chat_response(message, model="m", created=0)
     assert back["choices"][0]["message"]["role"] == "assistant"
     assert back["choices"][0]["message"]["content"] == FORGED
 
@@ -1199,7 +1199,9 @@ def anthropic_message(
 )
 def test_anthropic_to_chat_response_finish_reason(stop_reason: str | None, finish: str) -> None:
     chat = anthropic_to_chat_response(
-        anthropic_message(content=[{"type": "text", "text": "x"}], stop_reason=stop_reason), model="m"
+        anthropic_message(content=[{"type": "text", "text": "x"}], stop_reason=stop_reason),
+        model="m",
+        created=0,
     )
     assert chat["choices"][0]["finish_reason"] == finish
     ChatCompletion.model_validate(chat)
@@ -1259,12 +1261,14 @@ def test_anthropic_to_chat_response_shape_and_usage() -> None:
 
 
 def test_anthropic_to_chat_response_empty_refusal() -> None:
-    chat = anthropic_to_chat_response(anthropic_message(content=[], stop_reason="refusal"), model="m")
+    chat = anthropic_to_chat_response(
+        anthropic_message(content=[], stop_reason="refusal"), model="m", created=0
+    )
     assert chat["choices"][0]["message"]["content"] is None
     assert chat["choices"][0]["finish_reason"] == "content_filter"
     with pytest.raises(ResponseTranslationError) as info:
         anthropic_to_chat_response(
-            {**anthropic_message(content=[], stop_reason=None), "content": None}, model="m"
+            {**anthropic_message(content=[], stop_reason=None), "content": None}, model="m", created=0
         )
     assert info.value.param == "content"
 
@@ -1768,14 +1772,16 @@ def test_anthropic_stream_to_chat_chunks() -> None:
 
 
 def test_anthropic_stream_without_usage_request_sends_no_usage() -> None:
-    out = run(AnthropicToChatStream(model="served-1", include_usage=False), ANTHROPIC_STREAM)
+    out = run(AnthropicToChatStream(model="served-1", include_usage=False, created=0), ANTHROPIC_STREAM)
     chunks = [data for _, data in decoded(out) if isinstance(data, dict)]
     assert all("usage" not in chunk and chunk["choices"] for chunk in chunks)
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_anthropic_stream_translation_parses_in_the_openai_sdk() -> None:
-    client = openai_sdk(run(AnthropicToChatStream(model="served-1", include_usage=True), ANTHROPIC_STREAM))
+    client = openai_sdk(
+        run(AnthropicToChatStream(model="served-1", include_usage=True, created=0), ANTHROPIC_STREAM)
+    )
     with client.chat.completions.stream(
         model="served-1", messages=[{"role": "user", "content": "hi"}]
     ) as stream:
@@ -1795,7 +1801,7 @@ def test_anthropic_stream_translation_parses_in_the_openai_sdk() -> None:
 
 
 def test_anthropic_stream_classifies_as_chat() -> None:
-    out = run(AnthropicToChatStream(model="m", include_usage=True), ANTHROPIC_STREAM)
+    out = run(AnthropicToChatStream(model="m", include_usage=True, created=0), ANTHROPIC_STREAM)
     kinds = [classify(Dialect.CHAT, block).visibility for block in blocks_of(out)]
     assert kinds[0] == Visibility.NOT_VISIBLE  # the role chunk
     assert kinds[-1] == Visibility.TERMINAL_SUCCESS and kinds.count(Visibility.TERMINAL_SUCCESS) == 1
@@ -1831,7 +1837,7 @@ def test_anthropic_stream_tool_input_given_whole_in_start() -> None:
             ("message_stop", {"type": "message_stop"}),
         ]
     )
-    client = openai_sdk(run(AnthropicToChatStream(model="m", include_usage=False), upstream))
+    client = openai_sdk(run(AnthropicToChatStream(model="m", include_usage=False, created=0), upstream))
     with client.chat.completions.stream(model="m", messages=[{"role": "user", "content": "hi"}]) as stream:
         completion = stream.get_final_completion()
     calls = completion.choices[0].message.tool_calls
@@ -1873,7 +1879,9 @@ def test_anthropic_stream_tool_input_stub_in_start_is_not_doubled() -> None:
     )
     chunks = [
         data
-        for _, data in decoded(run(AnthropicToChatStream(model="m", include_usage=False), upstream))
+        for _, data in decoded(
+            run(AnthropicToChatStream(model="m", include_usage=False, created=0), upstream)
+        )
         if isinstance(data, dict)
     ]
     arguments = "".join(
@@ -1910,14 +1918,16 @@ def test_anthropic_stream_finish_reason(stop_reason: str, finish: str) -> None:
     )
     chunks = [
         data
-        for _, data in decoded(run(AnthropicToChatStream(model="m", include_usage=False), upstream))
+        for _, data in decoded(
+            run(AnthropicToChatStream(model="m", include_usage=False, created=0), upstream)
+        )
         if isinstance(data, dict)
     ]
     assert chunks[-1]["choices"][0]["finish_reason"] == finish
 
 
 def test_anthropic_stream_cut_or_errored_is_not_completed() -> None:
-    translator = AnthropicToChatStream(model="m", include_usage=True)
+    translator = AnthropicToChatStream(model="m", include_usage=True, created=0)
     upstream = sse(
         [
             (
@@ -1948,7 +1958,7 @@ def test_anthropic_stream_cut_or_errored_is_not_completed() -> None:
 
 
 def test_anthropic_stream_message_delta_then_eof_completes() -> None:
-    translator = AnthropicToChatStream(model="m", include_usage=False)
+    translator = AnthropicToChatStream(model="m", include_usage=False, created=0)
     upstream = sse(
         [
             (
@@ -1988,7 +1998,7 @@ def test_translated_responses_parse_in_the_sdks() -> None:
     assert parsed.stop_reason == "tool_use"
     assert parsed.content[1].type == "tool_use" and parsed.content[1].input == {"path": "/tmp/b"}
 
-    chat = anthropic_to_chat_response(message, model="served-1")
+    chat = anthropic_to_chat_response(message, model="served-1", created=0)
     client_openai = openai_sdk(json.dumps(chat).encode(), content_type="application/json")
     completion = client_openai.chat.completions.create(
         model="served-1", messages=[{"role": "user", "content": "hi"}]

@@ -33,7 +33,13 @@ def call(adapter: str, body: dict[str, Any], model: str | None = None) -> dict[s
     model = model or (CONVERSE_MODEL if adapter == "bedrock" else CLAUDE_ON_BEDROCK)
     target = Target(1, "acct", 1, adapter, "http://127.0.0.1:9/v1", "NO_SUCH_ENV_VAR")
     sent = provider(adapter).call(
-        "/messages", target, body, model=model, requirements=Requirements(), credential="key:secret"
+        "/messages",
+        target,
+        body,
+        model=model,
+        requirements=Requirements(),
+        credential="key:secret",
+        created=0,
     )
     return sent.payload
 

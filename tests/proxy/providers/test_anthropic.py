@@ -24,6 +24,7 @@ def call(path: str, body: dict, *, credential: str = "sk-ant-test", anthropic_be
         model="claude-opus-4-8",
         requirements=Requirements(zero_retention=True),
         credential=credential,
+        created=0,
         anthropic_beta=anthropic_beta,
     )
 

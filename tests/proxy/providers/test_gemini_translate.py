@@ -185,12 +185,17 @@ def test_an_answer_with_text_calls_and_thoughts_becomes_a_chat_completion():
     ],
 )
 def test_safety_blocks_are_content_filter(answer):
-    assert gemini_to_chat_response(answer, model="m")["choices"][0]["finish_reason"] == "content_filter"
+    assert (
+        gemini_to_chat_response(answer, model="m", created=0)["choices"][0]["finish_reason"]
+        == "content_filter"
+    )
 
 
 def test_a_malformed_function_call_is_never_guessed():
     with pytest.raises(ResponseTranslationError):
-        gemini_to_chat_response({"candidates": [{"finishReason": "MALFORMED_FUNCTION_CALL"}]}, model="m")
+        gemini_to_chat_response(
+            {"candidates": [{"finishReason": "MALFORMED_FUNCTION_CALL"}]}, model="m", created=0
+        )
 
 
 def _blocks(*payloads):

@@ -20,7 +20,14 @@ def target(adapter: str = "openai") -> Target:
 
 def call(path: str, body: dict, *, credential: str = "sk-test", **kwargs):
     return openai.call(
-        path, target(), body, model="gpt-5", requirements=Requirements(), credential=credential, **kwargs
+        path,
+        target(),
+        body,
+        model="gpt-5",
+        requirements=Requirements(),
+        credential=credential,
+        created=0,
+        **kwargs,
     )
 
 
@@ -48,6 +55,7 @@ def test_openai_never_gets_openrouter_fields():
         model="m",
         requirements=Requirements(zero_retention=True),
         credential="",
+        created=0,
     )
     assert "provider" not in sent.payload
 

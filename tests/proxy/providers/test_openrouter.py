@@ -19,7 +19,13 @@ def test_openrouter_gets_the_privacy_block_whenever_the_turn_needs_zero_retentio
     if client_provider is not None and path == "/chat/completions":  # Messages has no such field
         body["provider"] = client_provider
     sent = openrouter.call(
-        path, target(), body, model="m", requirements=Requirements(zero_retention=True), credential=""
+        path,
+        target(),
+        body,
+        model="m",
+        requirements=Requirements(zero_retention=True),
+        credential="",
+        created=0,
     )
     assert sent.payload["provider"]["data_collection"] == "deny"  # a client's own value never weakens it
     assert {k: sent.payload["provider"][k] for k in PRIVACY} == PRIVACY
@@ -35,6 +41,7 @@ def test_without_zero_retention_the_body_is_as_sent():
         model="m",
         requirements=Requirements(),
         credential="k",
+        created=0,
     )
     assert sent.payload == {"messages": [], "model": "m"}
     assert sent.headers["authorization"] == "Bearer k"

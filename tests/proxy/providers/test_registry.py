@@ -64,6 +64,7 @@ def test_a_route_the_provider_cannot_carry_is_a_caller_bug(adapter, path):
             model="m",
             requirements=Requirements(),
             credential="",
+            created=0,
         )
 
 
@@ -84,6 +85,7 @@ def test_each_provider_carries_the_credential_in_its_own_headers(adapter, expect
         model="m",
         requirements=Requirements(),
         credential="sk-x",
+        created=0,
     )
     assert expected.items() <= sent.headers.items()
 
