@@ -26,10 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.adapters.chat_chunks import ChatChunkReader
 from proxy.adapters.translate import (
-    _DONE,
     _JOIN,
-    _KEEP_ALIVE,
     ResponseTranslationError,
     _anthropic_stop,
     _anthropic_usage_from_chat,
@@ -42,7 +41,6 @@ from proxy.adapters.translate import (
     _message_id,
     _number,
     _object,
-    _payload,
     _present,
     _refuse,
     _string,
@@ -50,7 +48,7 @@ from proxy.adapters.translate import (
     anthropic_tool_id,
     block_fields,
 )
-from proxy.sse import Block, encode_block
+from proxy.sse import encode_block
 
 # ---------------------------------------------------------------------------------------------------
 # Anthropic Messages request -> Chat Completions request
@@ -397,76 +395,29 @@ def chat_to_anthropic_response(chat_json: Mapping[str, Any], *, model: str) -> d
     }
 
 
-class ChatToAnthropicStream:
-    """Chat Completions chunks in, Anthropic Messages events out. One per upstream response.
+class ChatToAnthropicStream(ChatChunkReader):
+    """Chat Completions chunks in, Anthropic Messages events out (read by `ChatChunkReader`). One per
+    upstream response.
 
     Chat sends the finish reason, then (when asked) usage, then `[DONE]`; Anthropic puts the stop reason
     and usage in one `message_delta`. So the finish reason closes the open content block at once, and
-    `message_delta` + `message_stop` wait for `[DONE]` (or `finish()` at EOF).
+    `message_delta` + `message_stop` wait for `[DONE]` (or `finish()` at EOF). A refusal is text: a
+    Messages answer has no other place for it.
     """
 
     def __init__(self, *, model: str, message_id: str | None = None) -> None:
+        super().__init__()
         self._model = model
         self._message_id = message_id
-        self._started = False
-        self._ended = False
         self._next_index = 0  # the next Anthropic content block index
         self._open: int | None = None  # the Anthropic index of the open block
         self._text_open = False  # whether the open block is a text block
         self._tools: dict[int, int] = {}  # Chat tool-call index -> Anthropic block index
-        self._finish: str | None = None
-        self._usage: Mapping[str, Any] | None = None
-
-    @property
-    def ended(self) -> bool:
-        """Whether `message_stop` has been emitted: the client saw a complete message."""
-        return self._ended
-
-    def feed(self, block: Block) -> bytes:
-        if self._ended:
-            return b""
-        if block.data is None:
-            return _KEEP_ALIVE if block.comment_only else b""
-        if block.data.strip() == _DONE:
-            return self._close()
-        payload = _payload(block)
-        if payload is None or "error" in payload:
-            return b""
-        out = bytearray(self._start(payload.get("id")))
-        if isinstance(payload.get("usage"), Mapping):
-            self._usage = payload["usage"]
-        choices = payload.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            # The request translation never asks for more than one choice.
-            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            delta = delta if isinstance(delta, Mapping) else {}
-            for name in ("content", "refusal"):
-                if isinstance(delta.get(name), str) and delta[name]:
-                    out += self._text(delta[name])
-            calls = delta.get("tool_calls")
-            for call in calls if isinstance(calls, list) else []:
-                if isinstance(call, Mapping):
-                    out += self._tool(call)
-            if isinstance(choice.get("finish_reason"), str):
-                self._finish = choice["finish_reason"]
-                out += self._close_block()
-        return bytes(out)
-
-    def finish(self) -> bytes:
-        """At upstream EOF: the closing events if the upstream said how the answer ended, else b""."""
-        if self._ended or self._finish is None:
-            return b""
-        return self._close()
 
     def _event(self, payload: dict[str, Any]) -> bytes:
         return encode_block(payload["type"], _json(payload))
 
-    def _start(self, chunk_id: object) -> bytes:
-        if self._started:
-            return b""
-        self._started = True
+    def _opening(self, chunk_id: object) -> bytes:
         if self._message_id is None:
             self._message_id = _message_id(chunk_id)
         message: dict[str, Any] = {
@@ -483,7 +434,7 @@ class ChatToAnthropicStream:
         return self._event({"type": "message_start", "message": message})
 
     def _open_block(self, content_block: dict[str, Any]) -> bytes:
-        out = self._close_block()
+        out = self._closing()
         self._open = self._next_index
         self._next_index += 1
         self._text_open = content_block["type"] == "text"
@@ -491,13 +442,13 @@ class ChatToAnthropicStream:
             {"type": "content_block_start", "index": self._open, "content_block": content_block}
         )
 
-    def _close_block(self) -> bytes:
+    def _closing(self) -> bytes:
         if self._open is None:
             return b""
         index, self._open, self._text_open = self._open, None, False
         return self._event({"type": "content_block_stop", "index": index})
 
-    def _text(self, text: str) -> bytes:
+    def _text(self, kind: str, text: str) -> bytes:
         out = b"" if self._text_open else self._open_block({"type": "text", "text": ""})
         assert self._open is not None
         delta = {"type": "text_delta", "text": text}
@@ -534,8 +485,7 @@ class ChatToAnthropicStream:
             )
         return out
 
-    def _close(self) -> bytes:
-        out = self._start(None) + self._close_block()
+    def _ending(self) -> bytes:
         stop = _anthropic_stop(self._finish, called_tools=bool(self._tools))
         usage = _anthropic_usage_from_chat(self._usage)
         delta = {
@@ -543,5 +493,4 @@ class ChatToAnthropicStream:
             "delta": {"stop_reason": stop, "stop_sequence": None},
             "usage": usage,
         }
-        self._ended = True
-        return out + self._event(delta) + self._event({"type": "message_stop"})
+        return self._event(delta) + self._event({"type": "message_stop"})

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.adapters.chat_chunks import ChatChunkReader
 from proxy.adapters.responses_over_chat import (
     _function_item,
     _message_item,
@@ -22,13 +23,13 @@ from proxy.adapters.responses_over_chat import (
     _text_part,
     _usage,
 )
-from proxy.adapters.translate import _DONE, _KEEP_ALIVE, _json, _payload
-from proxy.sse import Block, encode_block
+from proxy.adapters.translate import _json
+from proxy.sse import encode_block
 
 
-class ChatToResponsesStream:
-    """Chat Completions chunks in, Responses events out (each with its `sequence_number`). One per
-    upstream response.
+class ChatToResponsesStream(ChatChunkReader):
+    """Chat Completions chunks in, Responses events out (each with its `sequence_number`; read by
+    `ChatChunkReader`). One per upstream response.
 
     The first chunk opens the response (`response.created`, `response.in_progress`); text opens a
     message item and its part, each tool call a `function_call` item. Chat sends the finish reason,
@@ -38,68 +39,22 @@ class ChatToResponsesStream:
     """
 
     def __init__(self, *, model: str, echoed: Mapping[str, Any], created: int) -> None:
+        super().__init__()
         self._model = model
         self._echoed = echoed
         self._created = created  # every snapshot's `created_at` (Unix seconds)
         self._sequence = 0
-        self._started = False
-        self._ended = False
-        self._closed = False  # the items are closed (the finish reason came)
         self._id = _response_id(None)
         self._output: list[dict[str, Any]] = []
         self._message: int | None = None  # the output index of the open message item
-        self._part: tuple[str, int] | None = None  # the open part's kind and content index
+        # The open part's kind (the Chat delta's field: `content` or `refusal`) and content index.
+        self._part: tuple[str, int] | None = None
         self._tools: dict[int, int] = {}  # Chat tool-call index -> output index
-        self._finish: str | None = None
-        self._usage: Mapping[str, Any] | None = None
-
-    @property
-    def ended(self) -> bool:
-        """Whether the terminal event has been emitted: the client saw a complete response."""
-        return self._ended
 
     @property
     def response_id(self) -> str | None:
         """The id of the response the client is shown (known from the first chunk on)."""
         return self._id if self._started else None
-
-    def feed(self, block: Block) -> bytes:
-        if self._ended:
-            return b""
-        if block.data is None:
-            return _KEEP_ALIVE if block.comment_only else b""
-        if block.data.strip() == _DONE:
-            return self._terminal()
-        payload = _payload(block)
-        if payload is None or "error" in payload:
-            return b""
-        out = bytearray(self._start(payload))
-        if isinstance(payload.get("usage"), Mapping):
-            self._usage = payload["usage"]
-        choices = payload.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            # The request translation never asks for more than one choice.
-            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0 or self._closed:
-                continue
-            delta = choice.get("delta")
-            delta = delta if isinstance(delta, Mapping) else {}
-            for kind in ("content", "refusal"):
-                if isinstance(delta.get(kind), str) and delta[kind]:
-                    out += self._text("refusal" if kind == "refusal" else "output_text", delta[kind])
-            calls = delta.get("tool_calls")
-            for call in calls if isinstance(calls, list) else []:
-                if isinstance(call, Mapping):
-                    out += self._tool(call)
-            if isinstance(choice.get("finish_reason"), str):
-                self._finish = choice["finish_reason"]
-                out += self._close_items()
-        return bytes(out)
-
-    def finish(self) -> bytes:
-        """At upstream EOF: the terminal event if the upstream said how the answer ended, else b""."""
-        if self._ended or self._finish is None:
-            return b""
-        return self._terminal()
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -109,11 +64,8 @@ class ChatToResponsesStream:
     def _snapshot(self, status: str, **fields: Any) -> dict[str, Any]:
         return _response(self._id, self._model, self._created, status, self._echoed, **fields)
 
-    def _start(self, chunk: Mapping[str, Any]) -> bytes:
-        if self._started:
-            return b""
-        self._started = True
-        self._id = _response_id(chunk.get("id"))
+    def _opening(self, chunk_id: object) -> bytes:
+        self._id = _response_id(chunk_id)
         started = self._snapshot("in_progress")
         return self._event("response.created", response=started) + self._event(
             "response.in_progress", response=started
@@ -132,14 +84,14 @@ class ChatToResponsesStream:
         at = {"item_id": item["id"], "output_index": self._message}
         if self._part is None:
             self._part = (kind, len(item["content"]))
-            empty = _text_part("") if kind == "output_text" else {"type": "refusal", "refusal": ""}
+            empty = _text_part("") if kind == "content" else {"type": "refusal", "refusal": ""}
             item["content"].append(empty)
             out += self._event(
                 "response.content_part.added", **at, content_index=self._part[1], part=dict(empty)
             )
         part = item["content"][self._part[1]]
         at["content_index"] = self._part[1]
-        if kind == "output_text":
+        if kind == "content":
             part["text"] += text
             return out + self._event("response.output_text.delta", **at, delta=text, logprobs=[])
         part["refusal"] += text
@@ -153,7 +105,7 @@ class ChatToResponsesStream:
         item = self._output[self._message]
         part = item["content"][index]
         at = {"item_id": item["id"], "output_index": self._message, "content_index": index}
-        if kind == "output_text":
+        if kind == "content":
             done = self._event("response.output_text.done", **at, text=part["text"], logprobs=[])
         else:
             done = self._event("response.refusal.done", **at, refusal=part["refusal"])
@@ -199,10 +151,7 @@ class ChatToResponsesStream:
             )
         return out
 
-    def _close_items(self) -> bytes:
-        if self._closed:
-            return b""
-        self._closed = True
+    def _closing(self) -> bytes:
         status = "completed" if _status(self._finish)[0] == "completed" else "incomplete"
         out = self._close_message(status)
         for index in self._tools.values():
@@ -218,12 +167,10 @@ class ChatToResponsesStream:
             out += self._event("response.output_item.done", output_index=index, item=item)
         return out
 
-    def _terminal(self) -> bytes:
-        out = self._start({}) + self._close_items()
+    def _ending(self) -> bytes:
         status, details = _status(self._finish)
         final = self._snapshot(
             status, output=self._output, incomplete_details=details, usage=_usage(self._usage)
         )
-        self._ended = True
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        return out + self._event(kind, response=final)
+        return self._event(kind, response=final)
