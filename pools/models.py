@@ -425,3 +425,20 @@ class KeyLimitSlot(models.Model):
 
     def __str__(self) -> str:
         return f"key {self.key_id} slot {self.slot}"
+
+
+class BudgetHold(models.Model):
+    """What one request in flight holds of its key's budget (SPEC §7.4): written in the same statement
+    as the reservation that adds it to `GatewayKey.reserved_micros`, deleted by the statement that
+    settles it (the request's ledger record, `proxy.services.exchanges_settle`). So what is settled is
+    what the database holds for the request, whatever its process believed: a reservation that
+    committed while its process died or lost its connection is settled once, one that never
+    committed is never released (issue 21)."""
+
+    request_id = models.CharField(max_length=64, primary_key=True)
+    key = models.ForeignKey(GatewayKey, on_delete=models.CASCADE, related_name="+")
+    micros = models.BigIntegerField()
+    created_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"request {self.request_id}: {self.micros} micros of key {self.key_id}"

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from pools import credentials
 from pools.models import (
     Assignment,
+    BudgetHold,
     GatewayKey,
     Pool,
     new_key_secret,
@@ -78,22 +79,42 @@ def _period_sql(start: datetime | None) -> tuple[str, str, list[object]]:
     return current, stored, [at]
 
 
-def key_budget_reserve(*, key_id: int, amount: int, period: str, now: datetime) -> bool:
-    """Hold `amount` micros of the key's budget for a request in flight, if this period's spend plus
-    what is held plus `amount` stays within the budget: one conditional UPDATE, so requests on any
-    number of nodes can together pass the budget by at most one reservation's estimate error.
-    False: the budget cannot cover it (nothing changed)."""
-    table = GatewayKey._meta.db_table
+def key_budget_reserve(*, key_id: int, request_id: str, amount: int, period: str, now: datetime) -> bool:
+    """Hold `amount` micros of the key's budget for the request `request_id` in flight, if this
+    period's spend plus what is held plus `amount` stays within the budget: one conditional UPDATE, so
+    requests on any number of nodes can together pass the budget by at most one reservation's
+    estimate error. The request's `BudgetHold` grows by `amount` with it, atomically: in the same
+    statement on PostgreSQL (a data-modifying WITH), in the same transaction on SQLite (which has
+    none). False: the budget cannot cover it (nothing changed)."""
+    table, holds = GatewayKey._meta.db_table, BudgetHold._meta.db_table
     current, stored, at = _period_sql(period_start(period, now))
-    sql = (
+    reserve = (
         f"UPDATE {table} SET spent_micros = {current}, period_start = {stored}, "  # noqa: S608
         "reserved_micros = reserved_micros + %s "
         f"WHERE id = %s AND budget_micros IS NOT NULL AND {current} + reserved_micros + %s <= budget_micros"
     )
     params = [*at, *(at * 2), amount, key_id, *at, amount]
+    upsert = f"ON CONFLICT (request_id) DO UPDATE SET micros = {holds}.micros + excluded.micros"
+    hold = [request_id, amount, rawsql.as_param(now)]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount == 1
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"WITH reserved AS ({reserve} RETURNING id) "  # noqa: S608
+                f"INSERT INTO {holds} (request_id, key_id, micros, created_at) "
+                f"SELECT %s, id, %s, %s FROM reserved {upsert}",
+                [*params, *hold],
+            )
+            return cursor.rowcount == 1
+        with transaction.atomic():
+            cursor.execute(reserve, params)
+            if cursor.rowcount != 1:
+                return False
+            columns = "(request_id, key_id, micros, created_at)"
+            cursor.execute(
+                f"INSERT INTO {holds} {columns} VALUES (%s, %s, %s, %s) {upsert}",  # noqa: S608
+                [request_id, key_id, *hold[1:]],
+            )
+            return True
 
 
 def key_budget_settle(*, key_id: int, released: int, charged: int, period: str, now: datetime) -> None:
@@ -107,6 +128,34 @@ def key_budget_settle(*, key_id: int, released: int, charged: int, period: str, 
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [released, released, *at, charged, *(at * 2), key_id])
+
+
+def budget_holds_take(*, request_ids: list[str]) -> dict[str, int]:
+    """Delete the requests' holds; what each held (a request without one held nothing). The caller
+    releases it from the keys (`proxy.services.exchanges_settle`), in the same transaction."""
+    if not request_ids:
+        return {}
+    holds = BudgetHold._meta.db_table
+    among = rawsql.placeholders(len(request_ids))
+    sql = f"DELETE FROM {holds} WHERE request_id IN ({among}) RETURNING request_id, micros"  # noqa: S608
+    return dict(rawsql.fetch(sql, request_ids))
+
+
+@transaction.atomic
+def key_budget_give_back(*, key_id: int, request_id: str, amount: int, period: str, now: datetime) -> None:
+    """Give back a reservation of `amount` the request stopped waiting for (`runtime.db.write_within`'s
+    undo: it was granted after the request's deadline, or after its client left): only what its
+    hold still has of it, so a hold its ledger record settled meanwhile is not released twice."""
+    holds = BudgetHold._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {holds} SET micros = micros - %s WHERE request_id = %s AND micros >= %s",  # noqa: S608
+            [amount, request_id, amount],
+        )
+        if cursor.rowcount != 1:
+            return
+        cursor.execute(f"DELETE FROM {holds} WHERE request_id = %s AND micros = 0", [request_id])  # noqa: S608
+    key_budget_settle(key_id=key_id, released=amount, charged=0, period=period, now=now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,8 @@ class Exchange:
     model_fallback: bool = False  # served by a cross-model candidate after a model_not_found
     operation_id: str = ""  # the client's x-gateway-operation-id, else the request id
     budget_period: str = ""  # the key's budget period, for its reservation and settlement
-    reserved_micros: int = 0  # what this request holds of its key's budget (settled by the ledger)
+    reserved_micros: int = 0  # what this request holds of its key's budget, as far as it knows
+    reserving: bool = False  # it asked for a reservation: the ledger settles its hold (pools.BudgetHold)
     config_version: int | None = None  # the routing configuration its route was chosen under
     fallback_reason: str = ""  # the requested model was substituted before routing: explicit | family
     first_output_at: datetime | None = None  # streams: when the first visible output was released

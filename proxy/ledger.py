@@ -66,8 +66,9 @@ class LedgerWriter:
         self._queue.put((exchange, self.journal.add(exchange)))
 
     def held(self, exchange: Exchange) -> None:
-        """The request now holds `exchange.reserved_micros` of its key's budget: journaled, so that a
-        reservation its process dies with is settled by the writer that replays the journal."""
+        """The request is about to reserve part of its key's budget: journaled first, so that a
+        reservation its process dies with (committed or not yet) is settled by the writer that
+        replays the journal."""
         self.journal.hold(exchange)
 
     def flush(self, timeout: float = 30.0) -> bool:

@@ -26,7 +26,7 @@ from functools import partial
 from django.db import DatabaseError
 
 from pools.credentials import credential_of
-from pools.services import key_budget_reserve, key_budget_settle
+from pools.services import key_budget_give_back, key_budget_reserve
 from proxy import ledger
 from proxy.adapters.translate import RequestTranslationError
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Lease, Memory, Stream, settle
@@ -196,26 +196,40 @@ class Relay:
         if self.requirements.budget_remaining_micros is None or exchange.key_id is None or need <= 0:
             return True
         budget = {"key_id": exchange.key_id, "period": exchange.budget_period}
-        give_back = partial(key_budget_settle, **budget, released=need, charged=0)
+        request = {**budget, "request_id": exchange.request_id, "amount": need}
+        # Journaled before the UPDATE is sent: a process that dies with it in flight (or with its
+        # answer not yet heard) is settled from its journal, by what the database holds for the
+        # request (pools.BudgetHold), whether or not the UPDATE committed.
+        exchange.reserving = True
+        ledger.writer.held(exchange)
         try:
             held = await db.write_within(
                 db_wait_s(self.deadline),
-                partial(key_budget_reserve, **budget, amount=need, now=datetime.now(UTC)),
-                undo=lambda taken: taken and give_back(now=datetime.now(UTC)),
+                partial(key_budget_reserve, **request, now=datetime.now(UTC)),
+                undo=lambda taken: taken and key_budget_give_back(**request, now=datetime.now(UTC)),
             )
         except DatabaseError as failed:  # no reservation, no dispatch
             if isinstance(failed, db.DatabaseTimeout):  # what it takes late is given back (undo)
                 logger.warning("budget reservation: no answer from the database by the deadline")
-            else:
+            else:  # if it committed all the same, the request's ledger record settles its hold
                 logger.exception("budget reservation failed")
             self.budget_unreachable = True
             return False
         if held:
             exchange.reserved_micros += need
-            ledger.writer.held(exchange)  # settled from the journal if this process dies meanwhile
         return held
 
     async def run(self) -> Final | Stream:
+        try:
+            return await self._run()
+        except asyncio.CancelledError:
+            # The client left (between attempts too: while a reservation, a probe lease or a backoff
+            # was awaited): recorded as cancelled, and what it held of a budget settled with it.
+            if self.exchange.finished_at is None:
+                await settle(self._end_cancelled(self.probe))
+            raise
+
+    async def _run(self) -> Final | Stream:
         for verdict in self.plan.ineligible:
             self._log(verdict.candidate, AttemptStatus.INELIGIBLE, ineligible_reason=str(verdict.reason))
         order = self.plan.order
@@ -253,7 +267,6 @@ class Relay:
                 log.status, log.failure_class = AttemptStatus.CANCELLED, FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN
                 log.elapsed_ms = int((time.monotonic() - started) * 1000)
-                await settle(self._end_cancelled(probe))
                 raise
             log.elapsed_ms = int((time.monotonic() - started) * 1000)
             if not isinstance(result, Failure):

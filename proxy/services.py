@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 from django.db import connection, transaction
 from django.db.models import Model
 
-from pools.services import key_budget_settle
+from pools.services import budget_holds_take, key_budget_settle
 from proxy.exchange import AttemptLog, Exchange
 from proxy.models import Attempt, RequestRecord
 from routing.vocabulary import Outcome
@@ -60,34 +60,40 @@ def _insert(
 
 
 def exchanges_settle(*, exchanges: list[Exchange]) -> None:
-    """One UPDATE per key: release what its requests held, add what they cost (SPEC §7.4). Also run
-    alone for a record the database refused, so a refused record never leaks its reservation.
-    The keys are updated in id order: two nodes' batches over the same keys then lock their rows in
-    the same order and cannot deadlock (in batch order, one node held B and waited for A while the
-    other held A and waited for B; PostgreSQL then aborted one, or a reservation queued behind them)."""
+    """One UPDATE per key: release what its requests held, add what they cost (SPEC §7.4). What a
+    request held is its `BudgetHold`, deleted here (`budget_holds_take`), not what its process
+    believed: a reservation whose answer never reached the request (its connection broke after the
+    commit, its client left) is released too, and a hold is released once however often this runs
+    for the request. Also run alone for a record the database refused, so a refused record never leaks
+    its reservation. The keys are updated in id order: two nodes' batches over the same keys then lock
+    their rows in the same order and cannot deadlock (in batch order, one node held B and waited for A
+    while the other held A and waited for B; PostgreSQL then aborted one, or a reservation queued
+    behind them)."""
+    held = budget_holds_take(request_ids=[x.request_id for x in exchanges if x.reserving])
     settle: dict[tuple[int, str], list[int]] = {}
     for x in exchanges:
-        charged = charge_micros(x)
-        if x.key_id is not None and (charged or x.reserved_micros):
+        reserved = held.get(x.request_id, 0)
+        charged = charge_micros(x, reserved)
+        if x.key_id is not None and (charged or reserved):
             totals = settle.setdefault((x.key_id, x.budget_period), [0, 0])
-            totals[0] += x.reserved_micros
+            totals[0] += reserved
             totals[1] += charged
     now = datetime.now(UTC)
     for (key_id, period), (released, charged) in sorted(settle.items()):
         key_budget_settle(key_id=key_id, released=released, charged=charged, period=period, now=now)
 
 
-def charge_micros(x: Exchange) -> int:
+def charge_micros(x: Exchange, reserved: int) -> int:
     """What a request costs its key: the known cost of every attempt (a failed one too, when its
     upstream reported usage); an attempt that may have run upstream without reporting usage costs
-    what was reserved for it, never nothing; so does a request its node died with (`gateway_lost`).
-    An unknown price is never counted as zero (no budget: nothing was reserved, and only known costs
-    count)."""
+    what was reserved for it (`reserved`, its hold), never nothing; so does a request its node died
+    with (`gateway_lost`). An unknown price is never counted as zero (no budget: nothing was reserved,
+    and only known costs count)."""
     known = sum(a.cost_micros for a in x.attempts if a.cost_micros)
     unreported = x.outcome == Outcome.GATEWAY_LOST or any(
         a.cost_micros is None and a.dispatch_state in ("completed", "unknown") for a in x.attempts
     )
-    return max(known, x.reserved_micros) if unreported else known
+    return max(known, reserved) if unreported else known
 
 
 _RECORD_COLUMNS = (

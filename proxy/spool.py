@@ -20,12 +20,12 @@ one left at exit is removed by the next writer that looks). Its process holds an
 on each segment for as long as the segment lives, so a segment whose lock is free belongs to a process
 that is gone (whatever its pid now names): the next writer to look replays it like an orphaned spool.
 
-Budget holds (SPEC §7.4, issue 21): when a request reserves part of its key's budget, the journal gets
-a `held` line (the exchange as it is then), kept until the request's record is saved. A dead
+Budget holds (SPEC §7.4, issue 21): before a request asks for part of its key's budget, the journal
+gets a `held` line (the exchange as it is then), kept until the request's record is saved. A dead
 process's segments are replayed together: a hold whose request has no record there (its process died
-with the request in flight) becomes that request's record, outcome `gateway_lost`, which settles its
-reservation as its cost (usage never arrived) through the same idempotent write, so a replay run twice
-settles it once.
+with the request in flight) becomes that request's record, outcome `gateway_lost`, which settles what
+the database holds for it (`pools.BudgetHold`: nothing when the reservation never committed) as its
+cost (usage never arrived) through the same idempotent write, so a replay run twice settles it once.
 """
 
 import contextlib
@@ -198,6 +198,7 @@ def _replayable(text: str, name: str) -> list[Exchange]:
         holds.pop(request_id, None)
     for lost in holds.values():  # its client saw the connection close: no status, no end
         lost.outcome, lost.status_code, lost.finished_at = Outcome.GATEWAY_LOST, None, None
+        lost.reserving = True
     return records + list(holds.values())
 
 

@@ -95,8 +95,11 @@ async def write_within(
 ) -> T:
     """`write`, answering DatabaseTimeout after `timeout_s` (a request's deadline bounds its waits on
     a stalled database). The write still finishes on its own thread once the database answers; if
-    the request had stopped waiting by then, `undo(result)` runs there too, so what the write took
-    for the request (a budget reservation, a probe lease) is given back instead of held for good."""
+    the request had stopped waiting by then (its deadline passed, or it was cancelled: its client
+    left), `undo(result)` runs there too, so what the write took for the request (a budget
+    reservation, a probe lease) is given back instead of held for good. (A request cancelled just
+    as its write finished never took the result: a budget reservation is then settled by the request's
+    record, a probe lease runs out.)"""
     lock = threading.Lock()
     state = {"done": False, "abandoned": False}
     box: list[T] = []
@@ -118,9 +121,11 @@ async def write_within(
     task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a late failure is not "unretrieved"
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout_s)
-    except TimeoutError:
+    except (TimeoutError, asyncio.CancelledError) as stopped:
         with lock:
-            if state["done"]:
+            if state["done"] and isinstance(stopped, TimeoutError):
                 return box[0]
             state["abandoned"] = True
-        raise DatabaseTimeout from None
+        if isinstance(stopped, TimeoutError):
+            raise DatabaseTimeout from None
+        raise

@@ -56,3 +56,19 @@ class CatalogEntryFactory(DjangoModelFactory):
     assignment = factory.SubFactory(AssignmentFactory)
     model = factory.Sequence(lambda n: f"model-{n}")
     provenance = Provenance.CONFIGURED
+
+
+def reserve(exchange, key_id: int, amount: int):
+    """`exchange` holds `amount` of the key's budget, reserved as the relay reserves it (the key's
+    `reserved_micros` and the request's hold, pools.BudgetHold). Returns the exchange."""
+    from datetime import UTC, datetime
+
+    from pools.services import key_budget_reserve
+
+    now = datetime.now(UTC)
+    assert key_budget_reserve(
+        key_id=key_id, request_id=exchange.request_id, amount=amount, period=exchange.budget_period, now=now
+    )
+    exchange.key_id, exchange.reserving = key_id, True
+    exchange.reserved_micros += amount
+    return exchange

@@ -6,11 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from django.db import connection
 
 from catalog.models import CatalogEntry
 from catalog.prices import bundled_price
-from devkit.behaviours import cut_stream, serve
-from pools.models import GatewayKey
+from devkit.behaviours import cut_stream, rate_limited, serve
+from pools.models import BudgetHold, GatewayKey
 from proxy.ledger import writer
 from proxy.models import Attempt
 from routing.pricing import cost_micros
@@ -135,6 +136,26 @@ def test_a_stream_is_reserved_then_settled_to_its_actual_cost(gateway, two_assig
     assert Attempt.objects.get(status="succeeded").cost_micros == 6
 
 
+def test_a_dearer_later_candidate_tops_the_reservation_up_and_all_of_it_is_settled(gateway, two_assignments):
+    """Window 5 (top-ups): acct-a rate-limits, and acct-b, twice its price, needs twice its
+    reservation: the request reserves the difference on top. Its hold grows with it, and the record
+    settles all of it: nothing stays reserved, the spend is acct-b's known cost."""
+    a, b, (_, acct_b) = two_assignments
+    _price(1_000_000, 1_000_000)
+    CatalogEntry.objects.filter(assignment=acct_b).update(
+        input_per_mtok_micros=2_000_000, output_per_mtok_micros=2_000_000
+    )
+    a.script("gpt-5", rate_limited())
+    b.script("gpt-5", serve("one two", input_tokens=4, output_tokens=2))
+    GatewayKey.objects.update(budget_micros=1_000)
+    response = _send(gateway)
+    assert response.status_code == 200 and "[DONE]" in response.text
+    assert len(a.hits) == 1 and len(b.hits) == 1
+    key = _key()
+    assert (key.spent_micros, key.reserved_micros) == (12, 0)
+    assert not BudgetHold.objects.exists()
+
+
 def test_a_reservation_that_does_not_fit_beside_those_in_flight_sends_nothing(gateway, two_assignments):
     a, b, _ = two_assignments
     _price(1_000_000, 1_000_000)
@@ -211,9 +232,43 @@ def test_a_healthy_request_makes_no_extra_round_trip_and_a_budget_costs_one_stat
     writer.flush()
     request_path_queries.clear()
     assert _send(gateway).status_code == 200
-    budgeted = list(request_path_queries)
-    # One conditional UPDATE holds the reservation; the settlement rides in the ledger's batch.
-    assert len(budgeted) == 2 and budgeted[-1].lstrip().upper().startswith("UPDATE"), budgeted
+    budgeted = [sql.lstrip().upper() for sql in request_path_queries]
+    # One conditional UPDATE holds the reservation, the request's hold written with it (in the same
+    # statement on PostgreSQL; SQLite has no UPDATE in a WITH: a second statement in its transaction);
+    # the settlement rides in the ledger's batch.
+    if connection.vendor == "postgresql":
+        assert len(budgeted) == 2 and budgeted[-1].startswith("WITH RESERVED AS (UPDATE"), budgeted
+    else:
+        assert [sql.split()[0] for sql in budgeted[1:]] == ["BEGIN", "UPDATE", "INSERT"], budgeted
+
+
+def test_a_reservation_that_committed_though_its_answer_was_lost_is_released_by_the_record(
+    gateway, two_assignments, monkeypatch
+):
+    """Window 2 of budget_reservations: the reservation's UPDATE committed, but its answer never
+    reached the request (the connection broke after the commit, as when the database goes down). The
+    request answers 503 believing it holds nothing; its ledger record settles what the database holds
+    for it (its hold), so nothing stays reserved."""
+    from django.db import OperationalError
+
+    from proxy import relay
+
+    a, b, _ = two_assignments
+    _price(1_000_000, 1_000_000)
+    GatewayKey.objects.update(budget_micros=1_000_000)
+    reserve = relay.key_budget_reserve
+
+    def answer_lost(**kwargs):
+        assert reserve(**kwargs)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(relay, "key_budget_reserve", answer_lost)
+    response = _send(gateway)
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "gateway_unavailable")
+    assert a.hits == [] and b.hits == []
+    key = _key()
+    assert (key.reserved_micros, key.spent_micros) == (0, 0)  # released; nothing was dispatched
+    assert not BudgetHold.objects.exists()
 
 
 def test_a_reservation_the_database_cannot_take_is_a_typed_503_not_a_budget_refusal(

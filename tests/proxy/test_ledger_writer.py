@@ -11,7 +11,7 @@ from proxy.exchange import AttemptLog, Exchange
 from proxy.models import RequestRecord
 from routing import services
 from routing.models import Affinity, AffinityKind
-from tests.factories import GatewayKeyFactory
+from tests.factories import GatewayKeyFactory, reserve
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -117,17 +117,14 @@ def _spooled_lines() -> list[str]:
 
 
 def test_records_written_while_the_database_is_away_are_spooled_then_replayed_once(outage):
-    from pools.models import GatewayKey
     from tests.factories import AssignmentFactory
 
     key = GatewayKeyFactory(budget_micros=1_000)
     assignment = AssignmentFactory()
-    GatewayKey.objects.filter(pk=key.pk).update(reserved_micros=30)
     writer = ledger.LedgerWriter()
+    lost = [reserve(_exchange(), key.pk, 10) for _ in range(3)]  # each held 10, none reported usage
     outage.down = True
-    lost = [_exchange() for _ in range(3)]
     for exchange in lost:
-        exchange.key_id, exchange.reserved_micros = key.pk, 10  # each held 10, none reported usage
         exchange.attempts = [AttemptLog(1, assignment.pk, "gpt-5", "http", "succeeded", "completed")]
         writer.submit(exchange)
     assert writer.flush(timeout=5)
@@ -200,14 +197,12 @@ def test_the_spool_keeps_every_field_of_an_exchange():
 
 
 def test_a_record_the_database_refuses_still_releases_its_reservation():
-    from pools.models import GatewayKey
 
     key = GatewayKeyFactory(budget_micros=1_000)
-    GatewayKey.objects.filter(pk=key.pk).update(reserved_micros=10)
     refused, fine = _exchange(), _exchange()
     refused.transport = "carrier-pigeon"  # the ledger's check constraint refuses it
     for exchange in (refused, fine):
-        exchange.key_id, exchange.reserved_micros = key.pk, 5
+        reserve(exchange, key.pk, 5)
     writer = ledger.LedgerWriter()
     writer.submit(refused)
     writer.submit(fine)

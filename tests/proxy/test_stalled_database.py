@@ -20,8 +20,9 @@ import pytest
 from django.db import connection
 
 from devkit.behaviours import slow_stream, slow_unavailable
-from pools.models import GatewayKey, GatewaySettings, KeyLimitWindow
+from pools.models import BudgetHold, GatewayKey, GatewaySettings, KeyLimitWindow
 from proxy.ledger import writer
+from proxy.models import RequestRecord
 from routing.models import Affinity, Circuit
 from routing.vocabulary import CircuitReason, CircuitState
 from tests.proxy.fixtures_e2e import RESPONSES, wait_for
@@ -286,4 +287,38 @@ def test_a_keys_limits_admission_waits_no_longer_than_the_deadline(gateway, two_
         response, waited = _post(gateway, "/v1/chat/completions", content=BODY)
     assert (response.status_code, response.json()["error"]["code"]) == (503, "gateway_unavailable")
     assert waited < 3.5, waited  # its 1.5 s deadline, not the limiter's own 5 s bound
+    assert a.hits == [] and b.hits == []
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a row lock the request's write waits for")
+def test_a_client_that_leaves_while_its_reservation_waits_is_recorded_and_holds_nothing(
+    gateway, two_assignments
+):
+    """Window 5 of budget_reservations: the client left while its request's reservation waited for
+    the key's row. The UPDATE still runs on its thread and commits once the row is free; the request,
+    cancelled, never took its answer. It is recorded as cancelled (499), and the reservation granted
+    after it stopped waiting is given back (runtime.db.write_within's undo), as after a deadline."""
+    a, b, _ = two_assignments
+    _price(1_000_000, 1_000_000)
+    GatewayKey.objects.update(budget_micros=1_000_000, budget_period="day")  # the UPDATE sets period_start
+    key = GatewayKey.objects.get()
+    table = GatewayKey._meta.db_table
+    # The reservation's UPDATE waits for the key's row; the ledger's write of the record does not (its
+    # foreign key's share lock does not conflict), so the record is settled before the reservation
+    # commits: only the undo can give it back.
+    with _stalled(f"SELECT 1 FROM {table} WHERE id = {key.pk} FOR NO KEY UPDATE"):
+        with pytest.raises(httpx.ReadTimeout):  # it leaves: the connection closes, the request is cancelled
+            httpx.post(
+                f"{gateway}/v1/chat/completions",
+                content=BODY,
+                headers={**AUTH, "x-gateway-deadline-ms": "60000"},
+                timeout=httpx.Timeout(10, read=0.5),
+            )
+        record = wait_for(
+            lambda: writer.flush() and RequestRecord.objects.filter(key_id=key.pk).first(), what="its record"
+        )
+    assert (record.outcome, record.status_code) == ("cancelled", 499)
+    wait_for(lambda: GatewayKey.objects.get().period_start, what="the late reservation")
+    wait_for(lambda: GatewayKey.objects.get().reserved_micros == 0, what="the late reservation given back")
+    assert not BudgetHold.objects.exists()
     assert a.hits == [] and b.hits == []

@@ -1,6 +1,7 @@
 """Faults the multi-node soak found (issue 21), each reproduced here on its own, small and fast:
 the soak (tests/reliability/test_soak_multinode.py) shows the invariant, these show the cause."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -8,19 +9,22 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 from django.db import connection, connections
 
-from pools.models import GatewayKey
+from pools.models import BudgetHold, GatewayKey
 from proxy import ledger
 from proxy.exchange import Exchange
 from proxy.models import RequestRecord
 from proxy.services import request_records_write
-from tests.factories import GatewayKeyFactory
+from tests.factories import GatewayKeyFactory, reserve
+from tests.proxy.fixtures_e2e import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +36,7 @@ postgres_only = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _exchange(key_id: int | None = None, reserved: int = 0) -> Exchange:
+def _exchange(key_id: int | None = None) -> Exchange:
     now = datetime.now(UTC)
     return Exchange(
         request_id=uuid.uuid4().hex,
@@ -44,7 +48,6 @@ def _exchange(key_id: int | None = None, reserved: int = 0) -> Exchange:
         outcome="ok",
         status_code=200,
         finished_at=now,
-        reserved_micros=reserved,
     )
 
 
@@ -73,6 +76,22 @@ def _wait_for_a_lock_wait(probe: psycopg.Connection, timeout: float = 10.0) -> N
     raise AssertionError("the ledger batch never waited for the row lock")
 
 
+@contextlib.contextmanager
+def _waiting_on(lock: str, params: list, work: Callable[[], None]) -> Iterator[psycopg.Connection]:
+    """Another connection runs `lock` (a statement that takes a row lock) and `work` runs in a thread
+    until it waits for that lock: the connection holding it, to commit or roll back. The thread is
+    joined at the end."""
+    with _other_connection() as other, _other_connection(autocommit=True) as probe:
+        other.execute(lock, params)
+        thread = threading.Thread(target=work)
+        thread.start()
+        _wait_for_a_lock_wait(probe)
+        try:
+            yield other
+        finally:
+            thread.join(timeout=30)
+
+
 @postgres_only
 def test_two_nodes_settling_the_same_keys_never_deadlock():
     """Fault 3 ("deadlock detected"): a ledger batch settles one UPDATE per key, in one transaction.
@@ -83,28 +102,21 @@ def test_two_nodes_settling_the_same_keys_never_deadlock():
     holding nothing, so the other node can go on to update B and commit."""
     a, b = GatewayKeyFactory(budget_micros=1_000), GatewayKeyFactory(budget_micros=1_000)
     assert a.pk < b.pk
-    GatewayKey.objects.update(reserved_micros=10)
     failures: list[BaseException] = []
 
     def ledger_batch() -> None:
         try:
-            request_records_write(exchanges=[_exchange(b.pk, 10), _exchange(a.pk, 10)])
+            request_records_write(exchanges=[reserve(_exchange(), b.pk, 10), reserve(_exchange(), a.pk, 10)])
         except BaseException as exc:
             failures.append(exc)
         finally:
             connections.close_all()
 
     table = GatewayKey._meta.db_table
-    with _other_connection() as other, _other_connection(autocommit=True) as probe:
-        other.execute(f"UPDATE {table} SET spent_micros = spent_micros + 1 WHERE id = %s", [a.pk])
-        batch = threading.Thread(target=ledger_batch)
-        batch.start()
-        _wait_for_a_lock_wait(probe)
-        try:
-            other.execute(f"UPDATE {table} SET spent_micros = spent_micros + 1 WHERE id = %s", [b.pk])
-            other.commit()
-        finally:
-            batch.join(timeout=30)
+    spend = f"UPDATE {table} SET spent_micros = spent_micros + 1 WHERE id = %s"
+    with _waiting_on(spend, [a.pk], ledger_batch) as other:
+        other.execute(spend, [b.pk])
+        other.commit()
     assert not failures, failures
     assert list(GatewayKey.objects.order_by("pk").values_list("reserved_micros", "spent_micros")) == [
         (0, 1),
@@ -161,16 +173,14 @@ def test_a_record_still_in_a_killed_nodes_memory_is_replayed_from_its_journal():
 # A node with a request in flight: it has reserved part of its key's budget (and journaled the hold).
 NODE_IN_FLIGHT = """
 import sys, time, django
-from datetime import UTC, datetime
 django.setup()
-from pools.services import key_budget_reserve
 from proxy import ledger
+from tests.factories import reserve
 from tests.reliability.test_node_faults import _exchange
-key_id, amount = int(sys.argv[2]), int(sys.argv[3])
-assert key_budget_reserve(key_id=key_id, amount=amount, period="", now=datetime.now(UTC))
-exchange = _exchange(key_id, amount)
+exchange = _exchange(int(sys.argv[2]))
 exchange.request_id = sys.argv[1]
-ledger.writer.held(exchange)
+ledger.writer.held(exchange)  # as the relay does, before it reserves
+reserve(exchange, int(sys.argv[2]), int(sys.argv[3]))
 print("held", flush=True)
 time.sleep(3600)
 """
@@ -207,3 +217,47 @@ def test_a_reservation_its_node_died_with_is_settled_as_its_cost_once():
     assert (key.reserved_micros, key.spent_micros) == (0, 25)
     lost = RequestRecord.objects.get(request_id=request_id)
     assert (lost.outcome, lost.key_id, lost.status_code) == ("gateway_lost", key.pk, None)
+
+
+@postgres_only
+def test_a_reservation_its_node_was_killed_waiting_for_is_settled_when_it_commits(
+    two_assignments, gateway_nodes
+):
+    """Window 1 of budget_reservations: a node was killed while its request's reservation was on its
+    way (here the UPDATE waits for the key's row, which another transaction holds). PostgreSQL runs a
+    statement to its end for a client that is gone: once the row is free the UPDATE commits, and the
+    reservation is held for no one. The hold is journaled before the UPDATE is sent, so the next
+    writer records the request `gateway_lost` and settles what the database holds for it, as its
+    cost (SPEC §7.4). Journaled after the UPDATE's answer, nothing told anyone of it."""
+    from tests.proxy.fixtures_e2e import AUTH
+    from tests.proxy.test_budget import BODY, RESERVATION, _price
+
+    a, b, _ = two_assignments
+    _price(1_000_000, 1_000_000)
+    GatewayKey.objects.update(budget_micros=1_000_000)
+    key = GatewayKey.objects.get()
+    (node,) = gateway_nodes.start(1)
+
+    def client() -> None:
+        headers = {**AUTH, "content-type": "application/json"}
+        with contextlib.suppress(httpx.TransportError):  # its node dies under it
+            httpx.post(f"{node}/v1/chat/completions", content=BODY, headers=headers, timeout=30)
+
+    table = GatewayKey._meta.db_table
+    with _waiting_on(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [key.pk], client) as other:
+        (process,) = gateway_nodes.procs
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        other.rollback()  # the row is free: the dead node's UPDATE commits now
+    wait_for(lambda: GatewayKey.objects.get().reserved_micros == RESERVATION, what="the orphaned reservation")
+    assert a.hits == [] and b.hits == []  # nothing was dispatched
+
+    writer = ledger.LedgerWriter()  # the restarted node's, or another node's on that spool
+    writer.submit(_exchange())
+    assert writer.flush(timeout=10)
+    key.refresh_from_db()
+    assert (key.reserved_micros, key.spent_micros) == (0, RESERVATION)
+    assert not BudgetHold.objects.exists()
+    assert list(RequestRecord.objects.filter(key_id=key.pk).values_list("outcome", flat=True)) == [
+        "gateway_lost"
+    ]
