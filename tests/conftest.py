@@ -2,7 +2,7 @@ import pytest
 
 from routing.selectors import config_cache_clear
 
-pytest_plugins = ["tests.upstream_fixtures", "tests.gateway_fixtures"]
+pytest_plugins = ["tests.upstream_fixtures", "tests.gateway_fixtures", "tests.db_flush"]
 
 
 @pytest.fixture(autouse=True)
