@@ -65,11 +65,12 @@ class LedgerWriter:
         self._ensure_thread()
         self._queue.put((exchange, self.journal.add(exchange)))
 
-    def held(self, exchange: Exchange) -> None:
+    def held(self, exchange: Exchange, *, lasting: bool = False) -> None:
         """The request is about to reserve part of its key's budget: journaled first, so that a
         reservation its process dies with (committed or not yet) is settled by the writer that
-        replays the journal."""
-        self.journal.hold(exchange)
+        replays the journal. `lasting`: a reservation granted late whose give-back failed, which the
+        request's record may have missed: settled from the journal once this process is gone."""
+        self.journal.hold(exchange, lasting=lasting)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every exchange submitted before this call is saved (or `timeout` passes)."""
@@ -163,7 +164,12 @@ class LedgerWriter:
             except (DatabaseError, ValueError):
                 if len(batch) == 1:
                     log.exception("ledger: a request record was refused by the database")
-                    self._settle_refused(batch)
+                    try:
+                        self._settle_refused(batch)
+                    except (OperationalError, InterfaceError):  # settled when its replay is refused
+                        connection.close()
+                        self._spool(batch)
+                        return False
                     return True
                 for one in batch:
                     self._save([one], write)
@@ -173,12 +179,16 @@ class LedgerWriter:
     @staticmethod
     def _settle_refused(batch: list[Exchange]) -> None:
         """The record is lost, but what its request held of a budget is still released (and what it
-        cost still charged): a refused record must not shrink its key's budget for good."""
+        cost still charged): a refused record must not shrink its key's budget for good. A database
+        that is away (OperationalError, InterfaceError) is the caller's: the record is kept in the
+        spool, and its replay, refused again, settles it then."""
         from proxy.services import exchanges_settle
 
         try:
             with transaction.atomic():
                 exchanges_settle(exchanges=batch)
+        except (OperationalError, InterfaceError):
+            raise
         except DatabaseError:
             log.exception("ledger: a refused record's budget reservation could not be settled")
 

@@ -202,11 +202,24 @@ class Relay:
         # request (pools.BudgetHold), whether or not the UPDATE committed.
         exchange.reserving = True
         ledger.writer.held(exchange)
+
+        def give_back(taken: bool) -> None:
+            """Granted after the request stopped waiting. If the database fails the give-back too,
+            the request's record may be settled already: its hold is journaled for good, and the
+            writer that replays this process's journal releases it."""
+            if not taken:
+                return
+            try:
+                key_budget_give_back(**request, now=datetime.now(UTC))
+            except DatabaseError:
+                ledger.writer.held(exchange, lasting=True)
+                raise
+
         try:
             held = await db.write_within(
                 db_wait_s(self.deadline),
                 partial(key_budget_reserve, **request, now=datetime.now(UTC)),
-                undo=lambda taken: taken and key_budget_give_back(**request, now=datetime.now(UTC)),
+                undo=give_back,
             )
         except DatabaseError as failed:  # no reservation, no dispatch
             if isinstance(failed, db.DatabaseTimeout):  # what it takes late is given back (undo)

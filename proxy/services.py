@@ -17,19 +17,21 @@ def request_records_write(*, exchanges: list[Exchange], idempotent: bool = False
     """One transaction for a batch: the records, all their attempts in one INSERT, and what each key
     spent (known costs only: an unknown price is never counted as zero, nor as anything).
     `idempotent` (a spool replay): records whose request id is already stored are skipped, with their
-    attempts and their spend, so a record is never written or charged twice."""
+    attempts and their spend, so a record is never written or charged twice; a hold such a request
+    still has (a reservation granted after its record was settled, whose give-back failed) is
+    released."""
+    recorded: list[Exchange] = []
     if idempotent:
         ids = [x.request_id for x in exchanges]
         stored = set(RequestRecord.objects.filter(request_id__in=ids).values_list("request_id", flat=True))
+        recorded = [x for x in exchanges if x.request_id in stored]
         exchanges = [x for x in exchanges if x.request_id not in stored]
-        if not exchanges:
-            return
     rows = _insert(RequestRecord, _RECORD_COLUMNS, [_record(x) for x in exchanges], "request_id")
     ids = {request_id: pk for pk, request_id in rows}
     _insert(
         Attempt, _ATTEMPT_COLUMNS, [_attempt(ids[x.request_id], x, a) for x in exchanges for a in x.attempts]
     )
-    exchanges_settle(exchanges=exchanges)
+    exchanges_settle(exchanges=exchanges, recorded=recorded)
 
 
 # A batch's rows go in one hand-written INSERT per table (runtime.rawsql): bulk_create's compilation
@@ -59,7 +61,7 @@ def _insert(
     return inserted
 
 
-def exchanges_settle(*, exchanges: list[Exchange]) -> None:
+def exchanges_settle(*, exchanges: list[Exchange], recorded: list[Exchange] | None = None) -> None:
     """One UPDATE per key: release what its requests held, add what they cost (SPEC §7.4). What a
     request held is its `BudgetHold`, deleted here (`budget_holds_take`), not what its process
     believed: a reservation whose answer never reached the request (its connection broke after the
@@ -68,12 +70,15 @@ def exchanges_settle(*, exchanges: list[Exchange]) -> None:
     its reservation. The keys are updated in id order: two nodes' batches over the same keys then lock
     their rows in the same order and cannot deadlock (in batch order, one node held B and waited for A
     while the other held A and waited for B; PostgreSQL then aborted one, or a reservation queued
-    behind them)."""
-    held = budget_holds_take(request_ids=[x.request_id for x in exchanges if x.reserving])
+    behind them). `recorded`: requests whose records were settled before; only a hold they still
+    have is released, nothing charged."""
+    charged_before = {x.request_id for x in recorded or []}
+    every = [*exchanges, *(recorded or [])]
+    held = budget_holds_take(request_ids=[x.request_id for x in every if x.reserving])
     settle: dict[tuple[int, str], list[int]] = {}
-    for x in exchanges:
+    for x in every:
         reserved = held.get(x.request_id, 0)
-        charged = charge_micros(x, reserved)
+        charged = 0 if x.request_id in charged_before else charge_micros(x, reserved)
         if x.key_id is not None and (charged or reserved):
             totals = settle.setdefault((x.key_id, x.budget_period), [0, 0])
             totals[0] += reserved

@@ -21,7 +21,9 @@ on each segment for as long as the segment lives, so a segment whose lock is fre
 that is gone (whatever its pid now names): the next writer to look replays it like an orphaned spool.
 
 Budget holds (SPEC §7.4, issue 21): before a request asks for part of its key's budget, the journal
-gets a `held` line (the exchange as it is then), kept until the request's record is saved. A dead
+gets a `held` line (the exchange as it is then), kept until the request's record is saved (a late
+reservation whose give-back failed: kept until the process is gone, the record being settled maybe
+before it; the replay then releases the hold of a request already recorded, charging nothing). A dead
 process's segments are replayed together: a hold whose request has no record there (its process died
 with the request in flight) becomes that request's record, outcome `gateway_lost`, which settles what
 the database holds for it (`pools.BudgetHold`: nothing when the reservation never committed) as its
@@ -234,10 +236,11 @@ class Journal:
         record then lives in memory only, as it did before the journal)."""
         return self._append(encode(exchange))
 
-    def hold(self, exchange: Exchange) -> None:
-        """Note what the request now holds of its key's budget, until its record is saved."""
+    def hold(self, exchange: Exchange, *, lasting: bool = False) -> None:
+        """Note that the request holds (or is about to hold) part of its key's budget, until its record
+        is saved; `lasting`: until this process is gone (a hold its record may already have missed)."""
         segment = self._append(encode(exchange, held=True))
-        if segment is not None:
+        if segment is not None and not lasting:
             with self._lock:
                 self._holds.setdefault(exchange.request_id, []).append(segment)
 

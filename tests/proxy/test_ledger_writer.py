@@ -197,7 +197,6 @@ def test_the_spool_keeps_every_field_of_an_exchange():
 
 
 def test_a_record_the_database_refuses_still_releases_its_reservation():
-
     key = GatewayKeyFactory(budget_micros=1_000)
     refused, fine = _exchange(), _exchange()
     refused.transport = "carrier-pigeon"  # the ledger's check constraint refuses it
@@ -210,6 +209,91 @@ def test_a_record_the_database_refuses_still_releases_its_reservation():
     assert list(RequestRecord.objects.values_list("request_id", flat=True)) == [fine.request_id]
     key.refresh_from_db()
     assert (key.reserved_micros, key.spent_micros) == (0, 0)  # both released, nothing was charged
+
+
+def test_a_refused_records_reservation_is_settled_by_its_replay_when_the_database_goes_away_meanwhile(
+    monkeypatch,
+):
+    """Window 3: the database refused a record, then went away before its reservation could be
+    settled alone. The record is spooled; its replay, refused again, settles it once the database is
+    back."""
+    from django.db import OperationalError
+
+    from proxy import services as ledger_services
+
+    key = GatewayKeyFactory(budget_micros=1_000)
+    refused = reserve(_exchange(), key.pk, 5)
+    refused.transport = "carrier-pigeon"  # the ledger's check constraint refuses it
+    settle = ledger_services.exchanges_settle
+    away = [True]
+
+    def settle_unless_away(**kwargs):
+        if away[0]:
+            raise OperationalError("connection refused")
+        return settle(**kwargs)
+
+    monkeypatch.setattr(ledger_services, "exchanges_settle", settle_unless_away)
+    writer = ledger.LedgerWriter()
+    writer.submit(refused)
+    assert writer.flush(timeout=5)
+    key.refresh_from_db()
+    assert key.reserved_micros == 5 and writer.spool_pending  # not settled yet: kept in the spool
+
+    away[0] = False
+    writer._replay()
+    key.refresh_from_db()
+    assert (key.reserved_micros, key.spent_micros) == (0, 0)
+    assert not writer.spool.pending() and not RequestRecord.objects.exists()
+
+
+def test_a_hold_left_after_its_record_was_settled_is_released_by_the_journals_replay():
+    """Window 2, the give-back failing: a reservation granted after its request stopped waiting
+    committed after the request's record was settled, and giving it back failed too (the database
+    went away again). The hold was journaled for good; the writer that replays that journal once its
+    process is gone finds the record stored, releases the hold and charges nothing again."""
+    import os
+
+    from proxy.services import request_records_write
+    from tests.factories import AssignmentFactory
+
+    key = GatewayKeyFactory(budget_micros=1_000)
+    late = _exchange()
+    late.key_id, late.reserving = key.pk, True
+    attempt = AttemptLog(1, AssignmentFactory().pk, "gpt-5", "http", "succeeded", "completed", cost_micros=3)
+    late.attempts = [attempt]
+    request_records_write(exchanges=[late])  # its record, settled: nothing held yet, 3 spent
+    reserve(late, key.pk, 5)  # the late reservation
+    gone = ledger.LedgerWriter()  # the request's process: it journals the hold for good, then exits
+    gone.held(late, lasting=True)
+    for fd, _ in gone.journal._open.values():
+        os.close(fd)  # what its exit does: the segment's lock is free
+
+    writer = ledger.LedgerWriter()
+    writer.submit(_exchange())
+    assert writer.flush(timeout=5)
+    key.refresh_from_db()
+    assert (key.reserved_micros, key.spent_micros) == (0, 3)
+    assert RequestRecord.objects.filter(request_id=late.request_id).count() == 1
+    assert not writer.spool.pending()
+
+
+def test_a_lasting_hold_outlives_the_save_of_its_requests_record():
+    """The hold journaled when a late reservation's give-back failed stays in the journal whenever
+    the request's record is saved (the record's settlement may have come before the reservation)."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    writer = ledger.LedgerWriter()
+    late = _exchange()
+    writer.held(late, lasting=True)
+    writer.journal.saved(late.request_id, writer.journal.add(late))  # its record, saved after
+    lines = [
+        line
+        for path in Path(settings.GATEWAY_LEDGER_SPOOL_DIR).glob("journal-*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    assert [line for line in lines if late.request_id in line and '"held":true' in line]
 
 
 def test_a_batch_is_stored_as_submitted_each_attempt_under_its_own_record():

@@ -13,6 +13,7 @@ import sqlite3
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -27,6 +28,7 @@ from routing.models import Affinity, Circuit
 from routing.vocabulary import CircuitReason, CircuitState
 from tests.proxy.fixtures_e2e import RESPONSES, wait_for
 from tests.proxy.test_budget import AUTH, BODY, CHAT, _price
+from tests.proxy.test_ledger_writer import _exchange
 
 DEADLINE = {"x-gateway-deadline-ms": "1500"}
 
@@ -322,3 +324,55 @@ def test_a_client_that_leaves_while_its_reservation_waits_is_recorded_and_holds_
     wait_for(lambda: GatewayKey.objects.get().reserved_micros == 0, what="the late reservation given back")
     assert not BudgetHold.objects.exists()
     assert a.hits == [] and b.hits == []
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a row lock the request's write waits for")
+def test_a_late_reservation_whose_give_back_fails_is_released_from_the_journal(
+    gateway, two_assignments, monkeypatch
+):
+    """Window 2, the give-back failing: the reservation was granted after its request's deadline and
+    after its record was settled (with nothing held), and the database failed the give-back too. The
+    request's hold is journaled for good; the writer that replays this process's journal once it is
+    gone (here a copy of the line, in a journal no process holds) releases it and charges nothing."""
+    from django.conf import settings
+    from django.db import OperationalError
+
+    from proxy import ledger, relay
+
+    def give_back_fails(**kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(relay, "key_budget_give_back", give_back_fails)
+    _price(1_000_000, 1_000_000)
+    GatewayKey.objects.update(budget_micros=1_000_000, budget_period="day")  # the UPDATE sets period_start
+    key = GatewayKey.objects.get()
+    table = GatewayKey._meta.db_table
+    with _stalled(f"SELECT 1 FROM {table} WHERE id = {key.pk} FOR NO KEY UPDATE"):
+        response, _ = _post(gateway, "/v1/chat/completions", content=BODY)
+        record = wait_for(
+            lambda: writer.flush() and RequestRecord.objects.filter(key_id=key.pk).first(), what="its record"
+        )
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "gateway_unavailable")
+    wait_for(lambda: GatewayKey.objects.get().period_start, what="the late reservation")
+    spool = Path(settings.GATEWAY_LEDGER_SPOOL_DIR)
+
+    def journaled() -> list[str]:
+        return [
+            line
+            for path in spool.glob("journal-*.jsonl")
+            for line in path.read_text().splitlines()
+            if record.request_id in line and '"held":true' in line
+        ]
+
+    lines = wait_for(journaled, what="the hold journaled for good")
+    assert GatewayKey.objects.get().reserved_micros > 0  # held in the database until the replay
+
+    tag = ledger.writer.spool.database_tag()
+    (spool / f"journal-{tag}-1-gone-0.jsonl").write_text(lines[-1] + "\n")
+    replaying = ledger.LedgerWriter()
+    replaying.submit(_exchange())  # any record: its writer looks for journals as it starts
+    assert replaying.flush(timeout=10)
+    key.refresh_from_db()
+    assert (key.reserved_micros, key.spent_micros) == (0, 0)
+    assert not BudgetHold.objects.exists()
+    assert RequestRecord.objects.filter(request_id=record.request_id).count() == 1
