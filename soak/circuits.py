@@ -339,6 +339,13 @@ def budget_checks(
         if spent > budget + max_reservation
     ]
     held = [f"{name}: {left} micros still reserved" for name, _, _, left in rows if left]
+    # Where the gateway keeps a hold per request (pools_budgethold), none may be left either.
+    holds = (
+        database.query("SELECT request_id, micros FROM pools_budgethold")
+        if database.query("SELECT 1 FROM information_schema.tables WHERE table_name = 'pools_budgethold'")
+        else []
+    )
+    held += [f"request {request_id}: a hold of {micros} micros left" for request_id, micros in holds]
     killed = {(f.node, f.incarnation) for f in faults if f.name == "sigkill"}
     died = sum(1 for o in outcomes if o.key == "budget" and (o.node, o.incarnation) in killed)
     return [
@@ -355,7 +362,7 @@ def budget_checks(
             "budget_reservations",
             "no budget reservation left once every node has stopped",
             reserves and not held,
-            ("; ".join(held) or "nothing reserved")
+            ("; ".join(held) or "nothing reserved, no request's hold left")
             + f" ({died} requests with the budgeted key were served by the node that was killed)"
             if reserves
             else "the gateway keeps no reservations (no reserved_micros)",
