@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -50,6 +51,20 @@ class _Server(uvicorn.Server):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 0.1)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's `shutdown` (stop listening, ask each connection to close, wait until the connections
+        and their tasks are gone), with its lifespan off. uvicorn sleeps 0.1 s after asking, then polls
+        every 0.1 s: here every 5 ms, and a closed keep-alive connection is gone at once. Measured 0.1 s
+        of the 0.11 s a gateway's teardown took, in each of some 450 tests a run."""
+        for server in self.servers:
+            server.close()
+        for protocol in list(self.server_state.connections):
+            protocol.shutdown()
+        while self.server_state.connections or self.server_state.tasks:
+            await asyncio.sleep(0.005)
+        for server in self.servers:
+            await server.wait_closed()
+
     def exit(self) -> None:
         self.should_exit = True
         if self._loop is not None:  # else the loop's first tick, still to come, sees `should_exit`
@@ -57,11 +72,11 @@ class _Server(uvicorn.Server):
                 self._loop.call_soon_threadsafe(self._wake.set)
 
 
-@pytest.fixture
-def gateway(transactional_db):
-    """Base URL of a live gateway sharing the test database."""
-    from gatewaysite.asgi import application
-
+@contextlib.contextmanager
+def live(application, on_loop_exit: Callable[[], Awaitable[object]] | None = None) -> Iterator[str]:
+    """`application` served by uvicorn on a loopback port, in a thread of its own: its base URL. On
+    leaving, the server stops listening, finishes the responses in flight and closes every connection,
+    then awaits `on_loop_exit` on its loop."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -73,7 +88,8 @@ def gateway(transactional_db):
         try:
             await server.serve()
         finally:
-            await upstream.close_client()
+            if on_loop_exit is not None:
+                await on_loop_exit()
 
     thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
     thread.start()
@@ -81,9 +97,20 @@ def gateway(transactional_db):
         if server.started:
             break
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.exit()
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.exit()
+        thread.join(10)
+
+
+@pytest.fixture
+def gateway(transactional_db):
+    """Base URL of a live gateway sharing the test database."""
+    from gatewaysite.asgi import application
+
+    with live(application, on_loop_exit=upstream.close_client) as url:
+        yield url
     ledger.writer.flush()  # before the test database is emptied under it
 
 
