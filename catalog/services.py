@@ -94,7 +94,10 @@ def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:
         # The next page's query joins the listing's own (Azure's api-version), never replaces it.
         request = client.build_request("GET", httpx.URL(url).copy_merge_params(params), headers=headers)
         if isinstance(listing, SignedListing):
-            sign(request, listing.signature(assignment.base_url, assignment.region, credential))
+            signature = listing.signature(assignment.base_url, assignment.region, credential)
+            request.headers.update(
+                sign(request.method, str(request.url), request.headers, request.content, signature)
+            )
         try:
             response = client.send(request)
         except httpx.TimeoutException as exc:

@@ -1,5 +1,5 @@
 """The HTTP transport of the attempt loop (a `proxy.transport.Dispatch`): one attempt's call over the
-process's shared httpx client (`proxy.upstream`), its answer as the loop reads it (an `Answer` read
+process's shared upstream client (`proxy.upstream`), its answer as the loop reads it (an `Answer` read
 whole, or an `SSESource` when the client asked for a stream and the upstream said 200), and the
 gateway's own errors in the client's envelope.
 """
@@ -7,7 +7,6 @@ gateway's own errors in the client's envelope.
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 
-import httpx
 from django.conf import settings
 
 from proxy import framing, upstream
@@ -22,26 +21,24 @@ from routing.types import Candidate
 
 
 class SSESource:
-    """An upstream SSE response; closing it drops the connection (httpx releases it)."""
+    """An upstream SSE response; closing it before its end drops the connection."""
 
     ends_at_terminal = False
     status = 200
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: upstream.Response) -> None:
         self.response = response
 
     async def batches(self) -> AsyncGenerator[list[Block], None]:
         parser = SSEParser()
         try:
-            async for chunk in self.response.aiter_bytes():  # decoded: httpx undoes gzip/deflate
+            async for chunk in self.response.chunks():  # decoded; a transport failure is raised as it is
                 yield parser.feed(chunk)
             tail = parser.flush()
             if tail is not None:
                 yield [tail]
         except SSEProtocolError:
             raise TransportFailure(TransportEvent.STREAM_TRUNCATED) from None
-        except httpx.HTTPError as exc:
-            raise TransportFailure(upstream.transport_event(exc)) from None
 
     def released(self) -> None:
         pass
@@ -50,20 +47,20 @@ class SSESource:
         await self.response.aclose()
 
 
-async def read_answer(response: httpx.Response) -> Failure | Answer:
+async def read_answer(response: upstream.Response) -> Failure | Answer:
     """A plain upstream answer, read whole: the Answer, or the Failure that ended its reading."""
     try:
         raw = await upstream.read_body(response)
     except TransportFailure as failure:
-        return Failure.observed(Observation(status=response.status_code, transport=failure.event))
+        return Failure.observed(Observation(status=response.status, transport=failure.event))
     except upstream.ResponseTooLarge:
-        return Failure.unrelayable(response.status_code, "upstream_response_too_large")
+        return Failure.unrelayable(response.status, "upstream_response_too_large")
     retry_after = upstream.retry_after_s(response.headers.get("retry-after"))
-    return Answer(response.status_code, raw, retry_after=retry_after)
+    return Answer(response.status, raw, retry_after=retry_after)
 
 
 class HttpDispatch:
-    """Plain HTTP and SSE over the shared httpx client (`proxy.upstream`). `api`: the client's API, whose
+    """Plain HTTP and SSE over the shared upstream client (`proxy.upstream`). `api`: the client's API, whose
     envelope, error types and error events the gateway's own errors take."""
 
     def __init__(self, *, api: ClientApi = chat.API) -> None:
@@ -82,7 +79,7 @@ class HttpDispatch:
             )
         except TransportFailure as failure:
             return Failure.observed(Observation(transport=failure.event))
-        if response.status_code == 200 and stream:
+        if response.status == 200 and stream:
             return framing.source(response, wire, SSESource(response))
         answer = await read_answer(response)
         if wire is not None and isinstance(answer, Answer):

@@ -34,8 +34,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import IO
 
-import aiohttp
-import httpx
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
@@ -174,15 +172,11 @@ class ContentBody:
 
     status = 200
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: upstream.Response) -> None:
         self.response = response
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self.response.aiter_bytes():
-                yield chunk
-        except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
-            raise TransportFailure(upstream.transport_event(exc)) from None
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self.response.chunks()
 
     async def aclose(self) -> None:
         await self.response.aclose()
@@ -244,7 +238,7 @@ class FilesDispatch(HttpDispatch):
             )
         except TransportFailure as failure:
             return self._refused() or Failure.observed(Observation(transport=failure.event))
-        if self.content and response.status_code == 200:
+        if self.content and response.status == 200:
             self.content_type = response.headers.get("content-type", "application/octet-stream")
             return ContentBody(response)
         answer = await read_answer(response)

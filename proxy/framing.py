@@ -6,7 +6,6 @@ import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import httpx
 from botocore.eventstream import EventStreamBuffer, ParserError
 
 from proxy import upstream
@@ -15,7 +14,7 @@ from proxy.sse import Block, SSEParser
 from routing.failures import TransportEvent
 
 
-def source(response: httpx.Response, wire: Wire | None, sse: Any) -> Any:
+def source(response: upstream.Response, wire: Wire | None, sse: Any) -> Any:
     """The event source of a streamed answer: `sse` (the response read as SSE) for a provider on the
     relay's wire, else the provider's frames rewritten as Chat SSE blocks."""
     if wire is None:
@@ -32,7 +31,7 @@ class EventStreamSource:
     ends_at_terminal = False
     status = 200
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: upstream.Response) -> None:
         self.response = response
 
     @staticmethod
@@ -51,14 +50,12 @@ class EventStreamSource:
     async def batches(self) -> AsyncGenerator[list[Block], None]:
         buffer = EventStreamBuffer()
         try:
-            async for chunk in self.response.aiter_bytes():
+            async for chunk in self.response.chunks():  # a transport failure is raised as it is
                 buffer.add_data(chunk)
                 if blocks := self._blocks(buffer):
                     yield blocks
         except ParserError:  # a frame whose lengths or checksums do not hold: the stream is broken
             raise upstream.TransportFailure(TransportEvent.STREAM_TRUNCATED) from None
-        except httpx.HTTPError as exc:
-            raise upstream.TransportFailure(upstream.transport_event(exc)) from None
 
     def released(self) -> None:
         pass

@@ -102,7 +102,7 @@ async def send(call: UpstreamCall, timeout_s: float) -> tuple[int, bytes]:
     response = await upstream.open_stream(
         "POST", call.url, headers=call.headers, json=call.payload, read_timeout_s=timeout_s
     )
-    return response.status_code, await upstream.read_body(response)
+    return response.status, await upstream.read_body(response)
 
 
 async def _attempt(

@@ -10,7 +10,7 @@ attempt's call and says what came back, and the loop alone decides what that mea
 - a `Body`: bytes relayed as they come, never classified (a file's content).
 
 A transport never calls back into the loop: it reports, the loop reads. Implementations:
-`proxy.dispatch.HttpDispatch` (plain JSON and SSE over httpx), `proxy.files.FilesDispatch`,
+`proxy.dispatch.HttpDispatch` (plain JSON and SSE over `proxy.upstream`), `proxy.files.FilesDispatch`,
 `proxy.ws_relay.WebsocketDispatch` (the Responses websocket). Each also frames the gateway's own
 output for its client (`pack`, `error_event`, `error_final`, `events_final`).
 """

@@ -1,28 +1,34 @@
 """The one upstream HTTP client of the process, and the seam that turns transport failures into
 what the router needs to know: was the request sent?
 
-httpx is the API; the transport is httpx-aiohttp, because plain httpx's pool collapses at 40+
-concurrent requests (encode/httpx#3215). That transport maps *every* aiohttp connection error,
-including a server disconnect after the request went out, to `httpx.ConnectTimeout`; reading that
-at face value would replay a request that may have executed. So the dispatch state is decided from
-the original aiohttp exception (`__cause__`), conservatively: only a failure to connect is
-"not sent".
+The client is one aiohttp `ClientSession` per event loop (a server runs one loop; tests may run
+several), called directly: no other module knows the library. Its connector refuses forbidden
+destinations after name resolution (`GuardedResolver`), keeps up to 1,000 connections with a 30 s
+keep-alive, and verifies TLS against certifi's CA bundle without reading the environment (no proxy, no
+SSL_CERT_FILE). A request offers gzip and deflate (`accept-encoding`), never follows a redirect, and
+comes back as a `Response`: its status, its headers, its body decoded as it is read.
+
+The dispatch state is decided from aiohttp's own exception, conservatively: only a failure to connect
+(refused, or its connect timeout) is "not sent"; a disconnect or reset once connected may have
+executed the request, and a read timeout is one.
 """
 
 import asyncio
 import functools
+import json as jsonlib
 import logging
 import math
 import socket
-from collections.abc import AsyncIterable
+import ssl
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import aiohttp
-import httpx
+import certifi
 from aiohttp.abc import AbstractResolver, ResolveResult
 from django.conf import settings
-from httpx_aiohttp import AiohttpTransport
+from yarl import URL
 
 from pools import destinations
 from proxy.providers.base import SigV4
@@ -32,21 +38,21 @@ from runtime.sigv4 import sign
 
 logger = logging.getLogger("gateway")
 
-_clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+# What the gateway offers to decode (aiohttp decodes it as the body is read); fixed, so the offer does
+# not change with the compression libraries installed.
+ACCEPT_ENCODING = "gzip, deflate"
+
+_sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
 
-def client() -> httpx.AsyncClient:
-    """The shared client of the running event loop (a server runs one loop; tests may run several)."""
+def _client() -> aiohttp.ClientSession:
+    """The shared session of the running event loop."""
     loop = asyncio.get_running_loop()
-    shared = _clients.get(loop)
+    shared = _sessions.get(loop)
     if shared is None:
-        for stale in [other for other in _clients if other.is_closed()]:
-            del _clients[stale]
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30)
-        shared = httpx.AsyncClient(
-            transport=AiohttpTransport(limits=limits, trust_env=False, client=_session),
-        )
-        _clients[loop] = shared
+        for stale in [other for other, session in _sessions.items() if session.closed]:
+            del _sessions[stale]
+        shared = _sessions[loop] = _session()
     return shared
 
 
@@ -75,14 +81,13 @@ class GuardedResolver(AbstractResolver):
 
 
 def _session() -> aiohttp.ClientSession:
-    """What AiohttpTransport would build (its pool limits, httpx's TLS context), with GuardedResolver."""
     connector = aiohttp.TCPConnector(
         limit=1000,
         keepalive_timeout=30,
-        ssl=httpx.create_ssl_context(trust_env=False),
+        ssl=ssl.create_default_context(cafile=certifi.where()),
         resolver=GuardedResolver(),
     )
-    return aiohttp.ClientSession(connector=connector)
+    return aiohttp.ClientSession(connector=connector, headers={"accept-encoding": ACCEPT_ENCODING})
 
 
 def _forbidden(exc: BaseException | None) -> bool:
@@ -94,29 +99,63 @@ def _forbidden(exc: BaseException | None) -> bool:
 
 
 async def close_client() -> None:
-    """Close the running loop's shared client (at server shutdown)."""
-    shared = _clients.pop(asyncio.get_running_loop(), None)
+    """Close the running loop's shared session (at server shutdown)."""
+    shared = _sessions.pop(asyncio.get_running_loop(), None)
     if shared is not None:
-        await shared.aclose()
+        await shared.close()
 
 
-def transport_event(exc: Exception) -> TransportEvent:
-    cause = exc.__cause__ or exc
-    if isinstance(cause, aiohttp.ConnectionTimeoutError | httpx.ConnectTimeout):
+def transport_event(exc: BaseException) -> TransportEvent:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return TransportEvent.CONNECT_TIMEOUT
-    if isinstance(cause, aiohttp.ClientConnectorError | httpx.ConnectError):
+    if isinstance(exc, aiohttp.ClientConnectorError):
         return TransportEvent.CONNECT_REFUSED
-    if isinstance(cause, aiohttp.ServerTimeoutError | httpx.TimeoutException | TimeoutError):
+    if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
         return TransportEvent.READ_TIMEOUT
     # A disconnect or reset once connected: the request may have been executed.
     return TransportEvent.RESET_AFTER_SEND
 
 
+# What a failing aiohttp call raises (its read timeouts are TimeoutErrors too).
+_FAILURES = (aiohttp.ClientError, TimeoutError)
+
+
 @functools.lru_cache(maxsize=1024)
-def _url(url: str) -> httpx.URL:
-    """An upstream URL parsed once: the accounts' few URLs come back on every request, and parsing one
-    was about a third of httpx's cost to build a request. httpx.URL is immutable: one is shared."""
-    return httpx.URL(url)
+def _url(url: str) -> URL:
+    """An upstream URL parsed once: the accounts' few URLs come back on every request. A URL is
+    immutable: one is shared."""
+    return URL(url)
+
+
+@functools.lru_cache(maxsize=64)
+def _timeout(read_s: float, connect_s: float) -> aiohttp.ClientTimeout:
+    # `connect` bounds waiting for a pooled connection and connecting; `sock_connect` the TCP and TLS
+    # handshake alone; `sock_read` each wait for the upstream's next bytes. No total: a stream may last.
+    return aiohttp.ClientTimeout(sock_connect=connect_s, sock_read=read_s, connect=read_s)
+
+
+class Response:
+    """An upstream answer whose body is not read yet: the caller reads it (`chunks`) or not, and must
+    `aclose` it, which drops the connection unless the body was read to its end."""
+
+    __slots__ = ("_response", "headers", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status: int = response.status
+        self.headers: Mapping[str, str] = response.headers  # case-insensitive
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, decoded (gzip and deflate undone). Raises TransportFailure."""
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except _FAILURES as exc:
+            raise TransportFailure(transport_event(exc)) from None
+
+    async def aclose(self) -> None:
+        # aiohttp pools the connection of a body read to its end and closes any other (documented).
+        self._response.release()
 
 
 async def open_stream(
@@ -128,27 +167,34 @@ async def open_stream(
     read_timeout_s: float,
     content: AsyncIterable[bytes] | None = None,
     sigv4: SigV4 | None = None,
-) -> httpx.Response:
+) -> Response:
     """Send the request and return the response with its body unread (the caller streams or reads
-    it and must close it). Raises TransportFailure with what is known of the dispatch. `content`
-    (instead of `json`): a body sent as it is produced, never held whole (a file upload). `sigv4`: the
-    AWS signature added over the request as it will be sent (its final URL, headers and body bytes)."""
-    timeout = httpx.Timeout(read_timeout_s, connect=settings.GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S)
-    if content is not None:
-        request = client().build_request(method, _url(url), headers=headers, content=content, timeout=timeout)
-    else:
-        request = client().build_request(method, _url(url), headers=headers, json=json, timeout=timeout)
+    it and must close it). Raises TransportFailure with what is known of the dispatch. `json`: the body,
+    encoded compactly as UTF-8 JSON (None: no body); `content` (instead of `json`): a body sent as it
+    is produced, never held whole (a file upload). `sigv4`: the AWS signature added over the request
+    as it will be sent (its URL, headers and body bytes)."""
+    target = _url(url)
+    data: bytes | AsyncIterable[bytes] | None = content
+    if content is None and json is not None:
+        data = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        if "content-type" not in headers:
+            headers = {**headers, "content-type": "application/json"}
     if sigv4 is not None:
-        sign(request, sigv4)
-    if destinations.host_forbidden(request.url.host):
-        logger.warning("upstream host %r is a forbidden destination: nothing sent", request.url.host)
+        body = data if isinstance(data, bytes) else b""
+        headers = {**headers, **sign(method, str(target), headers, body, sigv4)}
+    if destinations.host_forbidden(target.host or ""):
+        logger.warning("upstream host %r is a forbidden destination: nothing sent", target.host)
         raise TransportFailure(TransportEvent.CONNECT_REFUSED)
+    timeout = _timeout(read_timeout_s, settings.GATEWAY_UPSTREAM_CONNECT_TIMEOUT_S)
     try:
-        return await client().send(request, stream=True)
-    except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
+        response = await _client().request(
+            method, target, headers=headers, data=data, timeout=timeout, allow_redirects=False
+        )
+    except _FAILURES as exc:
         if _forbidden(exc):
-            logger.warning("upstream host %r resolves to a forbidden address: nothing sent", request.url.host)
+            logger.warning("upstream host %r resolves to a forbidden address: nothing sent", target.host)
         raise TransportFailure(transport_event(exc)) from None
+    return Response(response)
 
 
 class ResponseTooLarge(Exception):
@@ -156,20 +202,18 @@ class ResponseTooLarge(Exception):
     `upstream_response_too_large`, never cut short into a 200 (SPEC §4)."""
 
 
-async def read_body(response: httpx.Response, limit: int | None = None) -> bytes:
-    """The whole decoded body of an upstream response (httpx undoes the gzip/deflate it offered); a
-    read failure is a reset after send, a body over `limit` (default GATEWAY_MAX_RESPONSE_BYTES, counted
-    after decoding, so a compression bomb stops there too) is ResponseTooLarge."""
+async def read_body(response: Response, limit: int | None = None) -> bytes:
+    """The whole decoded body of an upstream response; a read failure is TransportFailure, a body over
+    `limit` (default GATEWAY_MAX_RESPONSE_BYTES, counted after decoding, so a compression bomb stops
+    there too) is ResponseTooLarge."""
     limit = settings.GATEWAY_MAX_RESPONSE_BYTES if limit is None else limit
     chunks, size = [], 0
     try:
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.chunks():
             size += len(chunk)
             if size > limit:
                 raise ResponseTooLarge
             chunks.append(chunk)
-    except (httpx.HTTPError, aiohttp.ClientError, TimeoutError) as exc:
-        raise TransportFailure(transport_event(exc)) from None
     finally:
         await response.aclose()
     # One copy at the end; the chunks go with this frame.

@@ -1,27 +1,27 @@
-"""AWS Signature Version 4 over an httpx request as it will be sent, by botocore's signer (never by hand):
-the proxy's upstream calls and the catalog's signed model listings (Bedrock's control plane) share it."""
+"""AWS Signature Version 4 over a request as it will be sent, by botocore's signer (never by hand): the
+proxy's upstream calls and the catalog's signed model listings (Bedrock's control plane) share it."""
 
-import httpx
+from collections.abc import Mapping
+
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from proxy.providers.base import SigV4
 
-# The headers a SigV4 signature covers: what no proxy between here and AWS rewrites.
+# The headers a SigV4 signature covers: what no proxy between here and AWS rewrites (the host, when
+# not given, is the URL's, as the client sends it).
 _SIGNED_HEADERS = ("host", "content-type")
 
 
-def sign(request: httpx.Request, sigv4: SigV4) -> None:
-    """Add SigV4's headers to `request`, computed over its final URL, those headers and its body bytes."""
-    aws = AWSRequest(
-        method=request.method,
-        url=str(request.url),
-        headers={name: request.headers[name] for name in _SIGNED_HEADERS if name in request.headers},
-        data=request.content,
-    )
+def sign(method: str, url: str, headers: Mapping[str, str], body: bytes, sigv4: SigV4) -> dict[str, str]:
+    """SigV4's headers for a request, computed over its final URL, those of its headers and its body."""
+    wanted = {name.lower(): value for name, value in headers.items() if name.lower() in _SIGNED_HEADERS}
+    aws = AWSRequest(method=method, url=url, headers=wanted, data=body)
     credentials = Credentials(sigv4.access_key_id, sigv4.secret_access_key, sigv4.session_token or None)
     SigV4Auth(credentials, sigv4.service, sigv4.region).add_auth(aws)
-    for name in ("Authorization", "X-Amz-Date", "X-Amz-Security-Token"):
-        if name in aws.headers:
-            request.headers[name] = aws.headers[name]
+    return {
+        name: aws.headers[name]
+        for name in ("Authorization", "X-Amz-Date", "X-Amz-Security-Token")
+        if name in aws.headers
+    }

@@ -1,7 +1,8 @@
 """Upstream bodies (SPEC §6.0, §4): read decompressed, relayed whole, or a typed 502 when too large.
 
-The fakes compress like ordinary servers whenever the gateway's request offers gzip/deflate (httpx
-offers both by default), so every test here also proves the gateway decodes what it asked for.
+The fakes compress like ordinary servers whenever the gateway's request offers gzip/deflate (it
+offers both: `proxy.upstream.ACCEPT_ENCODING`), so every test here also proves the gateway decodes what
+it asked for.
 """
 
 import hashlib
