@@ -193,8 +193,8 @@ def half_open_check(
     What "closed" was for the request is judged from its plan in the ledger (`plans`): the gateway
     orders the candidates by the health it read at the request's start, and passes some over
     (budget, deadline, capability, a circuit read again) without an upstream arrival. So the
-    arrival is a last resort iff every assignment whose circuit was closed at the last poll before
-    the request's `started_at` is among the request's attempts before the one this arrival is
+    arrival is a last resort iff every assignment whose circuit was closed around the request's
+    `started_at` (`closed_around`) is among the request's attempts before the one this arrival is
     (dispatched or passed over). A request without a plan (a killed node's; websocket frames, whose
     ids the client does not see) is judged from the polls alone: every assignment closed at the
     last poll before the arrival was reached earlier by the same request."""
@@ -225,12 +225,36 @@ def half_open_check(
 
     def closed_around(t: float, route_class: str) -> set[str] | None:
         """Closed at the last poll read before `t` and at the first sent after it: the request read
-        its view after starting, so one that opened in between may have been read open."""
-        closed = closed_at(t, route_class)
+        its view after starting, so one that opened in between may have been read open. So may one
+        that opened and closed again between the two polls, neither of which saw it open
+        (`reopened_unseen`)."""
+        at = bisect.bisect_right(times, t) - 1
+        if at < 0:
+            return None
+        closed = closed_in(at, route_class)
         after = bisect.bisect_left(poller.sent, t)
-        if closed is not None and after < len(times):
+        until = math.inf
+        if after < len(times):
             closed &= closed_in(after, route_class)
-        return closed
+            until = times[after]
+        return {u for u in closed if not reopened_unseen(u, route_class, poller.sent[at], until)}
+
+    def reopened_unseen(upstream: str, route_class: str, since: float, until: float) -> bool:
+        """A failure that may count toward the circuit (a 429 only demotes, SPEC §5.6) answered after
+        the poll at `since` was sent, then a success the gateway took, answered before the poll read
+        at `until`: the failure's write may have opened the circuit (its threshold reached: the
+        successes between failures write nothing when their request read it clean) and the
+        success's closed it again (SPEC §7.1), both between the two polls."""
+        lane = by_lane.get((upstream, route_class), [])
+        failed = min(
+            (
+                b.get("e", math.inf)
+                for b in lane
+                if b.get("e", math.inf) >= since and b["k"] != "rate_limited" and not succeeded(b)
+            ),
+            default=math.inf,
+        )
+        return any(failed < b.get("e", math.inf) < until and succeeded(b) for b in lane)
 
     def attempt_of(a: dict) -> tuple[Plan, int] | None:
         """The request's plan and the index in it of the attempt this arrival is: the n-th arrival

@@ -47,9 +47,12 @@ request's start and passes some over without an upstream arrival (budget, deadli
 circuit read again), so the arrival is a last resort iff every assignment whose circuit was closed
 at the last poll read before the request's `started_at`, and still at the first poll sent after it
 (the request reads its view after starting), is among its attempts before this one (dispatched or
-passed over). A request the ledger lacks (its node was killed; websocket frames,
-whose ids the client does not see) is judged from the polls alone: every assignment closed at the
-last poll before the arrival was reached earlier by the same request. The plans read are written to
+passed over). Closed at both polls is not closed throughout: an assignment that failed after the
+first was sent (the failure that may have opened its circuit) and then served a success the gateway
+took before the second was read (which closed it again) may have been read open, unseen by either.
+A request the ledger lacks (its node was killed; websocket frames, whose ids the client does not
+see) is judged from the polls alone: every assignment closed at the last poll before the arrival
+was reached earlier by the same request. The plans read are written to
 `ledger_plans.jsonl` beside `circuit_polls.jsonl` and the upstreams' log, to judge a run again.
 The figure: windows examined, arrivals in them and how each was judged, the largest concurrency seen.
 """

@@ -21,7 +21,8 @@ and the check judged precisely:
   the shortest cooldown; tests/proxy/test_stalled_database.py).
 The check (soak/circuits.py `half_open_check`) judges each arrival from the request's own plan in
 the ledger (its started_at, its attempts with the pass-overs), with the polls bracketing the
-request's read, and ends a window with the first success that closes the circuit, a last resort's
+request's read (a circuit that opened and closed again between them may have been read open), and
+ends a window with the first success that closes the circuit, a last resort's
 too; tests/reliability/test_soak_analysis.py.
 """
 
