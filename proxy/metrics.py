@@ -4,7 +4,11 @@ Contract:
 - One dedicated `REGISTRY`, never the client library's global default: only the gateway's own series
   are exposed, and tests read exact values from it.
 - `observe_exchange` is called once per finished client request (from the ledger write). It only
-  increments in-process counters and histograms: no I/O, no database.
+  increments in-process counters and histograms: no I/O, no database. It takes each labelled child
+  through `_child`, a per-process cache by metric and label values: prometheus-client's `.labels()`
+  checks the names and converts every value on each call (a few microseconds each, eight or more per
+  request), and hands back the same child for the same values anyway (multiprocess mode included:
+  the child's value finds its process's file itself, also after a fork).
 - `gateway_open_circuits` is computed at scrape time by one aggregate query over the shared Circuit
   rows (every node sees the same value), never maintained per request.
 - Every label value comes from a bounded set. A value outside its set is folded into `other` (or, for
@@ -22,6 +26,7 @@ Contract:
 private network (or block `/metrics` at the ingress). It exposes counts only, never content.
 """
 
+import functools
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -39,6 +44,7 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from proxy.errors import TYPED_ERRORS
@@ -180,41 +186,45 @@ def _name(value: str) -> str:
 FALLBACK_REASONS = frozenset({"explicit", "family"})
 
 
+# Every label value is bounded (above), so this holds every child the process uses; the bound only
+# keeps a misconfiguration from growing it without end.
+@functools.lru_cache(maxsize=4096)
+def _child(metric: MetricWrapperBase, *values: str) -> MetricWrapperBase:
+    """`metric.labels(*values)` (the values in the order of its label names), once per process."""
+    return metric.labels(*values)
+
+
 def observe_exchange(exchange: Exchange) -> None:
     route = _bounded(exchange.route, ROUTES)
     transport = _bounded(exchange.transport, TRANSPORTS)
-    REQUESTS.labels(route=route, transport=transport, outcome=_outcome(exchange)).inc()
+    _child(REQUESTS, route, transport, _outcome(exchange)).inc()
     if exchange.finished_at is not None:
         duration = (exchange.finished_at - exchange.started_at).total_seconds()
-        REQUEST_DURATION.labels(route=route, transport=transport).observe(max(duration, 0.0))
+        _child(REQUEST_DURATION, route, transport).observe(max(duration, 0.0))
     if exchange.model_fallback:
-        FALLBACKS.labels(reason="model_not_found").inc()
+        _child(FALLBACKS, "model_not_found").inc()
     if exchange.fallback_reason in FALLBACK_REASONS:
-        FALLBACKS.labels(reason=exchange.fallback_reason).inc()
+        _child(FALLBACKS, exchange.fallback_reason).inc()
     for attempt in exchange.attempts:
         route_class = _bounded(attempt.route_class, ROUTE_CLASSES)
         failure_class = _failure_class(attempt.failure_class)
         status = _bounded(attempt.status, ATTEMPT_STATUSES)
-        ATTEMPTS.labels(route_class=route_class, status=status, failure_class=failure_class).inc()
+        _child(ATTEMPTS, route_class, status, failure_class).inc()
         if status == AttemptStatus.RETRYABLE_FAILED:
-            HANDOFFS.labels(failure_class=failure_class).inc()
+            _child(HANDOFFS, failure_class).inc()
         if status == AttemptStatus.INELIGIBLE:
             continue
-        UPSTREAM_LATENCY.labels(route_class=route_class).observe(attempt.elapsed_ms / 1000)
-        where = {
-            "pool": _name(attempt.pool),
-            "assignment": _name(attempt.assignment),
-            "model": _name(attempt.model),
-        }
-        UPSTREAM_ATTEMPTS.labels(**where, status=status).inc()
+        _child(UPSTREAM_LATENCY, route_class).observe(attempt.elapsed_ms / 1000)
+        where = (_name(attempt.pool), _name(attempt.assignment), _name(attempt.model))
+        _child(UPSTREAM_ATTEMPTS, *where, status).inc()
         for direction, tokens in (("input", attempt.input_tokens), ("output", attempt.output_tokens)):
             if tokens:
-                TOKENS.labels(**where, direction=direction).inc(tokens)
+                _child(TOKENS, *where, direction).inc(tokens)
         if attempt.cost_micros:
-            COST.labels(**where).inc(attempt.cost_micros)
+            _child(COST, *where).inc(attempt.cost_micros)
     if exchange.first_output_at is not None:
         ttft = (exchange.first_output_at - exchange.started_at).total_seconds()
-        TIME_TO_FIRST_TOKEN.labels(route=route, transport=transport).observe(max(ttft, 0.0))
+        _child(TIME_TO_FIRST_TOKEN, route, transport).observe(max(ttft, 0.0))
 
 
 def open_circuit_counts() -> list[tuple[str, str, int]]:
