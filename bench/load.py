@@ -354,8 +354,10 @@ def run_scenarios(
                 db_after = backend_cpu(t.database_url, t.application) if t.application else None
                 up_after = upstream_stats(upstream_ports)
                 if up_before and up_after and r.get("ok"):
-                    # new upstream connections per 100 answered requests: ~0 when the target keeps a pool
-                    r["upstream_conns_per_100"] = (up_after[0] - up_before[0]) * 100 / r["ok"]
+                    # new upstream connections per 100 answered requests: ~0 when the target keeps a pool;
+                    # the second reading's own connection to each upstream is not the target's
+                    opened = up_after[0] - up_before[0] - len(upstream_ports)
+                    r["upstream_conns_per_100"] = opened * 100 / r["ok"]
                 if cpu_before is not None and cpu_after is not None and r.get("ok"):
                     # the server's own CPU time per answered request (every worker): comparable between
                     # servers even when other processes on a shared machine take CPU away from them

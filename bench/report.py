@@ -467,7 +467,9 @@ METHOD = """
   steadiest number on a shared machine. (The peers README gives about 14 ms for LiteLLM.)
 - **Upstream connections**: the fast upstreams count the connections they accept; the report shows new
   connections per 100 answered requests during each run (about 0 when a proxy keeps a connection pool;
-  the one pre-flight request per target and scenario is outside the measured runs).
+  the one pre-flight request per target and scenario and the counters' own readings are outside the
+  measured runs). A target's repetitions are about as far apart as the gateway keeps an idle
+  connection (30 s): a pool that expired in between is opened again, up to the concurrency.
 - **Slow upstream**: both upstreams switched at run time to a {delay} ms delay before answering; c=50;
   gateway req/s as a share of direct req/s.
 - **Websocket** (bench/ws.py, run before the HTTP scenarios so that the idle connections cannot
