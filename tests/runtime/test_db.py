@@ -1,14 +1,13 @@
-"""The request path's database executor (runtime.db) and what it relies on: asgiref runs a sync call on
-a given executor when it is not thread-sensitive, and Django keeps one connection per thread, aged by
-`close_old_connections` as CONN_MAX_AGE says; reads and writes run on pools of their own."""
+"""The request path's database executor (runtime.db) and what it relies on: Django keeps one connection
+per thread, aged by `close_old_connections` as CONN_MAX_AGE says; reads and writes run on pools of their
+own, in the caller's context."""
 
 import asyncio
-import inspect
+import contextvars
 import threading
 import time
 
 import pytest
-from asgiref.sync import sync_to_async
 from django.db import connection, connections
 
 from runtime import db
@@ -46,8 +45,13 @@ async def fresh_connections():
     await close_on_every_read_thread()
 
 
-def test_asgiref_takes_an_executor_for_a_call_that_is_not_thread_sensitive():
-    assert {"thread_sensitive", "executor"} <= set(inspect.signature(sync_to_async).parameters)
+REQUEST = contextvars.ContextVar("request", default="none")
+
+
+async def test_a_call_sees_its_callers_context_variables():
+    REQUEST.set("r1")
+    assert await db.run(REQUEST.get) == "r1"
+    assert await db.write(REQUEST.get) == "r1"
 
 
 async def test_reads_and_writes_run_on_threads_of_their_own():
