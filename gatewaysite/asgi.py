@@ -9,6 +9,7 @@
 """
 
 import asyncio
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -103,6 +104,17 @@ def api_responses(get_response):
     return respond
 
 
+def freeze_startup_heap() -> None:
+    """Take what the process holds before its first request (Django, the app's modules, about 140,000
+    objects the collector tracks) out of the cyclic garbage collector's full collections.
+
+    Measured on the bench's PostgreSQL gateway at c=16: each full collection walked all of them, about
+    140 ms of CPU with every request waiting, once every few seconds; after the freeze, about 20 ms.
+    What startup left as garbage is collected first, since frozen objects are never collected."""
+    gc.collect()
+    gc.freeze()
+
+
 async def lifespan(scope, receive, send) -> None:
     """Servers that speak ASGI lifespan (uvicorn) tell us when they stop: drain the ledger then.
     uvicorn ends its process by re-raising SIGTERM, so an atexit hook would never run there
@@ -111,6 +123,7 @@ async def lifespan(scope, receive, send) -> None:
         message = await receive()
         if message["type"] == "lifespan.startup":
             shutdown.install()
+            freeze_startup_heap()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await asyncio.to_thread(ledger.writer.flush)

@@ -238,7 +238,8 @@ atexit.register(writer.flush)
 
 async def record(exchange: Exchange) -> None:
     """Hands the finished exchange to the ledger writer (off the critical path), counts it in the
-    metrics and logs one line: ids, outcome and counts, never content."""
+    metrics and logs one line: ids, outcome, counts and duration, never content (the server's own
+    access line is off, gatewaysite.server)."""
     exchange.finished_at = exchange.finished_at or datetime.now(UTC)
     observe_exchange(exchange)
     tracing.record(exchange)
@@ -256,6 +257,7 @@ async def record(exchange: Exchange) -> None:
                 "status": exchange.status_code,
                 "attempts": attempts,
                 "retries": exchange.retry_count,
+                "duration_ms": round((exchange.finished_at - exchange.started_at).total_seconds() * 1000, 1),
             }
         )
     )

@@ -1,5 +1,7 @@
 """The ledger writer batches off the critical path, and flush() does not wait out its linger."""
 
+import asyncio
+import json
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -323,3 +325,29 @@ def test_a_batch_is_stored_as_submitted_each_attempt_under_its_own_record():
         assert [(a.ordinal, a.model, a.upstream_status, a.config_version) for a in stored] == [
             (a.ordinal, a.model, a.upstream_status, 7) for a in exchange.attempts
         ]
+
+
+def test_each_request_logs_one_structured_line_with_its_duration_and_no_content(caplog):
+    """SPEC §10: one structured line per request (the server's own access line is off), with how
+    long the request took, in milliseconds."""
+    caplog.set_level("INFO", logger="gateway")
+    exchange = _exchange()
+    exchange.started_at = exchange.finished_at - timedelta(milliseconds=1234.5)
+    exchange.served_model = "gpt-5"
+    asyncio.run(ledger.record(exchange))
+    assert ledger.writer.flush(timeout=10)
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway"]
+    assert lines == [
+        {
+            "event": "request",
+            "request_id": exchange.request_id,
+            "route": "/v1/chat/completions",
+            "transport": "http",
+            "served_model": "gpt-5",
+            "outcome": "ok",
+            "status": 200,
+            "attempts": 0,
+            "retries": 0,
+            "duration_ms": 1234.5,
+        }
+    ]
