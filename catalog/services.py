@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpcore
 import httpx
@@ -78,8 +79,16 @@ class GuardedBackend(httpcore.SyncBackend):
 
 
 def guarded_client(timeout: httpx.Timeout | float) -> httpx.Client:
-    """A client for discovery whose connections go through GuardedBackend."""
-    return httpx.Client(timeout=timeout, transport=transport_through(GuardedBackend()), trust_env=False)
+    """A client for discovery whose connections go through GuardedBackend, and that keeps no cookie:
+    it lists every assignment of a sync, and a cookie one account's answer set would go out with the
+    next account's request."""
+    refuse_all = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+    return httpx.Client(
+        timeout=timeout,
+        transport=transport_through(GuardedBackend()),
+        trust_env=False,
+        cookies=refuse_all,
+    )
 
 
 def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:

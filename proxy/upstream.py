@@ -5,8 +5,9 @@ The client is one aiohttp `ClientSession` per event loop (a server runs one loop
 several), called directly: no other module knows the library. Its connector refuses forbidden
 destinations after name resolution (`GuardedResolver`), keeps up to 1,000 connections with a 30 s
 keep-alive, and verifies TLS against certifi's CA bundle without reading the environment (no proxy, no
-SSL_CERT_FILE). A request offers gzip and deflate (`accept-encoding`), never follows a redirect, and
-comes back as a `Response`: its status, its headers, its body decoded as it is read.
+SSL_CERT_FILE). A request offers gzip and deflate (`accept-encoding`), never follows a redirect, never
+carries a cookie (no jar: one account's cookie would reach another's requests), and comes back as a
+`Response`: its status, its headers, its body decoded as it is read.
 
 The dispatch state is decided from aiohttp's own exception, conservatively: only a failure to connect
 (refused, or its connect timeout) is "not sent"; a disconnect or reset once connected may have
@@ -87,7 +88,13 @@ def _session() -> aiohttp.ClientSession:
         ssl=ssl.create_default_context(cafile=certifi.where()),
         resolver=GuardedResolver(),
     )
-    return aiohttp.ClientSession(connector=connector, headers={"accept-encoding": ACCEPT_ENCODING})
+    # No cookie jar: one session serves every account, and a cookie one account's answer set (a
+    # provider edge's load-balancer or bot-management cookie) would go out with another's requests.
+    return aiohttp.ClientSession(
+        connector=connector,
+        headers={"accept-encoding": ACCEPT_ENCODING},
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
 
 
 def _forbidden(exc: BaseException | None) -> bool:

@@ -143,3 +143,41 @@ def test_a_sync_that_changes_the_catalog_moves_the_config_version(fake_upstream_
     before = ConfigVersion.objects.get().value
     _sync()
     assert ConfigVersion.objects.get().value > before
+
+
+def test_a_cookie_one_accounts_listing_sets_is_not_sent_with_anothers(db):
+    """One client lists every assignment of a sync: a cookie set by one account's answer (a provider
+    edge's load-balancer cookie) must not go out with the next account's request."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str | None] = []
+
+    class Listing(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("cookie"))
+            body = json.dumps({"object": "list", "data": [{"id": "gpt-5", "object": "model"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.send_header("set-cookie", "__cf_bm=one-accounts-cookie; Path=/")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Listing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # By name: a cookie jar keeps no cookie of an IP address.
+        base_url = f"http://localhost:{server.server_address[1]}/v1"
+        first = AssignmentFactory(base_url=base_url, discovery=True)
+        second = AssignmentFactory(base_url=base_url, discovery=True)
+        _sync()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _entries(first) == _entries(second) == {"gpt-5": Provenance.OBSERVED}
+    assert seen == [None, None]

@@ -188,3 +188,23 @@ async def test_a_read_body_keeps_its_connection_and_an_abandoned_one_is_closed(s
     # The first two requests shared one connection; the abandoned answer closed it; the third opened
     # another.
     assert (len(server.requests), server.connections, server.closed) == (3, 2, 1)
+
+
+async def test_a_cookie_an_upstream_sets_is_never_sent_back(shared_client):
+    """One client serves every account: a cookie one account's answer sets (a provider's edge sets
+    load-balancer and bot-management cookies) must not ride along on another account's requests."""
+
+    async def cookie(reader, writer):
+        while await server.request(reader):
+            writer.write(answer(b"{}", extra=b"set-cookie: __cf_bm=account-a-cookie; Path=/\r\n"))
+            await writer.drain()
+
+    async with Server(cookie) as server:
+        by_name = server.url.replace("127.0.0.1", "localhost")  # a client's jar keeps no IP's cookies
+        for _ in range(2):
+            response = await upstream.open_stream(
+                "POST", f"{by_name}/v1/chat/completions", headers={}, json={}, read_timeout_s=5
+            )
+            assert await upstream.read_body(response) == b"{}"
+    assert len(server.requests) == 2
+    assert b"cookie" not in server.requests[1][0].lower()
