@@ -10,6 +10,7 @@ So a successful request costs one read before dispatch: the key (with its pools 
 version) and the health, in one statement (`request_state_load`). No per-candidate query anywhere.
 """
 
+import functools
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -267,6 +268,7 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
     return HealthState(found, wide, demoted)
 
 
+@functools.cache  # table and column names only: the same text for the life of the process
 def _request_state_sql() -> str:
     # One statement, so one round trip: the health rows of the key's pools (as `health_sql`) and the
     # key's rows (kind 2, as `key_sql`) side by side, each padded with NULLs where the other has its
