@@ -125,8 +125,10 @@ def build_plan(
     pins: Sequence[HardPin] = (),
     session_assignment_id: int | None = None,
 ) -> Plan | PlanError:
-    marked = [replace(c, cross_model=False) for c in primary] + [
-        replace(c, cross_model=True) for c in fallback
+    # A candidate is a frozen dataclass of some twenty fields: copied only when its mark changes
+    # (`replace` of every candidate was over 1 % of a request's CPU).
+    marked = [c if not c.cross_model else replace(c, cross_model=False) for c in primary] + [
+        c if c.cross_model else replace(c, cross_model=True) for c in fallback
     ]
     allowed = [c for c in marked if is_allowed(c.model, allowed_models)]
     disallowed = tuple(c for c in marked if not is_allowed(c.model, allowed_models))
