@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from proxy import ledger
+from proxy import ledger, spool
 from proxy.exchange import AttemptLog, Exchange
 from proxy.models import RequestRecord
 from routing import services
@@ -351,3 +351,36 @@ def test_each_request_logs_one_structured_line_with_its_duration_and_no_content(
             "duration_ms": 1234.5,
         }
     ]
+
+
+def test_saved_journal_segments_are_emptied_and_reused_not_created_anew():
+    """Each batch moves the journal to another segment; a saved one is emptied and used again
+    instead of a new file being created (and unlinked) for every batch."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    writer = ledger.LedgerWriter()
+    for _ in range(12):  # twelve batches: each flushed before the next is submitted
+        writer.submit(_exchange())
+        writer.submit(_exchange())
+        assert writer.flush(timeout=5)
+    assert writer.journal._next <= spool.FREE_SEGMENTS  # files ever created: reused, not one per batch
+    journals = list(
+        Path(settings.GATEWAY_LEDGER_SPOOL_DIR).glob(f"journal-*-{writer.journal._owner}-*.jsonl")
+    )
+    assert journals and all(path.read_bytes() == b"" for path in journals)  # all saved: nothing to replay
+    assert RequestRecord.objects.count() == 24
+
+
+def test_a_saved_segment_is_reused_only_in_the_spool_directory_it_was_made_in(settings, tmp_path):
+    journal = ledger.LedgerWriter().journal
+    first = _exchange()
+    segment = journal.add(first)
+    journal.rotate()
+    journal.saved(first.request_id, segment)  # saved: emptied and kept for reuse
+    settings.GATEWAY_LEDGER_SPOOL_DIR = str(tmp_path / "elsewhere")
+    second = _exchange()
+    journal.add(second)
+    [path] = (tmp_path / "elsewhere").glob("journal-*.jsonl")
+    assert second.request_id in path.read_text()
