@@ -384,3 +384,17 @@ def test_a_saved_segment_is_reused_only_in_the_spool_directory_it_was_made_in(se
     journal.add(second)
     [path] = (tmp_path / "elsewhere").glob("journal-*.jsonl")
     assert second.request_id in path.read_text()
+
+
+def test_a_full_batch_ends_the_linger_without_a_flush(monkeypatch):
+    monkeypatch.setattr(ledger, "LINGER_S", 30.0)  # a linger no test could wait out
+    monkeypatch.setattr(ledger, "BATCH", 3)
+    writer = ledger.LedgerWriter()
+    exchanges = [_exchange() for _ in range(3)]
+    for exchange in exchanges:
+        writer.submit(exchange)
+    ids = {x.request_id for x in exchanges}
+    deadline = time.monotonic() + 10
+    while RequestRecord.objects.filter(request_id__in=ids).count() < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert RequestRecord.objects.filter(request_id__in=ids).count() == 3
