@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 
 from proxy import ledger, spool
 from proxy.exchange import AttemptLog, Exchange
@@ -398,3 +399,162 @@ def test_a_full_batch_ends_the_linger_without_a_flush(monkeypatch):
     while RequestRecord.objects.filter(request_id__in=ids).count() < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert RequestRecord.objects.filter(request_id__in=ids).count() == 3
+
+
+# Text an array literal would have to quote or escape (PostgreSQL writes each column as one array).
+_AWKWARD = ["NULL", "", "a,b", "{x}", 'say "hi"', "back\\slash", "it's", " padded ", "ünï"]
+
+
+def _mixed_batch(count: int, key_id: int, assignment_id: int) -> list[Exchange]:
+    """`count` exchanges whose nullable columns alternate between NULL and a value, record by record
+    and attempt by attempt, with the text columns' awkward values and costs beyond 32 bits."""
+    exchanges = []
+    for n in range(count):
+        x = _exchange()
+        x.started_at = x.started_at.replace(microsecond=n % 1_000_000)
+        x.key_id = key_id if n % 2 else None
+        x.status_code = None if n % 3 == 0 else 200 + n % 300
+        x.finished_at = None if n % 4 == 0 else x.started_at + timedelta(microseconds=n + 1)
+        x.served_model = _AWKWARD[n % len(_AWKWARD)]
+        x.outcome = _AWKWARD[(n + 1) % len(_AWKWARD)] or "ok"
+        x.operation_id = f"op-{n}" if n % 5 else ""
+        x.retry_count = n % 4
+        x.config_version = None if n % 2 else n
+        x.transport = ["http", "sse", "websocket"][n % 3]
+        x.attempts = [
+            AttemptLog(
+                i,
+                None if (n + i) % 2 else assignment_id,
+                f"model-{n}-{i}",
+                "sse",
+                "failed",
+                "completed",
+                failure_class=_AWKWARD[(n + i) % len(_AWKWARD)],
+                upstream_status=None if i else 500 + n % 100,
+                error_code=_AWKWARD[(n + 2 * i) % len(_AWKWARD)],
+                elapsed_ms=n * 1000 + i,
+                input_tokens=None if (n + i) % 3 == 0 else n,
+                output_tokens=None if (n + i) % 3 == 1 else 70_000 + n,
+                cost_micros=None if (n + i) % 4 == 0 else 5_000_000_000 + n,
+            )
+            for i in range(n % 3)
+        ]
+        exchanges.append(x)
+    return exchanges
+
+
+def _stored(exchanges: list[Exchange]) -> list[tuple]:
+    from proxy.models import Attempt
+
+    records = RequestRecord.objects.filter(request_id__in=[x.request_id for x in exchanges])
+    attempt_fields = ["request__request_id", *(f for f in _ATTEMPT_FIELDS if f != "request_id")]
+    return [
+        *records.values_list(*_RECORD_FIELDS),
+        *Attempt.objects.filter(request__in=records).values_list(*attempt_fields),
+    ]
+
+
+# Read back by name through the ORM: what each column holds, whatever order the INSERT wrote them in.
+_RECORD_FIELDS = (
+    "request_id", "operation_id", "key_id", "route", "transport", "requested_model", "served_model",
+    "outcome", "status_code", "retry_count", "started_at", "finished_at",
+)  # fmt: skip
+_ATTEMPT_FIELDS = (
+    "request_id", "ordinal", "assignment_id", "model", "route_class", "status", "failure_class",
+    "ineligible_reason", "dispatch_state", "upstream_status", "error_code", "config_version",
+    "elapsed_ms", "input_tokens", "output_tokens", "cost_micros",
+)  # fmt: skip
+
+
+def _written(exchanges: list[Exchange]) -> list[tuple]:
+    return [
+        *(
+            (
+                x.request_id,
+                x.operation_id or x.request_id,
+                x.key_id,
+                x.route,
+                x.transport,
+                x.requested_model,
+                x.served_model,
+                x.outcome,
+                x.status_code,
+                x.retry_count,
+                x.started_at,
+                x.finished_at,
+            )
+            for x in exchanges
+        ),
+        *(
+            (
+                x.request_id,
+                a.ordinal,
+                a.assignment_id,
+                a.model,
+                a.route_class,
+                a.status,
+                a.failure_class,
+                a.ineligible_reason,
+                a.dispatch_state,
+                a.upstream_status,
+                a.error_code,
+                x.config_version,
+                a.elapsed_ms,
+                a.input_tokens,
+                a.output_tokens,
+                a.cost_micros,
+            )
+            for x in exchanges
+            for a in x.attempts
+        ),
+    ]
+
+
+@pytest.mark.parametrize("count", [1, 5, 700])
+def test_a_batch_mixing_nulls_and_values_in_every_nullable_column_reads_back_as_written(count):
+    """PostgreSQL writes a batch of more than 50 values as one array per column (5 records and their
+    4 attempts: 60 and 64 values), a smaller one as a VALUES list; SQLite as VALUES lists of at most
+    _PARAMS values (700 records and their 700 attempts take two statements per table there): each way,
+    each value comes back as it went in, NULL or not, and each attempt under its own request's record."""
+    from proxy.services import request_records_write
+    from tests.factories import AssignmentFactory
+
+    key, assignment = GatewayKeyFactory(), AssignmentFactory()
+    exchanges = _mixed_batch(count, key.pk, assignment.pk)
+    request_records_write(exchanges=exchanges)
+    assert sorted(_stored(exchanges), key=repr) == sorted(_written(exchanges), key=repr)
+
+
+def test_a_batch_with_every_nullable_column_null_reads_back_as_written():
+    """A column that is NULL in every row of a batch: its array has no element to type it by."""
+    from proxy.services import request_records_write
+
+    exchanges = _mixed_batch(6, 0, 0)
+    for x in exchanges:
+        x.key_id = x.status_code = x.finished_at = x.config_version = None
+        for a in x.attempts:
+            a.assignment_id = a.upstream_status = a.input_tokens = a.output_tokens = a.cost_micros = None
+    request_records_write(exchanges=exchanges)
+    assert sorted(_stored(exchanges), key=repr) == sorted(_written(exchanges), key=repr)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's arrays and prepared statements")
+def test_the_array_inserts_are_prepared_once_however_their_values_vary():
+    """Each array goes with its column's type whatever its values (small or large ints, all NULL), so
+    psycopg prepares one statement per table, not one per combination of the values' types."""
+    from proxy.services import request_records_write
+    from tests.factories import AssignmentFactory
+
+    key, assignment = GatewayKeyFactory(), AssignmentFactory()
+    for n in range(12):
+        exchanges = _mixed_batch(8, key.pk, assignment.pk)
+        for x in exchanges:
+            x.retry_count = 70_000 if n % 3 == 1 else x.retry_count  # int4, else int2
+            for a in x.attempts:  # int8, int2 and int4, all NULL
+                a.cost_micros = [a.cost_micros and 5_000_000_000, n, None][n % 3]
+                a.elapsed_ms = 70_000 if n % 2 else n
+        request_records_write(exchanges=exchanges)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%unnest%%'")
+        prepared = sorted(statement.split('"')[1] for (statement,) in cursor.fetchall())
+    assert prepared == ["proxy_attempt", "proxy_requestrecord"]
