@@ -65,6 +65,9 @@ async def write_state(deadline: float, write, *args) -> None:
     logged (no content)."""
     try:
         await db.write_within(db_wait_s(deadline), partial(write, *args))
+    except db.DatabaseTimeout:
+        # The designed give-up (the request does not wait past its deadline): a line, no traceback.
+        logger.warning("routing state could not be saved: the database did not answer in time")
     except DatabaseError:
         logger.exception("routing state could not be saved")
 
