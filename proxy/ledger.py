@@ -11,10 +11,13 @@ appended to the process's journal (`proxy.spool.Journal`) as it is submitted, an
 process's journal still holds.
 
 The writer lingers up to LINGER_S after the first record of a batch for more to arrive, asleep (a
-record submitted meanwhile does not wake it; a flush or a full batch does). A batch of
-one cost about 0.5 ms of ORM Python (holding the GIL) against about 0.1 ms per record in a batch of
-twenty; at low concurrency every request's lone record competed with the next request on the event
-loop (about 1.4 ms of a c=1 request's added latency). `flush` cuts the linger short.
+record submitted meanwhile does not wake it; a flush or a full batch does). A batch costs about as
+much for one record as for ten: on PostgreSQL about 1.1 ms of the writer's CPU (holding the GIL) and
+1.1 ms of the database backend's, then about 0.13 ms of each per record (bench/profile.md). Lingering
+0.1 s holds that fixed cost to ten batches a second at any load, where 20 ms let it be fifty: at
+c=16 about 0.3 ms of CPU per request (gateway and database) less. The ledger is that much later,
+never lost (the journal holds each record meanwhile); a budget hold is settled that much later.
+`flush` cuts the linger short.
 """
 
 import atexit
@@ -43,7 +46,7 @@ from runtime import db
 log = logging.getLogger("gateway")
 
 BATCH = 200
-LINGER_S = 0.02  # how long a batch may wait for company: the ledger is this much later, never lost
+LINGER_S = 0.1  # how long a batch may wait for company: the ledger is this much later, never lost
 RETRIES = 3  # about 0.15 s of backoff, then the batch goes to the spool
 REPLAY_EVERY_S = 1.0  # how often a writer with spooled records tries the database again
 PRUNE_EVERY_S = 60.0
@@ -105,9 +108,10 @@ class LedgerWriter:
             except queue.Empty:
                 self._replay()
                 continue
-            if taken[0] is not _FLUSH:
+            if taken[0] is not _FLUSH and self._queue.qsize() + 1 < BATCH:
                 # What arrives meanwhile waits in the queue: the thread is not woken for each record
-                # (a wake-up and a GIL hand-off per request), only by a flush or a full batch.
+                # (a wake-up and a GIL hand-off per request), only by a flush or a full batch. A full
+                # batch already waiting (left from a burst the last batch did not take) is taken at once.
                 self._hurry.wait(LINGER_S)
             self._hurry.clear()
             while len(taken) < BATCH and taken[-1] is not _FLUSH:

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -399,6 +400,38 @@ def test_a_full_batch_ends_the_linger_without_a_flush(monkeypatch):
     while RequestRecord.objects.filter(request_id__in=ids).count() < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert RequestRecord.objects.filter(request_id__in=ids).count() == 3
+
+
+def test_a_full_batch_left_waiting_is_taken_without_a_linger(monkeypatch):
+    """A burst that arrived while a batch was being saved leaves more than one batch waiting; once no
+    record arrives any more, the batch after the next still goes at once, not after the linger."""
+    from proxy import services
+
+    monkeypatch.setattr(ledger, "LINGER_S", 30.0)  # a linger no test could wait out
+    monkeypatch.setattr(ledger, "BATCH", 4)
+    saving, release = threading.Event(), threading.Event()
+    write = services.request_records_write
+
+    def first_blocks(**kwargs):
+        if not saving.is_set():
+            saving.set()
+            release.wait(10)
+        return write(**kwargs)
+
+    monkeypatch.setattr(services, "request_records_write", first_blocks)
+    writer = ledger.LedgerWriter()
+    exchanges = [_exchange() for _ in range(12)]
+    for exchange in exchanges[:5]:  # the fifth fills a batch behind the lingering first
+        writer.submit(exchange)
+    assert saving.wait(10)  # the first batch (four records) is being saved
+    for exchange in exchanges[5:]:  # the burst: eight records wait, two batches
+        writer.submit(exchange)
+    release.set()
+    ids = {x.request_id for x in exchanges}
+    deadline = time.monotonic() + 10
+    while RequestRecord.objects.filter(request_id__in=ids).count() < 12 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert RequestRecord.objects.filter(request_id__in=ids).count() == 12
 
 
 # Text an array literal would have to quote or escape (PostgreSQL writes each column as one array).
