@@ -141,7 +141,8 @@ async def iter_body(
         if wait <= 0:
             raise BodyTimeout
         try:
-            message = await asyncio.wait_for(receive(), wait)
+            async with asyncio.timeout(wait):  # not wait_for: it would wrap each receive in a task
+                message = await receive()
         except TimeoutError:
             raise BodyTimeout from None
         if message["type"] == "http.disconnect":

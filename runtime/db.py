@@ -73,9 +73,15 @@ def _call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         close_old_connections()  # closes at once when CONN_MAX_AGE is 0
 
 
-async def _on(executor: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+def _submit(
+    executor: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> asyncio.Future[T]:
     call = functools.partial(contextvars.copy_context().run, _call, fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(executor, call)
+    return asyncio.get_running_loop().run_in_executor(executor, call)
+
+
+async def _on(executor: ThreadPoolExecutor, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    return await _submit(executor, fn, *args, **kwargs)
 
 
 async def run(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -96,7 +102,9 @@ async def run_within(timeout_s: float, fn: Callable[P, T], *args: P.args, **kwar
     """`run`, answering DatabaseTimeout after `timeout_s`. The blocked thread finishes on its own
     once the database answers or its connection breaks; the request does not wait for it."""
     try:
-        return await asyncio.wait_for(run(fn, *args, **kwargs), timeout_s)
+        # The pool's future itself, not a coroutine awaiting it: wait_for would wrap that in a task
+        # of its own (about 30 us of CPU a request).
+        return await asyncio.wait_for(_submit(_executor, fn, *args, **kwargs), timeout_s)
     except TimeoutError:
         raise DatabaseTimeout from None
 

@@ -284,6 +284,34 @@ def test_a_client_that_drips_its_headers_is_dropped(served):
         assert dropped, "a client dripping its headers was never dropped"
 
 
+def test_a_client_whose_body_stops_arriving_gets_a_typed_408_after_the_idle_limit(served):
+    body = json.dumps(CHAT).encode()
+    with _connect(served) as sock:
+        sock.sendall(
+            _head(
+                "/v1/chat/completions",
+                {
+                    "authorization": f"Bearer {KEY}",
+                    "content-type": "application/json",
+                    "content-length": str(len(body)),
+                },
+            )
+            + body[: len(body) // 2]  # then nothing: neither the rest nor a disconnect
+        )
+        started = time.monotonic()
+        sock.settimeout(BODY_TIMEOUT_S + 5)
+        answered = b""
+        try:
+            while part := sock.recv(65536):  # to the end: the server closes the connection
+                answered += part
+        except TimeoutError:
+            pass
+        took = time.monotonic() - started
+    assert answered.startswith(b"HTTP/1.1 408"), answered[:200]
+    assert b'"request_timeout"' in answered
+    assert took < BODY_TIMEOUT_S, f"answered after {took:.1f} s, not by the {CLIENT_TIMEOUT_S} s idle limit"
+
+
 def test_a_client_that_drips_its_body_gets_a_typed_408_and_is_dropped(served):
     body = json.dumps(CHAT).encode()
     with _connect(served) as sock:
