@@ -284,20 +284,21 @@ def test_a_client_that_drips_its_headers_is_dropped(served):
         assert dropped, "a client dripping its headers was never dropped"
 
 
+def _chat_head(body: bytes) -> bytes:
+    return _head(
+        "/v1/chat/completions",
+        {
+            "authorization": f"Bearer {KEY}",
+            "content-type": "application/json",
+            "content-length": str(len(body)),
+        },
+    )
+
+
 def test_a_client_whose_body_stops_arriving_gets_a_typed_408_after_the_idle_limit(served):
     body = json.dumps(CHAT).encode()
     with _connect(served) as sock:
-        sock.sendall(
-            _head(
-                "/v1/chat/completions",
-                {
-                    "authorization": f"Bearer {KEY}",
-                    "content-type": "application/json",
-                    "content-length": str(len(body)),
-                },
-            )
-            + body[: len(body) // 2]  # then nothing: neither the rest nor a disconnect
-        )
+        sock.sendall(_chat_head(body) + body[: len(body) // 2])  # then nothing, nor a disconnect
         started = time.monotonic()
         sock.settimeout(BODY_TIMEOUT_S + 5)
         answered = b""
@@ -315,16 +316,7 @@ def test_a_client_whose_body_stops_arriving_gets_a_typed_408_after_the_idle_limi
 def test_a_client_that_drips_its_body_gets_a_typed_408_and_is_dropped(served):
     body = json.dumps(CHAT).encode()
     with _connect(served) as sock:
-        sock.sendall(
-            _head(
-                "/v1/chat/completions",
-                {
-                    "authorization": f"Bearer {KEY}",
-                    "content-type": "application/json",
-                    "content-length": str(len(body)),
-                },
-            )
-        )
+        sock.sendall(_chat_head(body))
         answered = None
         for byte in body:  # each part in time (0.5 s < 1 s), the whole never (3 s)
             try:
