@@ -69,7 +69,7 @@ class LedgerWriter:
     def submit(self, exchange: Exchange) -> None:
         self._ensure_thread()
         self._queue.put((exchange, self.journal.add(exchange)))
-        if self._queue.qsize() >= BATCH:
+        if self._queue.qsize() + 1 >= BATCH:  # with the record a lingering writer already holds
             self._hurry.set()
 
     def held(self, exchange: Exchange, *, lasting: bool = False) -> None:

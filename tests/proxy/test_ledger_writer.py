@@ -393,7 +393,11 @@ def test_a_full_batch_ends_the_linger_without_a_flush(monkeypatch):
     monkeypatch.setattr(ledger, "BATCH", 3)
     writer = ledger.LedgerWriter()
     exchanges = [_exchange() for _ in range(3)]
-    for exchange in exchanges:
+    writer.submit(exchanges[0])
+    deadline = time.monotonic() + 10
+    while not writer._queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the writer took the first and lingers with it: two more make the batch
+    for exchange in exchanges[1:]:
         writer.submit(exchange)
     ids = {x.request_id for x in exchanges}
     deadline = time.monotonic() + 10
