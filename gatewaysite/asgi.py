@@ -1,9 +1,11 @@
 """ASGI entry point.
 
-- `/v1/...`: the client API, served by a Django handler with NO middleware (runtime.handler). Django's
-  stock middleware is sync code that an async request must hop to a thread for (and WhiteNoise is
-  sync-only, which forces the whole chain into a thread); the API authenticates with gateway keys,
-  needs no session, CSRF or static files, and sets its own headers, so it skips all of it.
+- `/v1/...`: the client API. Its proxied routes (proxy.views.PROXIED) are answered straight on ASGI
+  (runtime.reply), without Django's request and response objects; the others (models, files) by a
+  Django handler with NO middleware (runtime.handler). Django's stock middleware is sync code that an
+  async request must hop to a thread for (and WhiteNoise is sync-only, which forces the whole chain
+  into a thread); the API authenticates with gateway keys, needs no session, CSRF or static files,
+  and sets its own headers, so it skips all of it.
 - everything else over HTTP (admin, health, metrics): the full Django stack.
 - websockets: the proxy's consumers.
 """
@@ -11,6 +13,7 @@
 import asyncio
 import gc
 import os
+from functools import partial
 
 from django.core.asgi import get_asgi_application
 
@@ -19,12 +22,12 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.urls import re_path  # noqa: E402
 
-from proxy import edge, files, ledger, shutdown, upstream  # noqa: E402
+from proxy import edge, files, ledger, shutdown, upstream, views  # noqa: E402
 from proxy.ingress import bearer, typed_response  # noqa: E402
 from proxy.routing import websocket_urlpatterns  # noqa: E402
 from runtime.handler import BareHandler  # noqa: E402
+from runtime.reply import Reply, respond  # noqa: E402
 
 
 class ApiHandler(BareHandler):
@@ -33,7 +36,8 @@ class ApiHandler(BareHandler):
     The body is read here, not by Django (which spools all of it to a temporary file first): only
     once the headers showed a known key and an acceptable `content-length`, as a stream refused the
     moment it passes the limit, within the client timeouts (`proxy.edge`). A request whose body
-    was left unread reaches its view with `request.gateway_refusal` set and an empty body."""
+    was left unread reaches its view with the refusal (`request.gateway_refusal` for a Django view)
+    and an empty body."""
 
     async def handle(self, scope, receive, send) -> None:
         path = scope["path"]
@@ -65,12 +69,32 @@ class ApiHandler(BareHandler):
                 await self.send_response(response, send)
                 return
 
+        if path in views.PROXIED:
+            await respond(
+                receive,
+                send,
+                partial(self.proxied, path, scope["method"], headers, body, refusal),
+                watch_disconnect=refusal is None,
+            )
+            return
+
         def setup(request) -> None:
             request.gateway_refusal = refusal
 
         # With its body unread, the next message would be body, not a disconnect; such an answer
         # needs nothing slow (no upstream), so there is nothing to watch.
         await self.serve(scope, receive, send, body, setup=setup, watch_disconnect=refusal is None)
+
+    @staticmethod
+    async def proxied(
+        path: str, method: str, headers: dict[str, str], body: bytes, refusal: str | None
+    ) -> Reply:
+        """A proxied route's answer (proxy.views), with what api_responses gives Django's."""
+        reply = await views.proxied(path, method, headers, body, refusal)
+        if refusal is not None:
+            reply["connection"] = "close"
+        reply["x-content-type-options"] = "nosniff"
+        return reply
 
     def around(self, get_response):
         return api_responses(get_response)
@@ -132,9 +156,16 @@ async def lifespan(scope, receive, send) -> None:
             return
 
 
+api = ApiHandler()
+
+
+async def http(scope, receive, send) -> None:
+    await (api if scope["path"].startswith("/v1/") else django_asgi_app)(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter([re_path(r"^v1/", ApiHandler()), re_path(r"", django_asgi_app)]),
+        "http": http,
         "websocket": URLRouter(websocket_urlpatterns),
         "lifespan": lifespan,
     }

@@ -10,15 +10,11 @@ urlpatterns = [
     path("healthz", health.healthz),
     path("readyz", health.readyz),
     path("metrics", metrics_view),
-    path("v1/chat/completions", proxy.chat_completions),
-    path("v1/responses", proxy.responses),
-    path("v1/responses/compact", proxy.responses_compact),
-    path("v1/messages", proxy.messages),
-    path("v1/messages/count_tokens", proxy.messages_count_tokens),
+    # The proxied POST routes (chat completions, responses, messages, embeddings) are answered at the
+    # ASGI edge (gatewaysite.asgi, proxy.views.PROXIED), without Django's request and response.
     path("v1/models", proxy.models),
     # A model id may hold slashes (OpenRouter's `openai/gpt-5`).
     path("v1/models/<path:model_id>", proxy.model),
-    path("v1/embeddings", proxy.embeddings),
     # POST v1/files (the upload) is served at the ASGI edge before its body is read (gatewaysite.asgi).
     path("v1/files/<str:file_id>", files.file_object),
     path("v1/files/<str:file_id>/content", files.file_content),

@@ -53,8 +53,13 @@ def body_limit(path: str) -> int:
 
 
 def headers_of(scope: Mapping) -> dict[str, str]:
-    """An ASGI scope's headers as a dict of lowercase names (the last value of a repeated header)."""
-    return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+    """An ASGI scope's headers as a dict of lowercase names; a repeated header's values joined by commas,
+    as Django's `request.headers` joins them."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]},{value}" if name in headers else value
+    return headers
 
 
 def declared_length(headers: Mapping[str, str]) -> int | None:

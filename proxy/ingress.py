@@ -17,9 +17,8 @@ from datetime import UTC, datetime
 from functools import partial
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 
 from pools.selectors import Authenticated
 from proxy import edge, limits
@@ -53,6 +52,7 @@ from routing.services import Seen
 from routing.types import Candidate, Requirements, RouteClass
 from routing.vocabulary import ClientRoute
 from runtime import db
+from runtime.reply import Reply
 
 # The routes a request may stream from, and the dialect its stream is framed in.
 DIALECTS = {route: api.dialect for route, api in STREAMING.items()}
@@ -82,7 +82,7 @@ def typed_response(route: str, code: str, param: str | None = None) -> HttpRespo
     return response
 
 
-def request_id_headers(response: HttpResponse, request_id: str) -> None:
+def request_id_headers(response: HttpResponse | Reply, request_id: str) -> None:
     """The gateway's request id under the names the SDKs read into their exceptions (SPEC §4):
     `x-request-id` (openai) and `request-id` (anthropic)."""
     response["x-gateway-request-id"] = request_id
@@ -106,15 +106,11 @@ def bearer(headers: Mapping[str, str]) -> str:
     return headers.get("x-api-key", "").strip()
 
 
-def parse_body(request: HttpRequest) -> dict:
-    """The request's JSON body, checked (`validate_body`); RequestFailed with the typed code else."""
-    refusal = getattr(request, "gateway_refusal", None)  # the body was left unread (gatewaysite.asgi)
+def parse_body(raw: bytes, refusal: str | None = None) -> dict:
+    """The request's JSON body, checked (`validate_body`); RequestFailed with the typed code else.
+    `refusal`: why the edge left the body unread (gatewaysite.asgi)."""
     if refusal is not None:
         raise RequestFailed(refusal)
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise RequestFailed("request_too_large") from None
     if len(raw) > settings.GATEWAY_MAX_BODY_BYTES:
         raise RequestFailed("request_too_large")
     try:

@@ -2,14 +2,15 @@
 (`proxy.ingress.prepare`) and the relay.
 """
 
+import logging
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
 
 from pools.selectors import key_authenticate
 from proxy.apis.chat import error_body
@@ -33,9 +34,39 @@ from routing.resolution import is_allowed
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute
 from runtime import db
+from runtime.reply import Reply
+
+# The proxied routes, served straight on ASGI (gatewaysite.asgi), without Django's request and response.
+PROXIED = frozenset(
+    {
+        ClientRoute.CHAT_COMPLETIONS,
+        ClientRoute.RESPONSES,
+        COMPACT,
+        ClientRoute.MESSAGES,
+        ClientRoute.COUNT_TOKENS,
+        ClientRoute.EMBEDDINGS,
+    }
+)
+logger = logging.getLogger("django.request")  # where Django logs what escapes a view
 
 
-async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
+async def proxied(
+    path: str, method: str, headers: Mapping[str, str], raw: bytes, refusal: str | None
+) -> Reply:
+    """The answer to a request on one of the PROXIED routes: its body `raw` (empty when the edge left it
+    unread, `refusal` saying why), `headers` with lowercase names."""
+    if method != "POST":
+        reply = _reply_of(typed_response(path, "method_not_allowed"))
+        reply["allow"] = "POST"
+        return reply
+    try:
+        return await _proxy(path, headers, raw, refusal)
+    except Exception as exc:
+        logger.error("Internal Server Error: %s", path, exc_info=exc)
+        return _reply_of(typed_response(path, "internal_error"))
+
+
+async def _proxy(path: str, headers: Mapping[str, str], raw: bytes, refusal: str | None) -> Reply:
     started_mono = time.monotonic()
     exchange = Exchange(
         request_id=uuid.uuid4().hex,
@@ -46,77 +77,74 @@ async def _proxy(request: HttpRequest, path: str) -> HttpResponse:
         started_at=datetime.now(UTC),
     )
     try:
-        exchange.operation_id = operation_id(request.headers) or exchange.request_id
-        response = await _handle(request, path, exchange, started_mono)
+        exchange.operation_id = operation_id(headers) or exchange.request_id
+        reply = await _handle(path, headers, raw, refusal, exchange, started_mono)
     except RequestFailed as failed:
-        response = typed_failure(exchange, failed.code, failed.param)
+        reply = _reply_of(typed_failure(exchange, failed.code, failed.param))
         if failed.retry_after is not None:
-            response["retry-after"] = str(failed.retry_after)
+            reply["retry-after"] = str(failed.retry_after)
         await record(exchange)
-    request_id_headers(response, exchange.request_id)
-    response["x-gateway-operation-id"] = exchange.operation_id or exchange.request_id
-    return response
+    request_id_headers(reply, exchange.request_id)
+    reply["x-gateway-operation-id"] = exchange.operation_id or exchange.request_id
+    return reply
 
 
-async def _handle(request: HttpRequest, path: str, exchange: Exchange, started: float) -> HttpResponse:
-    refusal = getattr(request, "gateway_refusal", None)
+def _reply_of(response: HttpResponse) -> Reply:
+    """A typed error response (proxy.ingress, shared with the other ingresses) as a Reply."""
+    return Reply(
+        response.status_code, response.content, headers=[(n.lower(), v) for n, v in response.items()]
+    )
+
+
+async def _handle(
+    path: str,
+    headers: Mapping[str, str],
+    raw: bytes,
+    refusal: str | None,
+    exchange: Exchange,
+    started: float,
+) -> Reply:
     if refusal in ("authentication_error", "gateway_unavailable"):
         raise RequestFailed(refusal)  # the edge found no such key, or no database: no second lookup
     try:
-        body, body_error = parse_body(request), None
+        body, body_error = parse_body(raw, refusal), None
     except RequestFailed as failed:
         body, body_error = None, failed
     # Only the routes that stream (DIALECTS) do: an embeddings body's `stream` is the upstream's to judge.
     streaming = body is not None and body.get("stream") is True and path in DIALECTS
     relay = await prepare(
         exchange,
-        headers=request.headers,
+        headers=headers,
         path=path,
         body=body,
         body_error=body_error,
-        body_size=len(request.body) if body is not None else 0,
+        body_size=len(raw) if body is not None else 0,
         started=started,
         route_class=RouteClass.SSE if streaming else RouteClass.HTTP,
         dialect=DIALECTS.get(path) if streaming else None,
-        raw=request.body if body is not None else None,
+        raw=raw if body is not None else None,
     )
     result = await relay.run()
     if isinstance(result, Stream):
-        response: HttpResponse = StreamingHttpResponse(result.chunks, content_type="text/event-stream")
-        response["cache-control"] = "no-cache"
+        reply = Reply(
+            200,
+            chunks=result.chunks,
+            headers=[("content-type", "text/event-stream"), ("cache-control", "no-cache")],
+        )
     else:
         assert isinstance(result, Final)
-        response = HttpResponse(result.body, status=result.status, content_type=result.content_type)
+        reply = Reply(result.status, result.body, headers=[("content-type", result.content_type)])
         if result.should_retry is not None:
-            response["x-should-retry"] = "true" if result.should_retry else "false"
+            reply["x-should-retry"] = "true" if result.should_retry else "false"
         if result.retry_after is not None:
-            response["retry-after"] = str(result.retry_after)
+            reply["retry-after"] = str(result.retry_after)
         for name, value in result.headers:
-            response[name] = value
-    response["x-gateway-attempts"] = str(exchange.attempts_made)
-    response["x-gateway-served-model"] = exchange.served_model
+            reply[name] = value
+    reply["x-gateway-attempts"] = str(exchange.attempts_made)
+    reply["x-gateway-served-model"] = exchange.served_model
     if exchange.model_fallback or exchange.fallback_reason:
-        response["x-gateway-model-fallback"] = exchange.served_model
-    return response
-
-
-def _proxied(path: str):
-    """The view of one proxied POST route."""
-
-    @csrf_exempt
-    @require_POST
-    async def view(request: HttpRequest) -> HttpResponse:
-        return await _proxy(request, path)
-
-    return view
-
-
-chat_completions = _proxied(ClientRoute.CHAT_COMPLETIONS)
-responses = _proxied(ClientRoute.RESPONSES)
-responses_compact = _proxied(COMPACT)
-messages = _proxied(ClientRoute.MESSAGES)
-messages_count_tokens = _proxied(ClientRoute.COUNT_TOKENS)
-embeddings = _proxied(ClientRoute.EMBEDDINGS)
+        reply["x-gateway-model-fallback"] = exchange.served_model
+    return reply
 
 
 def _models_for(key) -> list[str]:
