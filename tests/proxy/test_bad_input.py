@@ -154,3 +154,29 @@ def test_the_key_in_x_api_key_is_accepted_and_never_forwarded(gateway, two_assig
     (hit,) = a.hits
     assert hit.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert GATEWAY_KEY not in json.dumps(hit.headers)
+
+
+def test_a_bug_on_a_proxied_route_is_a_typed_500_logged_without_the_body(
+    gateway, two_assignments, monkeypatch, caplog
+):
+    """What escapes the request path (a bug, never the client's mistake) is answered as Django's
+    handler answered it on the API: a typed `internal_error`, and the traceback under `django.request`
+    with the path, never the body."""
+    from proxy import views
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("the request path broke")
+
+    monkeypatch.setattr(views, "_proxy", broken)
+    caplog.set_level("ERROR", logger="django.request")
+    canary = "canary-prompt-7f3a"
+    body = {"model": "gpt-5", "messages": [{"role": "user", "content": canary}]}
+    response = post(gateway, CHAT_PATH, body)
+    _assert_typed(response, 500, "internal_error")
+    assert response.headers["x-content-type-options"] == "nosniff"
+    logged = [r for r in caplog.records if r.name == "django.request"]
+    assert [r.getMessage() for r in logged] == [f"Internal Server Error: {CHAT_PATH}"]
+    assert "the request path broke" in caplog.text  # its traceback
+    assert canary not in caplog.text
+    a, b, _ = two_assignments
+    assert_hits((a, 0), (b, 0))
