@@ -777,11 +777,15 @@ def test_an_oversized_handshake_is_never_upgraded(edge, case):
         check.records = 0
 
 
+# Not strict: the 431 did reach the client once (a CI run on 2026-12-02), so whether uvicorn's output is
+# flushed depends on timing. What must hold whatever it does (never upgraded, the server unharmed) is
+# test_an_oversized_handshake_is_never_upgraded's.
 @pytest.mark.xfail(
-    strict=True,
-    reason="uvicorn's websockets-sansio protocol never writes the 431 that websockets' parser prepares "
-    "for an oversized handshake header (it only flushes output after a parsed request), so the client "
-    "waits for an answer that never comes; not the gateway's code. Remove this mark when uvicorn answers.",
+    strict=False,
+    reason="uvicorn's websockets-sansio protocol mostly never writes the 431 that websockets' parser "
+    "prepares for an oversized handshake header (it only flushes output after a parsed request), so the "
+    "client waits for an answer that never comes; not the gateway's code. Remove this mark when uvicorn "
+    "answers every time.",
 )
 def test_an_oversized_handshake_header_is_answered_with_431(gateway):
     conversation = raw_conversation(gateway, [AUTH_LINE, b"x-gateway-session: " + b"9" * 9 * 1024], timeout=1)
