@@ -22,6 +22,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
+from django.http import HttpResponse  # noqa: E402
 
 from proxy import edge, files, ledger, shutdown, upstream, views  # noqa: E402
 from proxy.ingress import bearer, typed_response  # noqa: E402
@@ -44,7 +45,7 @@ class ApiHandler(BareHandler):
         if path == edge.UPLOAD_PATH and scope["method"] == "POST":
             # A file upload streams its body to the upstream itself (proxy.files), never read here.
             response = await files.upload(scope, receive)
-            response["x-content-type-options"] = "nosniff"
+            api_headers(response, body_unread=False)
             await self.send_response(response, send)
             return
         headers = edge.headers_of(scope)
@@ -64,8 +65,7 @@ class ApiHandler(BareHandler):
                 refusal = "request_too_large"
             except edge.BodyTimeout:
                 response = typed_response(path, "request_timeout")
-                response["connection"] = "close"
-                response["x-content-type-options"] = "nosniff"
+                api_headers(response, body_unread=True)
                 await self.send_response(response, send)
                 return
 
@@ -89,11 +89,9 @@ class ApiHandler(BareHandler):
     async def proxied(
         path: str, method: str, headers: dict[str, str], body: bytes, refusal: str | None
     ) -> Reply:
-        """A proxied route's answer (proxy.views), with what api_responses gives Django's."""
+        """A proxied route's answer (proxy.views), with the headers every `/v1/` answer gets."""
         reply = await views.proxied(path, method, headers, body, refusal)
-        if refusal is not None:
-            reply["connection"] = "close"
-        reply["x-content-type-options"] = "nosniff"
+        api_headers(reply, body_unread=refusal is not None)
         return reply
 
     def around(self, get_response):
@@ -106,9 +104,8 @@ DJANGO_ANSWERS = {404: "not_found", 405: "method_not_allowed", 500: "internal_er
 
 
 def api_responses(get_response):
-    """What every `/v1/` response gets, with no middleware to give it: a typed JSON body whatever went
-    wrong, `nosniff` (SecurityMiddleware's header), and `connection: close` when the body was left
-    unread."""
+    """What every `/v1/` response of a Django view gets, with no middleware to give it: a typed JSON body
+    whatever went wrong, and `api_headers`."""
 
     async def respond(request):
         response = await get_response(request)
@@ -118,14 +115,19 @@ def api_responses(get_response):
             response = typed_response(request.path, code)
             if allow:
                 response["allow"] = allow
-        if getattr(request, "gateway_refusal", None) is not None:
-            # The rest of the body may still be on its way: close rather than read it to reuse the
-            # connection.
-            response["connection"] = "close"
-        response["x-content-type-options"] = "nosniff"
+        api_headers(response, body_unread=getattr(request, "gateway_refusal", None) is not None)
         return response
 
     return respond
+
+
+def api_headers(response: HttpResponse | Reply, *, body_unread: bool) -> None:
+    """The headers every `/v1/` answer gets, whichever handler sent it: `nosniff` (SecurityMiddleware's
+    header), and `connection: close` when the body was left unread (the rest of it may still be on its
+    way: closing is cheaper than reading it to reuse the connection)."""
+    if body_unread:
+        response["connection"] = "close"
+    response["x-content-type-options"] = "nosniff"
 
 
 def freeze_startup_heap() -> None:
