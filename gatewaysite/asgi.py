@@ -27,6 +27,7 @@ from django.http import HttpResponse  # noqa: E402
 from proxy import edge, files, ledger, shutdown, upstream, views  # noqa: E402
 from proxy.ingress import bearer, typed_response  # noqa: E402
 from proxy.routing import websocket_urlpatterns  # noqa: E402
+from runtime import loopdb  # noqa: E402
 from runtime.handler import BareHandler  # noqa: E402
 from runtime.reply import Reply, respond  # noqa: E402
 
@@ -141,6 +142,12 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+async def close_clients() -> None:
+    """Close what the running loop holds open: its upstream client, its database connections."""
+    await upstream.close_client()
+    await loopdb.close()
+
+
 async def lifespan(scope, receive, send) -> None:
     """Servers that speak ASGI lifespan (uvicorn) tell us when they stop: drain the ledger then.
     uvicorn ends its process by re-raising SIGTERM, so an atexit hook would never run there
@@ -153,7 +160,7 @@ async def lifespan(scope, receive, send) -> None:
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             await asyncio.to_thread(ledger.writer.flush)
-            await upstream.close_client()
+            await close_clients()
             await send({"type": "lifespan.shutdown.complete"})
             return
 

@@ -79,7 +79,8 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'gateway.sqlite3'}"),
 }
 # The request path's queries run on runtime.db's few threads (and the ledger writer's), each keeping
-# its connection; the health check reconnects after a database restart (runtime.db.reuse runs it only on
+# its connection, and on PostgreSQL its read before dispatch on the event loop's own pool (runtime.loopdb,
+# kept as long); the health check reconnects after a database restart (runtime.db.reuse runs it only on
 # a connection that may be broken, not before every call).
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=300))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -47,11 +47,21 @@ from routing.route import (
     parse_requirements_header,
 )
 from routing.sanitize import valid as valid_field
-from routing.selectors import RouteSettings, RoutingInputs, request_state_load, routing_inputs_load
+from routing.selectors import (
+    ConfigSnapshot,
+    HealthState,
+    RouteSettings,
+    RoutingInputs,
+    config_cached,
+    request_state_from_rows,
+    request_state_load,
+    request_state_query,
+    routing_inputs_load,
+)
 from routing.services import Seen
 from routing.types import Candidate, Requirements, RouteClass
 from routing.vocabulary import ClientRoute
-from runtime import db
+from runtime import db, loopdb
 from runtime.reply import Reply
 
 # The routes a request may stream from, and the dialect its stream is framed in.
@@ -192,41 +202,89 @@ def headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """Everything the request path reads from the database, fetched in one thread hop (and, for a
-    request that names no affinity and finds its configuration cached, one statement)."""
+    """Everything the request path reads from the database: for a request that names no affinity and
+    finds its configuration cached, one statement."""
 
     authenticated: Authenticated
     inputs: RoutingInputs | None = None
 
 
-def _load(
-    raw_key: str,
-    body: dict | None,
-    path: str,
-    session_key: str | None,
-    now: datetime,
-    route_class: RouteClass,
-    file_ids: tuple[str, ...] = (),
-) -> Loaded | None:
-    state = request_state_load(raw_key, route_class=route_class, now=now)
+@dataclass(frozen=True, slots=True)
+class ReadArgs:
+    """What the request's read needs to know of the request."""
+
+    raw_key: str
+    body: dict | None
+    path: str
+    session_key: str | None
+    now: datetime
+    route_class: RouteClass
+    file_ids: tuple[str, ...] = ()
+
+    def inputs_load(
+        self, authenticated: Authenticated, health: HealthState, config: ConfigSnapshot | None = None
+    ) -> RoutingInputs:
+        assert self.body is not None
+        return routing_inputs_load(
+            key_id=authenticated.key.key_id,
+            pool_ids=authenticated.key.pool_ids,
+            route_class=self.route_class,
+            now=self.now,
+            config_version=authenticated.config_version,
+            previous_response_id=self.previous_response_id(),
+            session_key=self.session_key,
+            file_ids=self.file_ids,
+            health=health,
+            config=config,
+        )
+
+    def previous_response_id(self) -> str | None:
+        previous = self.body.get("previous_response_id") if self.body is not None else None
+        return previous if self.path in RESPONSES_ROUTES and isinstance(previous, str) else None
+
+    def names_affinity(self) -> bool:
+        return bool(self.session_key or self.file_ids or self.previous_response_id())
+
+
+def _load(args: ReadArgs) -> Loaded | None:
+    """The read on runtime.db's threads (SQLite)."""
+    state = request_state_load(args.raw_key, route_class=args.route_class, now=args.now)
     if state is None:
         return None
     authenticated, health = state
-    if body is None:
+    if args.body is None:
         return Loaded(authenticated)
-    key = authenticated.key
-    previous = body.get("previous_response_id")
-    inputs = routing_inputs_load(
-        key_id=key.key_id,
-        pool_ids=key.pool_ids,
-        route_class=route_class,
-        now=now,
-        config_version=authenticated.config_version,
-        previous_response_id=previous if path in RESPONSES_ROUTES and isinstance(previous, str) else None,
-        session_key=session_key,
-        file_ids=file_ids,
-        health=health,
-    )
+    return Loaded(authenticated, args.inputs_load(authenticated, health))
+
+
+async def _read(args: ReadArgs, deadline: float) -> Loaded | None:
+    """The request's read by `deadline` (monotonic). On PostgreSQL its statement runs on the event loop
+    (runtime.loopdb), and so does the routing state built from it when the configuration is cached and
+    no affinity is named; else what is left goes to runtime.db's threads, and all of it when the loop's
+    pool has no connection to give."""
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), MIN_READ_S)
+
+    if not loopdb.available():
+        return await db.run_within(left(), _load, args)
+    query = request_state_query(args.raw_key, route_class=args.route_class, now=args.now)
+    if query is None:
+        return None
+    try:
+        rows = await loopdb.fetch_within(left(), query.sql, query.params)
+    except loopdb.NoConnection:
+        return await db.run_within(left(), _load, args)
+    state = request_state_from_rows(rows, query.digest)
+    if state is None:
+        return None
+    authenticated, health = state
+    if args.body is None:
+        return Loaded(authenticated)
+    config = config_cached(authenticated.key.pool_ids, authenticated.config_version, args.now)
+    if config is not None and not args.names_affinity():
+        return Loaded(authenticated, args.inputs_load(authenticated, health, config))  # no query
+    inputs = await db.run_within(left(), args.inputs_load, authenticated, health)
     return Loaded(authenticated, inputs)
 
 
@@ -260,17 +318,11 @@ async def prepare(
     except TooManyFiles:
         file_ids, body_error = (), body_error or RequestFailed("invalid_request", "file_id")
     try:
-        loaded = await db.run_within(
-            # What is left of the read's bound (a websocket frame may have waited for its key check).
-            max(edge.read_timeout_s(headers) - (time.monotonic() - started), MIN_READ_S),
-            _load,
-            bearer(headers),
-            body,
-            path,
-            session_key,
-            now,
-            route_class,
-            file_ids,
+        loaded = await _read(
+            ReadArgs(bearer(headers), body, path, session_key, now, route_class, file_ids),
+            # The read's bound counts from the request's start (a websocket frame may have waited for
+            # its key check).
+            started + edge.read_timeout_s(headers),
         )
     except DatabaseError:
         # Without the database nothing can be authorized or routed: fail fast, typed, and let the

@@ -193,13 +193,20 @@ def config_cache_clear() -> None:
     _cache.clear()
 
 
+def config_cached(pool_ids: tuple[int, ...], version: int | None, now: datetime) -> ConfigSnapshot | None:
+    """What `config_snapshot` would return without a query, or None when it would load."""
+    hit = _cache.get(pool_ids) if version is not None else None
+    if hit is not None and hit[0] == version and (hit[1].valid_until is None or now < hit[1].valid_until):
+        return hit[1]
+    return None
+
+
 def config_snapshot(pool_ids: tuple[int, ...], version: int | None, now: datetime) -> ConfigSnapshot:
     """The cached configuration of these pools at `version` (None: always load, never cache), as long
     as no qualified capability in it has expired by `now`."""
-    if version is not None:
-        hit = _cache.get(pool_ids)
-        if hit is not None and hit[0] == version and (hit[1].valid_until is None or now < hit[1].valid_until):
-            return hit[1]
+    hit = config_cached(pool_ids, version, now)
+    if hit is not None:
+        return hit
     snapshot = config_load(pool_ids, now)
     if version is not None:
         if len(_cache) >= CACHE_LIMIT:
@@ -283,18 +290,40 @@ def _request_state_sql() -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RequestStateQuery:
+    """The statement of `request_state_load`, to run on whichever connection the caller has (the
+    request path's runs on the event loop on PostgreSQL: runtime.loopdb)."""
+
+    sql: str
+    params: list[object]
+    digest: str  # of the key's secret: the rows are the key's only if it matches (`request_state_from_rows`)
+
+
+def request_state_query(raw_key: str, *, route_class: RouteClass, now: datetime) -> RequestStateQuery | None:
+    """None for an empty secret: no key can match it, no statement is needed."""
+    if not raw_key:
+        return None
+    digest = hash_key(raw_key)
+    key = key_params(digest)
+    health = [str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
+    return RequestStateQuery(_request_state_sql(), [*key, *health, *key], digest)
+
+
 def request_state_load(
     raw_key: str, *, route_class: RouteClass, now: datetime
 ) -> tuple[Authenticated, HealthState] | None:
     """The key whose secret is `raw_key` (as `pools.selectors.key_authenticate`) and the health of its
     pools for the route class (as `health_load`), in ONE statement: the request path's one round
     trip before dispatch. None for a missing, wrong or disabled key."""
-    if not raw_key:
+    query = request_state_query(raw_key, route_class=route_class, now=now)
+    if query is None:
         return None
-    digest = hash_key(raw_key)
-    key = key_params(digest)
-    health = [str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
-    rows = rawsql.fetch(_request_state_sql(), [*key, *health, *key])
+    return request_state_from_rows(rawsql.fetch(query.sql, query.params), query.digest)
+
+
+def request_state_from_rows(rows: list[tuple], digest: str) -> tuple[Authenticated, HealthState] | None:
+    """What `request_state_load` returns, from its statement's rows."""
     split = next((i for i, row in enumerate(rows) if row[0] == 2), len(rows))
     authenticated = authenticated_from_rows([row[HEALTH_COLUMNS:] for row in rows[split:]], digest)
     if authenticated is None:
@@ -309,10 +338,13 @@ def routing_view_load(
     now: datetime,
     config_version: int | None = None,
     health: HealthState | None = None,
+    config: ConfigSnapshot | None = None,
 ) -> tuple[RoutingView, RouteSettings]:
     """The routing view of these pools; `health`: their health as already read (`request_state_load`),
-    else it is read here."""
-    config = config_snapshot(pool_ids, config_version, now)
+    else it is read here; `config`: their configuration as already found (`config_cached`), else it is
+    taken from `config_snapshot`."""
+    if config is None:
+        config = config_snapshot(pool_ids, config_version, now)
     if health is None:
         health = health_load(pool_ids=pool_ids, route_class=route_class, now=now)
     circuits, wide, demoted = health.circuits, health.wide, health.demoted
@@ -426,12 +458,19 @@ def routing_inputs_load(
     session_key: str | None = None,
     file_ids: tuple[str, ...] = (),
     health: HealthState | None = None,
+    config: ConfigSnapshot | None = None,
 ) -> RoutingInputs:
     """A response this key had relayed pins the request to its assignment (§5.2, §7.2); one it never
     saw, another key's, or one whose affinity expired pins nothing, and the upstream answers for
-    itself. `health` as for `routing_view_load`."""
+    itself. `health` and `config` as for `routing_view_load`: with both, and no id to look up, no query
+    is made."""
     view, settings = routing_view_load(
-        pool_ids=pool_ids, route_class=route_class, now=now, config_version=config_version, health=health
+        pool_ids=pool_ids,
+        route_class=route_class,
+        now=now,
+        config_version=config_version,
+        health=health,
+        config=config,
     )
     found = affinities_load(
         key_id=key_id,

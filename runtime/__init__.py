@@ -13,6 +13,8 @@ there, by name, rather than as a slow or wrong request somewhere else:
   channel layer (the Responses websocket; proxy.consumers).
 - `db`: the request path's way into the database, two small pools of long-lived threads that keep
   their connections (instead of Django's thread per request and its connection).
+- `loopdb`: on PostgreSQL, the request path's read before dispatch on the event loop (psycopg_pool's
+  async pool, built from Django's connection parameters) instead of `db`'s threads.
 - `transport`: an httpx transport whose connections go through a given httpcore network backend (catalog
   discovery's checked destinations).
 - `rawsql`: hand-written SQL for the few statements every request or hand-off runs, on the documented

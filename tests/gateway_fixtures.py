@@ -22,7 +22,7 @@ from catalog.models import Provenance
 from devkit.harness import PYTHON, free_port, spawn, stop, tail
 from devkit.upstream import FakeUpstream
 from pools.models import Assignment, GatewaySettings
-from proxy import ledger, upstream
+from proxy import ledger
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
 GATEWAY_KEY = "sk-gw-e2e-test-key-0123456789"
@@ -107,9 +107,9 @@ def live(application, on_loop_exit: Callable[[], Awaitable[object]] | None = Non
 @pytest.fixture
 def gateway(transactional_db):
     """Base URL of a live gateway sharing the test database."""
-    from gatewaysite.asgi import application
+    from gatewaysite.asgi import application, close_clients
 
-    with live(application, on_loop_exit=upstream.close_client) as url:
+    with live(application, on_loop_exit=close_clients) as url:
         yield url
     ledger.writer.flush()  # before the test database is emptied under it
 

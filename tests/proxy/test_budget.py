@@ -199,22 +199,95 @@ def test_a_daily_budget_starts_again_each_utc_day(gateway, two_assignments):
 
 @pytest.fixture
 def request_path_queries(monkeypatch):
-    """Statements the request path runs (any thread but the ledger writer's, which batches off the
-    request's critical path)."""
+    """Statements the request path runs: on a Django cursor (any thread but the ledger writer's, which
+    batches off the request's critical path) and on the event loop's connections (runtime.loopdb)."""
     import threading
 
     from django.db.backends import utils
 
+    from runtime import loopdb
+
     seen: list[str] = []
-    execute = utils.CursorWrapper.execute
+    execute, on_loop = utils.CursorWrapper.execute, loopdb._execute
 
     def counting(self, sql, params=None):
         if threading.current_thread().name != "ledger-writer":
             seen.append(sql)
         return execute(self, sql, params)
 
+    async def counting_on_loop(conn, sql, params):
+        seen.append(sql)
+        return await on_loop(conn, sql, params)
+
     monkeypatch.setattr(utils.CursorWrapper, "execute", counting)
+    monkeypatch.setattr(loopdb, "_execute", counting_on_loop)
     return seen
+
+
+@pytest.fixture
+def statement_places(monkeypatch):
+    """(where, statement) for each statement outside the ledger writer: "loop" for one on the event
+    loop's connections (runtime.loopdb), else the Django cursor's thread name."""
+    import threading
+
+    from django.db.backends import utils
+
+    from runtime import loopdb
+
+    seen: list[tuple[str, str]] = []
+    execute, on_loop = utils.CursorWrapper.execute, loopdb._execute
+
+    def on_thread(self, sql, params=None):
+        if threading.current_thread().name != "ledger-writer":
+            seen.append((threading.current_thread().name, sql))
+        return execute(self, sql, params)
+
+    async def counted_on_loop(conn, sql, params):
+        seen.append(("loop", sql))
+        return await on_loop(conn, sql, params)
+
+    monkeypatch.setattr(utils.CursorWrapper, "execute", on_thread)
+    monkeypatch.setattr(loopdb, "_execute", counted_on_loop)
+    return seen
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_healthy_requests_read_runs_on_the_event_loop_on_postgresql(
+    gateway, two_assignments, statement_places, monkeypatch, kept
+):
+    """No thread hop before dispatch on PostgreSQL: a read thread's hand-off costs the loop the GIL
+    (runtime.loopdb). SQLite has no asynchronous driver: its read stays on runtime.db's threads."""
+    from runtime import loopdb
+
+    if kept:  # as production keeps its connections (the suite's CONN_MAX_AGE is 0): the loop's pool
+        monkeypatch.setattr(loopdb, "_max_age", lambda: 300)
+    assert _send(gateway).status_code == 200  # warm the routing config cache
+    writer.flush()
+    statement_places.clear()
+    assert _send(gateway).status_code == 200
+    assert _send(gateway).status_code == 200
+    assert len(loopdb._pools) == (1 if kept and connection.vendor == "postgresql" else 0)
+    assert len({where for where, _ in statement_places}) == 1, statement_places
+    [(where, _), _] = statement_places
+    assert where == "loop" if connection.vendor == "postgresql" else where.startswith("gateway-db_")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the event loop's read is PostgreSQL's")
+def test_a_read_the_loops_pool_cannot_take_goes_to_the_threads(
+    gateway, two_assignments, statement_places, monkeypatch
+):
+    from runtime import loopdb
+
+    async def no_connection(conn, sql, params):
+        raise loopdb.NoConnection
+
+    assert _send(gateway).status_code == 200  # the key known to the edge, the routing config cached
+    writer.flush()
+    monkeypatch.setattr(loopdb, "_execute", no_connection)
+    statement_places.clear()
+    assert _send(gateway).status_code == 200
+    [(where, _)] = statement_places  # the whole read, on a thread
+    assert where.startswith("gateway-db_")
 
 
 def test_a_healthy_request_makes_no_extra_round_trip_and_a_budget_costs_one_statement(

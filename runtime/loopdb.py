@@ -1,0 +1,175 @@
+"""The request path's read before dispatch, on the event loop itself (PostgreSQL).
+
+runtime.db's threads cost the event loop more than their CPU: each read thread takes the GIL to hand
+its rows back, and the loop, which gives the GIL up at every system call it makes (a log line, the
+ledger's journal, a random id), waits for a read thread to give it back (bench/profile.md: at c=50
+against a 50 ms upstream, a fifth of the loop's time was spent waiting for the GIL, and requests that
+had their answer waited with it). On PostgreSQL the one statement every request runs
+(routing.selectors.request_state_query) is sent on an asynchronous psycopg connection instead, and
+its rows are turned into the routing state on the loop: no thread, no hand-off. SQLite has no
+asynchronous driver: there the read stays on runtime.db's pool.
+
+The connections are psycopg_pool's `AsyncConnectionPool`, one per event loop (a server runs one loop;
+tests run several), opened on first use with the parameters Django's own connections use (its adapters,
+so rows come back typed exactly as a Django cursor's, and its server-side binding with the same prepare
+threshold), autocommit as Django's, in Django's time zone, each kept for CONN_MAX_AGE (with 0, no pool:
+a new connection for every read, closed after it). A pool's connection is handed
+out without a round trip: `_hung_up` discards one whose socket is readable (the server sent its FATAL
+notice and closed it: a restart, a terminated backend), as runtime.db.reuse does for the threads'
+connections; a host gone silent is found by the statement's TCP user timeout and by `fetch_within`'s
+bound. A pool is closed with its loop (`close`: a server's lifespan shutdown, a test server's exit).
+
+`fetch_within` runs the statement in a task of its own and stops waiting for it at its bound: a
+cancelled psycopg statement waits up to ten seconds for the server to confirm the cancel, a wait no
+request may inherit. The statement finishes (or breaks) on its own and its connection goes back to
+the pool or is discarded.
+
+Relied on (tests/runtime/test_loopdb.py): Django's PostgreSQL `get_connection_params` (connection
+keywords plus a sync `cursor_factory`, dropped here, and an adapters `context`, kept); psycopg_pool's
+`configure` callback, and that it drops a connection returned closed or broken and connects another.
+"""
+
+import asyncio
+import select
+import time
+from collections.abc import Sequence
+
+import psycopg
+from django.db import DatabaseError, connections
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from runtime.db import DatabaseTimeout
+
+MAX_CONNECTIONS = 8  # per process: at most this many reads in flight; more wait for a connection
+FOR_GOOD_S = 365 * 24 * 3600.0  # CONN_MAX_AGE None: a connection is kept as long as it works
+# How long a read waits for a pooled connection: a free one is back within a statement's time (well
+# under a millisecond), a new one within a connect's; longer, and the database is likely gone.
+CONNECTION_WAIT_S = 0.25
+
+_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool] = {}
+
+
+def available() -> bool:
+    """Whether the request path's read runs here (PostgreSQL) rather than on runtime.db's threads."""
+    return connections["default"].vendor == "postgresql"
+
+
+def _max_age() -> int | None:
+    """CONN_MAX_AGE: seconds a connection is kept, 0 for a new one every use, None for good."""
+    return connections["default"].settings_dict["CONN_MAX_AGE"]
+
+
+def _params() -> dict:
+    """Django's connection keywords, for an asynchronous connection."""
+    params = connections["default"].get_connection_params()
+    params.pop("cursor_factory", None)  # Django's sync cursor class; the async default binds server-side
+    return {**params, "autocommit": True}
+
+
+async def _configure(conn: psycopg.AsyncConnection) -> None:
+    """A new connection as Django configures its own: its time zone (the adapters read timestamps in
+    it) and its role."""
+    django = connections["default"]
+    zone = django.timezone_name
+    if zone and conn.info.parameter_status("TimeZone") != zone:
+        await conn.execute("SELECT set_config('TimeZone', %s, false)", [zone])
+    role = django.settings_dict["OPTIONS"].get("assume_role")
+    if role:
+        await conn.execute("SELECT set_config('role', %s, false)", [role])
+
+
+class NoConnection(Exception):
+    """The pool had no connection to give within CONNECTION_WAIT_S: the database cannot be reached
+    (the pool reconnects in the background meanwhile), or every connection is busy. The caller reads
+    on runtime.db's threads instead, which connect on their own, and fail at once on a database that
+    refuses connections."""
+
+
+def _hung_up(conn: psycopg.AsyncConnection) -> bool:
+    """Whether a pooled connection is closed, or its server has written to it unasked (its FATAL notice
+    before it hung up). Checked here, not by the pool's `check` callback: after a failed check the pool
+    waits a second before it tries another connection."""
+    return conn.closed or bool(select.select([conn.fileno()], [], [], 0)[0])
+
+
+async def _connection(pool: AsyncConnectionPool) -> psycopg.AsyncConnection:
+    """A working connection from the pool within CONNECTION_WAIT_S, else NoConnection."""
+    deadline = time.monotonic() + CONNECTION_WAIT_S
+    while True:
+        try:
+            conn = await pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+        except PoolTimeout:
+            raise NoConnection from None
+        if not _hung_up(conn):
+            return conn
+        await conn.close()
+        await pool.putconn(conn)  # a closed connection is dropped, and the pool connects another
+
+
+def _pool() -> AsyncConnectionPool:
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None:
+        for stale in [other for other in _pools if other.is_closed()]:
+            del _pools[stale]  # its loop is gone: its connections close as the pool is collected
+        max_age = _max_age()
+        pool = _pools[loop] = AsyncConnectionPool(
+            kwargs=_params(),
+            min_size=1,
+            max_size=MAX_CONNECTIONS,
+            max_lifetime=float(max_age) if max_age else FOR_GOOD_S,
+            open=False,
+            configure=_configure,
+            name="gateway-request-read",
+        )
+    return pool
+
+
+async def _execute(conn: psycopg.AsyncConnection, sql: str, params: Sequence[object]) -> list[tuple]:
+    cursor = await conn.execute(sql, params)
+    return await cursor.fetchall()
+
+
+async def _fetch(sql: str, params: Sequence[object]) -> list[tuple]:
+    if _max_age() == 0:  # a new connection for every use
+        conn = await psycopg.AsyncConnection.connect(**_params())
+        try:
+            await _configure(conn)
+            return await _execute(conn, sql, params)
+        finally:
+            await conn.close()
+    pool = _pool()
+    if pool.closed:  # new: opened by its first read (a pool that was closed is no longer in `_pools`)
+        await pool.open()
+    conn = await _connection(pool)
+    try:
+        return await _execute(conn, sql, params)
+    finally:
+        await pool.putconn(conn)  # back to the pool, or discarded if the statement broke it
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    # A statement the request stopped waiting for: its failure is nobody's to handle.
+    if not task.cancelled():
+        task.exception()
+
+
+async def fetch_within(timeout_s: float, sql: str, params: Sequence[object]) -> list[tuple]:
+    """The rows of one statement, or DatabaseTimeout after `timeout_s`, DatabaseError when the database
+    refuses it or the connection breaks (as a Django cursor's failure), NoConnection when the pool has
+    none to give."""
+    task = asyncio.ensure_future(_fetch(sql, params))
+    task.add_done_callback(_retrieve)
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+    except TimeoutError:
+        raise DatabaseTimeout from None
+    except psycopg.Error as failed:  # the pool's own timeouts and refusals are psycopg errors too
+        raise DatabaseError(type(failed).__name__) from failed
+
+
+async def close() -> None:
+    """Close the running loop's pool, if it has one (its loop is stopping)."""
+    pool = _pools.pop(asyncio.get_running_loop(), None)
+    if pool is not None:
+        await pool.close()

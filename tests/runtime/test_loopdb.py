@@ -1,0 +1,200 @@
+"""The request path's read on the event loop (runtime.loopdb) and what it relies on: Django's PostgreSQL
+connection parameters (its adapters, so rows are typed as a Django cursor's), psycopg_pool's `configure`
+and `check` callbacks, and a bound that holds even when the database host goes silent."""
+
+import asyncio
+import contextlib
+import socket
+import time
+
+import psycopg
+import pytest
+from django.db import DatabaseError, connection, connections
+
+from runtime import loopdb
+from runtime.db import DatabaseTimeout
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no asynchronous driver"),
+]
+
+
+@pytest.fixture(autouse=True)
+async def _closed_pool():
+    """Each test's loop gets its own pool; none is left open for the test database's drop."""
+    yield
+    await loopdb.close()
+
+
+@pytest.fixture
+def kept(monkeypatch):
+    """Connections kept as production keeps them (the suite runs with CONN_MAX_AGE 0)."""
+    monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", 300)
+
+
+@pytest.mark.parametrize("max_age", [0, 300])
+async def test_with_conn_max_age_zero_every_read_has_a_connection_of_its_own(monkeypatch, max_age):
+    monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", max_age)
+    pids = [await backend_pid() for _ in range(6)]
+    if max_age == 0:
+        assert len(set(pids)) == 6
+    else:  # the pool's few connections, each used again
+        assert len(set(pids)) <= 2, pids
+    assert (asyncio.get_running_loop() in loopdb._pools) is (max_age != 0)
+
+
+def on_django_cursor(sql: str, params: list) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+async def test_rows_come_back_typed_as_a_django_cursors():
+    sql = (
+        "SELECT %s::timestamptz, '{\"a\": [1, 2]}'::jsonb, 7::bigint, true, 'text'::varchar, "
+        "current_setting('TimeZone')"
+    )
+    params = ["2026-12-02 10:00:00+05"]
+    on_loop = await loopdb.fetch_within(5, sql, params)
+    by_django = await asyncio.to_thread(on_django_cursor, sql, params)
+    connections.close_all()
+    assert on_loop == by_django
+    moment, _, _, _, _, zone = on_loop[0]
+    assert moment.utcoffset().total_seconds() == 0 and moment.hour == 5  # in Django's time zone, UTC
+    assert zone == "UTC"
+
+
+async def test_a_connection_in_another_time_zone_is_set_to_djangos(monkeypatch):
+    options = connections["default"].settings_dict["OPTIONS"]
+    monkeypatch.setitem(options, "options", "-c TimeZone=Asia/Kolkata")
+    sql = "SELECT current_setting('TimeZone'), %s::timestamptz"
+    [(zone, moment)] = await loopdb.fetch_within(5, sql, ["2026-12-02 10:00:00+00"])
+    assert zone == "UTC" and moment.hour == 10
+
+
+async def backend_pid() -> int:
+    [(pid,)] = await loopdb.fetch_within(5, "SELECT pg_backend_pid()", [])
+    return pid
+
+
+def terminate(pids: set[int]) -> None:
+    """The server ends these backends (as a restart does), and they are gone."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [list(pids)])
+            for _ in range(100):
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [list(pids)])
+                if cursor.fetchone()[0] == 0:
+                    return
+                time.sleep(0.05)
+        raise AssertionError("the backends did not end")
+    finally:
+        connection.close()
+
+
+@pytest.mark.usefixtures("kept")
+async def test_a_connection_the_server_ended_while_idle_is_replaced_without_an_error():
+    before = {await backend_pid() for _ in range(4)}  # every connection the pool holds
+    await asyncio.to_thread(terminate, before)
+
+    after = await backend_pid()  # no DatabaseError: the pool's check discarded the dead connections
+    assert after not in before
+
+
+async def test_a_statement_the_database_refuses_is_a_django_database_error():
+    with pytest.raises(DatabaseError):
+        await loopdb.fetch_within(5, "SELECT no_such_column FROM no_such_table", [])
+    assert await backend_pid() > 0  # and the pool still serves
+
+
+@contextlib.asynccontextmanager
+async def silent_proxy(port: int):
+    """A TCP relay to the database on a port of its own; `freeze()` stops relaying in both directions
+    with every socket left open: a host gone silent."""
+    frozen = asyncio.Event()
+    relays: list[asyncio.Task] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while data := await reader.read(65536):
+                if frozen.is_set():
+                    await asyncio.Event().wait()  # hold it, forever
+                writer.write(data)
+                await writer.drain()
+
+    async def relay(client_reader, client_writer) -> None:
+        server_reader, server_writer = await asyncio.open_connection("127.0.0.1", port)
+        writers.extend((client_writer, server_writer))
+        relays.append(asyncio.ensure_future(pump(client_reader, server_writer)))
+        relays.append(asyncio.ensure_future(pump(server_reader, client_writer)))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], frozen.set
+    finally:
+        server.close()
+        for task in relays:
+            task.cancel()
+        for writer in writers:  # the statement left waiting sees its connection end
+            writer.close()
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("max_age", [0, 300])
+async def test_the_bound_holds_when_the_database_host_goes_silent(monkeypatch, max_age):
+    monkeypatch.setitem(connections["default"].settings_dict, "CONN_MAX_AGE", max_age)
+    settings = connections["default"].settings_dict
+    async with silent_proxy(int(settings["PORT"] or 5432)) as (port, freeze):
+        monkeypatch.setitem(settings, "HOST", "127.0.0.1")
+        monkeypatch.setitem(settings, "PORT", str(port))
+        assert await backend_pid() > 0  # through the relay
+        freeze()
+        started = time.monotonic()
+        with pytest.raises(DatabaseTimeout):
+            await loopdb.fetch_within(0.3, "SELECT 1", [])
+        # Its own bound, not psycopg's: a cancelled statement would wait for the server to confirm
+        # the cancel (up to 5 s, twice), and the host is silent.
+        assert time.monotonic() - started < 2
+
+
+@pytest.mark.usefixtures("kept")
+async def test_a_pool_that_cannot_connect_says_so_at_once_instead_of_waiting_out_the_bound(monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on: the database refuses connections
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setitem(connections["default"].settings_dict, "PORT", str(port))
+    started = time.monotonic()
+    with pytest.raises(loopdb.NoConnection):
+        await loopdb.fetch_within(5, "SELECT 1", [])
+    # Within the connection wait, not the read's 5 s: the threads then fail it at once (or serve it).
+    assert time.monotonic() - started < loopdb.CONNECTION_WAIT_S + 1
+
+
+@pytest.mark.usefixtures("kept")
+async def test_close_ends_the_loops_connections():
+    pid = await backend_pid()
+    await loopdb.close()
+
+    def alive() -> int:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+                return cursor.fetchone()[0]
+        finally:
+            connection.close()
+
+    for _ in range(100):
+        if await asyncio.to_thread(alive) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(alive) == 0
+    assert asyncio.get_running_loop() not in loopdb._pools
+
+
+def test_django_connection_parameters_are_what_the_pool_is_built_from():
+    params = connections["default"].get_connection_params()
+    assert isinstance(params.get("context"), psycopg.adapt.AdaptersMap)  # Django's adapters, kept
+    assert "cursor_factory" in params  # Django's sync cursor class, dropped for the async connection
+    assert params["dbname"] == connections["default"].settings_dict["NAME"]
