@@ -61,8 +61,15 @@ def reuse() -> None:
         raw = conn.connection
         if raw is None or conn.health_check_done or conn.vendor != "postgresql" or raw.closed:
             continue
-        readable, _, _ = select.select([raw.fileno()], [], [], 0)
-        conn.health_check_done = not readable
+        conn.health_check_done = not readable(raw.fileno())
+
+
+def readable(fd: int) -> bool:
+    """Whether a socket has something to read now (poll: `select` refuses a descriptor past 1023, and a
+    gateway holding many websockets has such descriptors)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _call(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

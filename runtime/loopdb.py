@@ -30,7 +30,6 @@ keywords plus a sync `cursor_factory`, dropped here, and an adapters `context`, 
 """
 
 import asyncio
-import select
 import time
 from collections.abc import Sequence
 
@@ -38,7 +37,7 @@ import psycopg
 from django.db import DatabaseError, connections
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from runtime.db import DatabaseTimeout
+from runtime.db import DatabaseTimeout, readable
 
 MAX_CONNECTIONS = 8  # per process: at most this many reads in flight; more wait for a connection
 FOR_GOOD_S = 365 * 24 * 3600.0  # CONN_MAX_AGE None: a connection is kept as long as it works
@@ -89,7 +88,7 @@ def _hung_up(conn: psycopg.AsyncConnection) -> bool:
     """Whether a pooled connection is closed, or its server has written to it unasked (its FATAL notice
     before it hung up). Checked here, not by the pool's `check` callback: after a failed check the pool
     waits a second before it tries another connection."""
-    return conn.closed or bool(select.select([conn.fileno()], [], [], 0)[0])
+    return conn.closed or readable(conn.fileno())
 
 
 async def _connection(pool: AsyncConnectionPool) -> psycopg.AsyncConnection:

@@ -139,3 +139,27 @@ async def test_a_connection_the_server_ended_while_idle_is_replaced_before_the_n
 
     after = await on_every_read_thread(backend_pid)  # no OperationalError: each thread reconnected
     assert set(after).isdisjoint(before)
+
+
+def test_readable_takes_a_descriptor_past_1023():
+    """A gateway holding hundreds of websockets gives its database connections high descriptors;
+    `select.select` refuses any past 1023 (ValueError), so the check before a call must not use it."""
+    import os
+    import resource
+    import socket
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 2000:
+        pytest.fail(f"this test needs an open-file hard limit above 2000 (it is {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    here, there = socket.socketpair()
+    high = os.dup2(here.fileno(), 2000)
+    try:
+        assert db.readable(high) is False
+        there.send(b"x")
+        assert db.readable(high) is True
+    finally:
+        os.close(high)
+        here.close()
+        there.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -1,6 +1,6 @@
 """The request path's read on the event loop (runtime.loopdb) and what it relies on: Django's PostgreSQL
 connection parameters (its adapters, so rows are typed as a Django cursor's), psycopg_pool's `configure`
-and `check` callbacks, and a bound that holds even when the database host goes silent."""
+callback, and a bound that holds even when the database host goes silent."""
 
 import asyncio
 import contextlib
@@ -45,9 +45,12 @@ async def test_with_conn_max_age_zero_every_read_has_a_connection_of_its_own(mon
 
 
 def on_django_cursor(sql: str, params: list) -> list[tuple]:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    finally:
+        connection.close()  # none left open for the test database's drop
 
 
 async def test_rows_come_back_typed_as_a_django_cursors():
@@ -58,7 +61,6 @@ async def test_rows_come_back_typed_as_a_django_cursors():
     params = ["2026-12-02 10:00:00+05"]
     on_loop = await loopdb.fetch_within(5, sql, params)
     by_django = await asyncio.to_thread(on_django_cursor, sql, params)
-    connections.close_all()
     assert on_loop == by_django
     moment, _, _, _, _, zone = on_loop[0]
     assert moment.utcoffset().total_seconds() == 0 and moment.hour == 5  # in Django's time zone, UTC
@@ -98,7 +100,7 @@ async def test_a_connection_the_server_ended_while_idle_is_replaced_without_an_e
     before = {await backend_pid() for _ in range(4)}  # every connection the pool holds
     await asyncio.to_thread(terminate, before)
 
-    after = await backend_pid()  # no DatabaseError: the pool's check discarded the dead connections
+    after = await backend_pid()  # no DatabaseError: each dead connection was dropped before use
     assert after not in before
 
 
