@@ -34,9 +34,10 @@ import time
 from collections.abc import Sequence
 
 import psycopg
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from runtime import rawsql
 from runtime.db import DatabaseTimeout, readable
 
 MAX_CONNECTIONS = 8  # per process: at most this many reads in flight; more wait for a connection
@@ -50,17 +51,17 @@ _pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool] = {}
 
 def available() -> bool:
     """Whether the request path's read runs here (PostgreSQL) rather than on runtime.db's threads."""
-    return connections["default"].vendor == "postgresql"
+    return rawsql.backend().vendor == "postgresql"
 
 
 def _max_age() -> int | None:
     """CONN_MAX_AGE: seconds a connection is kept, 0 for a new one every use, None for good."""
-    return connections["default"].settings_dict["CONN_MAX_AGE"]
+    return rawsql.backend().settings_dict["CONN_MAX_AGE"]
 
 
 def _params() -> dict:
     """Django's connection keywords, for an asynchronous connection."""
-    params = connections["default"].get_connection_params()
+    params = rawsql.backend().get_connection_params()
     params.pop("cursor_factory", None)  # Django's sync cursor class; the async default binds server-side
     return {**params, "autocommit": True}
 
@@ -68,7 +69,7 @@ def _params() -> dict:
 async def _configure(conn: psycopg.AsyncConnection) -> None:
     """A new connection as Django configures its own: its time zone (the adapters read timestamps in
     it) and its role."""
-    django = connections["default"]
+    django = rawsql.backend()
     zone = django.timezone_name
     if zone and conn.info.parameter_status("TimeZone") != zone:
         await conn.execute("SELECT set_config('TimeZone', %s, false)", [zone])

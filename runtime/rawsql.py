@@ -12,11 +12,13 @@ Relied on (tests/runtime/test_rawsql.py): what each backend's cursor returns for
 `connection.ops.adapt_datetimefield_value` comparing as the ORM's parameters do.
 """
 
+import functools
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 
@@ -43,9 +45,19 @@ def as_datetime(value: object) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)  # stored as UTC (USE_TZ)
 
 
+@functools.cache
+def backend() -> BaseDatabaseWrapper:
+    """The default database's backend, for what depends on it alone (its vendor, how it adapts a
+    value): one wrapper for the process, never connected. `django.db.connection` is one wrapper per
+    thread and per asyncio context, so on the event loop every request built a new one (its backend
+    loaded, its operations and features created) just to ask (bench/profile.md). It shares the
+    configured settings (`connections.settings`), so the test runner's database name is seen too."""
+    return connections.create_connection(DEFAULT_DB_ALIAS)
+
+
 def as_param(value: datetime) -> object:
     """A datetime as the backend stores it (SQLite compares naive UTC text)."""
-    return connection.ops.adapt_datetimefield_value(value)
+    return backend().ops.adapt_datetimefield_value(value)
 
 
 def as_json(value: object) -> object:

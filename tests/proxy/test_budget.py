@@ -275,6 +275,34 @@ def test_a_healthy_requests_read_runs_on_the_event_loop_on_postgresql(
         assert all(where.startswith("gateway-db_") for where in places), statement_places
 
 
+def test_a_healthy_request_builds_no_database_wrapper_on_the_event_loop(
+    gateway, two_assignments, monkeypatch
+):
+    """`django.db.connection` is one wrapper per thread and per asyncio context: asked on the event
+    loop, every request would build a new one (runtime.rawsql.backend)."""
+    import asyncio
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    built_on_loop: list[str] = []
+    init = BaseDatabaseWrapper.__init__
+
+    def counting(self, *args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            built_on_loop.append(type(self).__module__)
+        except RuntimeError:
+            pass  # a thread's own connection, made once per thread
+        init(self, *args, **kwargs)
+
+    assert _send(gateway).status_code == 200  # the routing config cached, the threads' connections made
+    writer.flush()
+    monkeypatch.setattr(BaseDatabaseWrapper, "__init__", counting)
+    for _ in range(3):
+        assert _send(gateway).status_code == 200
+    assert built_on_loop == []
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the event loop's read is PostgreSQL's")
 def test_a_read_the_loops_pool_cannot_take_goes_to_the_threads(
     gateway, two_assignments, statement_places, monkeypatch
