@@ -15,7 +15,6 @@ settles its health writes and the exchange.
 """
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
@@ -42,6 +41,7 @@ from routing.pricing import cost_micros
 from routing.sanitize import sanitized
 from routing.types import Candidate
 from routing.vocabulary import AttemptStatus, Outcome
+from runtime import fastjson
 
 INTERRUPTED_MESSAGE = "The upstream stream ended abnormally after output began."
 STOPPING_MESSAGE = "The gateway is shutting down; the response was cut short and not retried."
@@ -80,7 +80,7 @@ def plain_answer(
     answer's response id (a Responses object's)."""
     status = answer.status
     try:
-        parsed = json.loads(answer.body)
+        parsed = fastjson.loads(answer.body)
     except ValueError:
         parsed = None
     body = parsed if isinstance(parsed, dict) else None
@@ -102,7 +102,7 @@ def plain_answer(
         # arguments that are not an object): a typed failure, never a guess, never a replay.
         return Failure.unrelayable(status, "upstream_untranslatable"), None
     # A translated answer's id is the one the client was given (a Responses client over another API).
-    shown = body if call.answer is None else json.loads(final.body)
+    shown = body if call.answer is None else fastjson.loads(final.body)
     return final, payloads.response_id(shown)
 
 

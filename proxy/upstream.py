@@ -16,7 +16,6 @@ executed the request, and a read timeout is one.
 
 import asyncio
 import functools
-import json as jsonlib
 import logging
 import math
 import socket
@@ -35,6 +34,7 @@ from pools import destinations
 from proxy.providers.base import SigV4
 from proxy.transport import TransportFailure
 from routing.failures import TransportEvent
+from runtime import fastjson
 from runtime.sigv4 import sign
 
 logger = logging.getLogger("gateway")
@@ -186,7 +186,7 @@ async def open_stream(
     target, forbidden = _target(url)
     data: bytes | AsyncIterable[bytes] | None = content
     if content is None and json is not None:
-        data = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        data = fastjson.dumps(json)
         if "content-type" not in headers:
             headers = {**headers, "content-type": "application/json"}
     if sigv4 is not None:

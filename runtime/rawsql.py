@@ -13,13 +13,14 @@ Relied on (tests/runtime/test_rawsql.py): what each backend's cursor returns for
 """
 
 import functools
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
+
+from runtime import fastjson
 
 
 def fetch(sql: str, params: Sequence[object]) -> list[tuple]:
@@ -61,4 +62,4 @@ def as_param(value: datetime) -> object:
 
 
 def as_json(value: object) -> object:
-    return json.loads(value) if isinstance(value, str | bytes) else value
+    return fastjson.loads(value) if isinstance(value, str | bytes) else value

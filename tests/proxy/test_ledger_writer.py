@@ -173,11 +173,37 @@ def test_a_gone_process_spool_is_replayed_by_the_next_writer(outage):
     dead_pid = 2**22 + 12345  # above the default pid_max: no such process
     path = Path(settings.GATEWAY_LEDGER_SPOOL_DIR) / f"ledger-{Spool.database_tag()}-{dead_pid}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(encode(orphan) + "\n")
+    path.write_bytes(encode(orphan) + b"\n")
     writer = ledger.LedgerWriter()
     writer.submit(_exchange())
     assert writer.flush(timeout=5)
     assert RequestRecord.objects.filter(request_id=orphan.request_id).exists()
+    assert not path.exists()
+
+
+def test_a_replayed_spool_keeps_a_line_separator_in_a_field_and_skips_a_torn_last_line(outage):
+    """The journal is written by orjson, which leaves U+2028 and other non-ASCII text unescaped: the
+    replay splits on newlines alone (str.splitlines would cut such a record in two), and a last line
+    torn inside a character is skipped, not the whole file lost (runtime.fastjson)."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    from proxy.spool import Spool, encode
+
+    odd = _exchange()
+    odd.served_model = "model\u2028with\u0085separators-é"
+    dead_pid = 2**22 + 12346  # above the default pid_max: no such process
+    path = Path(settings.GATEWAY_LEDGER_SPOOL_DIR) / f"ledger-{Spool.database_tag()}-{dead_pid}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cut = _exchange()
+    cut.served_model = "torn-é"
+    torn = encode(cut)[: encode(cut).index("é".encode()) + 1]  # ends inside the character
+    path.write_bytes(encode(odd) + b"\n" + torn)
+    writer = ledger.LedgerWriter()
+    writer.submit(_exchange())
+    assert writer.flush(timeout=5)
+    assert RequestRecord.objects.get(request_id=odd.request_id).served_model == odd.served_model
     assert not path.exists()
 
 
