@@ -105,6 +105,9 @@ def fit_reasons(candidate: Candidate, requirements: Requirements) -> tuple[Ineli
     return tuple(reasons)
 
 
+_REASONS = tuple(IneligibleReason)  # in their declared order; iterating the enum itself is slow
+
+
 def evaluate(candidate: Candidate, requirements: Requirements) -> Verdict:
     c, r = candidate, requirements
     reservation = cost_micros(c.price, input_tokens=r.prompt_tokens, output_tokens=r.max_output_tokens)
@@ -132,7 +135,7 @@ def evaluate(candidate: Candidate, requirements: Requirements) -> Verdict:
         failed.add(IneligibleReason.CONTEXT_WINDOW)
     if c.health is Health.BLOCKED:
         failed.add(IneligibleReason.CIRCUIT_OPEN)
-    reasons = tuple(reason for reason in IneligibleReason if reason in failed)
+    reasons = tuple(reason for reason in _REASONS if reason in failed) if failed else ()
     return Verdict(candidate=c, reasons=reasons, reservation_micros=reservation)
 
 
