@@ -30,12 +30,12 @@ from proxy.providers.registry import provider
 from proxy.sse import Action, Block, Classification, Dialect, Visibility, Withholder
 from proxy.transport import Answer, Body, Dispatch, EventSource, TransportFailure
 from routing.failures import (
+    REFUSAL_FINISH_REASONS,
     CanonicalError,
     DispatchState,
     FailureClass,
     Observation,
     TransportEvent,
-    classify,
 )
 from routing.pricing import cost_micros
 from routing.sanitize import sanitized
@@ -68,7 +68,9 @@ def note_usage(log: AttemptLog, payload: object) -> None:
 
 
 def note_refusal(log: AttemptLog, exchange: Exchange, payload: object) -> None:
-    if classify(Observation(finish_reason=payloads.finish_reason(payload))) is FailureClass.SAFETY_REFUSAL:
+    # classify's refusal rule for an answer that is not an error: its finish reason alone (without an
+    # Observation and the error parsing classify does first, on every request's answer).
+    if payloads.finish_reason(payload) in REFUSAL_FINISH_REASONS:
         log.failure_class = str(FailureClass.SAFETY_REFUSAL)
         exchange.outcome = Outcome.TERMINAL_REFUSAL
 
