@@ -8,6 +8,9 @@ gateways on one database, or other clients of the same server, are told apart.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
@@ -78,3 +81,43 @@ def server_version(url: str) -> str | None:
             return conn.execute("SHOW server_version").fetchone()[0]
     except psycopg.Error:
         return None
+
+
+def server_pids(url: str) -> list[int] | None:
+    """The PostgreSQL server's processes (its postmaster, then every child: backends, writers), when
+    the server runs on this machine; None when it cannot be asked or is elsewhere."""
+    try:
+        with psycopg.connect(url, connect_timeout=3, autocommit=True) as conn:
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            stat = Path(f"/proc/{backend}/stat").read_text()
+    except (psycopg.Error, OSError):
+        return None
+    postmaster = int(stat.rsplit(")", 1)[1].split()[1])
+    return [postmaster, *children(postmaster)]
+
+
+def place_server(url: str, cpus: set[int]) -> dict[int, set[int]]:
+    """Move the PostgreSQL server (existing processes, and new backends, which its postmaster forks
+    with its own affinity) onto `cpus`; the previous affinity of each process moved, to restore
+    (`restore_placement`). Empty when the server is not on this machine or may not be moved."""
+    moved: dict[int, set[int]] = {}
+    for pid in server_pids(url) or []:
+        try:
+            before = os.sched_getaffinity(pid)
+            os.sched_setaffinity(pid, cpus)
+        except OSError:  # gone, or not ours to move
+            continue
+        moved[pid] = before
+    return moved
+
+
+def restore_placement(moved: dict[int, set[int]]) -> None:
+    for pid, cpus in moved.items():
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(pid, cpus)
+    # Backends forked while it was moved inherited the postmaster's affinity: give them its old one.
+    postmaster = next(iter(moved), None)
+    if postmaster is not None:
+        for pid in children(postmaster):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(pid, moved[postmaster])

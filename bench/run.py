@@ -23,8 +23,9 @@ the relay latency added per event (upstream send stamp to client read, gateway m
 
 Each scenario warms every target up, then runs `--reps` repetitions, the targets interleaved inside
 each repetition so drift on this shared machine hits them alike; the report gives medians.
-The system under test (gateway or LiteLLM) is pinned to one CPU, the upstreams and
-the load generators to the others, when the machine has at least two.
+The system under test (gateway or LiteLLM) is pinned to one CPU, the upstreams, the load
+generators and a PostgreSQL server on this machine (its affinity restored at exit) to the others,
+when the machine has at least two.
 
 Writes bench/results.md (and bench/out/results.json); logs in bench/out/logs/.
 """
@@ -217,6 +218,17 @@ def main(argv: list[str] | None = None) -> int:
             f"system under test (gateway / LiteLLM) on CPU {avail[0]}; upstreams, load generator "
             f"and this driver on CPU {','.join(map(str, avail[1:]))}"
         )
+        # The database is a server the gateway talks to, as the upstreams are (in production, another
+        # host): on their CPUs, not on the one the gateway is measured on. Its backends' CPU is still
+        # counted in the CPU-per-request target.
+        if not (args.no_postgres or args.no_gateway or args.gateway_url):
+            moved = accounting.place_server(args.database_url, set(avail[1:]))
+            atexit.register(accounting.restore_placement, moved)
+            ctx["pinning"] += (
+                f"; the PostgreSQL server on CPU {','.join(map(str, avail[1:]))}"
+                if moved
+                else "; the PostgreSQL server not moved (not on this machine, or not ours to move)"
+            )
     else:
         ctx["pinning"] = "not pinned"
 
