@@ -346,4 +346,7 @@ def test_an_sse_client_that_stops_reading_holds_a_bounded_buffer(start_gateway, 
     finally:
         upstream.stop()
     assert leaked < MIB, "the gateway went on reading the upstream"
-    assert grown < 8 * 1024, f"peak RSS grew by {grown} KiB"
+    # A bounded relay's peak grows by 5-8.3 MiB here (the stream's first events, buffers until the
+    # stall; measured on CI's machine, one run just over 8 MiB); a server that buffered what the client
+    # does not read would grow at the upstream's loopback rate, hundreds of MiB over this window.
+    assert grown < 16 * 1024, f"peak RSS grew by {grown} KiB"
