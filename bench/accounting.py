@@ -85,9 +85,11 @@ def server_version(url: str) -> str | None:
 
 def server_pids(url: str) -> list[int] | None:
     """The PostgreSQL server's processes (its postmaster, then every child: backends, writers), when
-    the server runs on this machine; None when it cannot be asked or is elsewhere."""
+    the server runs on this machine; None when it cannot be asked or is elsewhere. Asked through the
+    server's `postgres` database: the run's own may not exist yet."""
+    admin = psycopg.conninfo.make_conninfo(url, dbname="postgres")
     try:
-        with psycopg.connect(url, connect_timeout=3, autocommit=True) as conn:
+        with psycopg.connect(admin, connect_timeout=3, autocommit=True) as conn:
             backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
             stat = Path(f"/proc/{backend}/stat").read_text()
     except (psycopg.Error, OSError):

@@ -44,11 +44,10 @@ from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
 
 from proxy.exchange import AttemptLog, Exchange
 from routing.vocabulary import Outcome
-from runtime import fastjson
+from runtime import fastjson, rawsql
 
 log = logging.getLogger("gateway")
 
@@ -108,7 +107,7 @@ class Spool:
     def database_tag() -> str:
         """Which database the records are for: a spool directory shared by gateways of different
         databases (tests, staging next to production) never replays one's records into another."""
-        db = connections.settings[DEFAULT_DB_ALIAS]
+        db = rawsql.backend().settings_dict
         where = f"{db.get('ENGINE')}|{db.get('HOST')}|{db.get('PORT')}|{db.get('NAME')}"
         return hashlib.sha256(where.encode()).hexdigest()[:12]
 
