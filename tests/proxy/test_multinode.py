@@ -24,10 +24,53 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def nodes(two_assignments, gateway_nodes):
-    """Two uvicorn processes serving the gateway on the test database."""
-    return gateway_nodes.start(2)
+@pytest.fixture(params=["300", "0"], ids=["kept-connections", "connection-per-read"])
+def nodes(request, two_assignments, gateway_nodes):
+    """Two uvicorn processes serving the gateway on the test database: with production's kept
+    connections (the request's read on each node's pooled loop connections, runtime.loopdb) and with a
+    new connection for every read."""
+    # Each node names its own PostgreSQL connections, so a test can find the backends serving it.
+    return [
+        *gateway_nodes.start(1, DATABASE_CONN_MAX_AGE=request.param, PGAPPNAME="multinode-0"),
+        *gateway_nodes.start(1, DATABASE_CONN_MAX_AGE=request.param, PGAPPNAME="multinode-1"),
+    ]
+
+
+def test_each_node_reads_on_its_own_kept_connection(request, nodes):
+    """Production keeps connections (CONN_MAX_AGE 300): each node's read before dispatch goes out on
+    that node's pooled loop connections (runtime.loopdb), which stay open after the request and serve
+    the next ones: no new backend per read. With CONN_MAX_AGE 0 no reader outlives its read."""
+    from routing.selectors import _request_state_sql
+
+    kept = request.node.callspec.params["nodes"] == "300"
+    head = _request_state_sql()[:60]
+
+    def backends(app: str) -> tuple[set[int], set[int]]:
+        """(every backend of the node, those idle after the request's read as their last statement)"""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, state = 'idle' AND left(query, 60) = %s FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                [head, app],
+            )
+            rows = cursor.fetchall()
+        return {pid for pid, _ in rows}, {pid for pid, reader in rows if reader}
+
+    rounds = []
+    for _ in range(4):
+        for node in nodes:
+            answer = httpx.post(f"{node}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10)
+            assert answer.status_code == 200
+        rounds.append([backends(f"multinode-{i}") for i in range(len(nodes))])
+    first = rounds[0]
+    if kept:
+        for i in range(len(nodes)):
+            assert all(r[i][1] for r in rounds)  # a kept connection served the node's last read
+            assert all(r[i][1] <= first[i][0] for r in rounds)  # one already open at the first
+        assert not first[0][0] & first[1][0]  # each node its own
+    else:
+        # A backend may still be exiting after its read, but none serves two.
+        assert all(not (a[1] & b[1]) for a, b in zip(first, rounds[-1], strict=True))
 
 
 def test_a_circuit_opened_through_one_node_is_honoured_by_the_other(nodes, two_assignments):
