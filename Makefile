@@ -1,5 +1,6 @@
 # The README's two commands are `make run` and `make test`; everything else is tooling.
 VENV   ?= .venv
+PYTHON ?= python3
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
@@ -10,12 +11,12 @@ RUNTIME := $(VENV)/.runtime-stamp
 
 # `make run` needs the runtime dependencies only; `make test` (and the tooling) the dev extra too.
 $(RUNTIME): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e .
 	touch $(RUNTIME)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(RUNTIME) $(STAMP)
 
@@ -40,7 +41,8 @@ clean:
 	rm -rf $(VENV) var/gateway.sqlite3 var/static
 
 # A real load generator (wrk) on loopback: the gateway under daphne and uvicorn, direct upstream calls and the
-# LiteLLM proxy in the same run; writes bench/results.md. BENCH_ARGS="--quick" for a smoke run.
+# LiteLLM proxy in the same run; writes bench/results.md. BENCH_ARGS="--quick" for a smoke run. On the
+# interpreter you deploy: `make bench PYTHON=/usr/bin/python3.11 VENV=.venv-bench` (bench/README.md).
 bench: install
 	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)
 

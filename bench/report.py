@@ -23,6 +23,18 @@ from bench.figures import (
 from bench.targets import GATEWAY_KEY, PROFILE_MD, SLOW_DELAY_MS, SOAK_MD, Scenario, Target
 
 
+def interpreter_line(info: dict | None) -> str:
+    """Which CPython build ran every Python process, and how fast it ran pure Python: the gateway's CPU
+    per request moves with both (bench/README.md, "The interpreter")."""
+    if not info:
+        return "not recorded"
+    build = "a shared libpython" if info["shared_libpython"] else "libpython linked into the executable"
+    return (
+        f"`{info['executable']}` ({build}); `sum(i * i for i in range(100000))` in {info['probe_ms']} ms "
+        "(best of 5)"
+    )
+
+
 def build_report(
     ctx: dict[str, Any], targets: list[Target], scenarios: list[Scenario], websocket: dict[str, Any]
 ) -> str:
@@ -79,6 +91,7 @@ def build_report(
         f"{ctx['versions'].get('postgresql', 'n/a')}, Django {ctx['versions'].get('django')}; "
         f"LiteLLM {ctx['versions'].get('litellm', 'n/a')}; load generator: {ctx['loadgen']}"
     )
+    L.append(f"- Interpreter: {interpreter_line(ctx.get('interpreter'))}")
     L.append(f"- CPU placement: {ctx['pinning']}")
     L.append(
         f"- Runs: {ctx['reps']} repetitions x {ctx['duration']:g} s per target and scenario after a "

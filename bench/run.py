@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shutil
@@ -91,6 +92,27 @@ def machine_busy_share(seconds: float = 1.0) -> float | None:
     return 1 - (second[0] - first[0]) / (second[1] - first[1])
 
 
+def interpreter() -> dict[str, Any]:
+    """The interpreter every Python process of the run uses (the gateways, the upstreams and LiteLLM's
+    venv are made from it): its executable, whether its core is a shared libpython (a build with
+    `--enable-shared`, and no profile-guided optimisation unless asked, as pyenv's default: slower
+    than a distribution's or the official images' build), and a pure-Python speed probe (best of 5)."""
+    executable = getattr(sys, "_base_executable", None) or sys.executable
+    maps = ""
+    with contextlib.suppress(OSError):
+        maps = Path("/proc/self/maps").read_text()
+    best = math.inf
+    for _ in range(5):
+        started = time.perf_counter()
+        sum(i * i for i in range(100_000))
+        best = min(best, time.perf_counter() - started)
+    return {
+        "executable": os.path.realpath(executable),
+        "shared_libpython": "libpython" in maps,
+        "probe_ms": round(best * 1000, 2),
+    }
+
+
 def machine_context(args: argparse.Namespace) -> dict[str, Any]:
     cpu_model = "unknown CPU"
     with contextlib.suppress(OSError):
@@ -122,6 +144,7 @@ def machine_context(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_model": cpu_model,
         "kernel": platform.release(),
         "python": platform.python_version(),
+        "interpreter": interpreter(),
         "versions": versions,
         "reps": args.reps,
         "duration": args.duration,

@@ -188,12 +188,18 @@ def ensure_wrk() -> str:
 
 def ensure_litellm() -> str:
     """Install the LiteLLM proxy into bench/.venv-litellm when needed; "" when ready, else why not."""
-    digest = hashlib.sha256(LITELLM_REQUIREMENTS.read_bytes()).hexdigest()[:16]
+    # The peer runs on the interpreter the gateway runs on (this venv's): a venv made from another is
+    # made again.
+    base_python = getattr(sys, "_base_executable", None) or shutil.which("python3") or sys.executable
+    base_python = os.path.realpath(base_python)
+    made_from = f"{base_python}\n".encode() + LITELLM_REQUIREMENTS.read_bytes()
+    digest = hashlib.sha256(made_from).hexdigest()[:16]
     stamp = LITELLM_VENV / f".installed-{digest}"
     if stamp.exists() and (LITELLM_VENV / "bin" / "litellm").exists():
         return ""
+    if LITELLM_VENV.exists():
+        shutil.rmtree(LITELLM_VENV)
     log("installing the LiteLLM proxy into bench/.venv-litellm (about a minute) ...")
-    base_python = getattr(sys, "_base_executable", None) or shutil.which("python3") or sys.executable
     if not (LITELLM_VENV / "bin" / "python").exists():
         venv = [base_python, "-m", "venv", str(LITELLM_VENV)]
         rc, last = run_logged(venv, None, LOGS / "litellm-venv.log", 120)
