@@ -389,12 +389,12 @@ def build_report(
 ONE_WORKER_ONLY = "measured on the one-worker servers"
 # What the tests assert (the request path's queries counted), not what this run measures.
 DB_ROUND_TRIPS = (
-    "1 statement before dispatch (the key, its pools and their health together), 0 writes on a healthy "
-    "Chat Completions request (asserted by tests); a request naming a previous response, session or file "
-    "adds its affinity read, a Responses answer writes its response-id affinity (SPEC §7.2), a key with a "
-    "budget adds its reservation's one conditional UPDATE (SPEC §7.4); Django's connection health check "
-    "(`SELECT 1`) runs only on a kept connection that had an error or that the server closed "
-    "(runtime.db.reuse)"
+    "1 statement before dispatch (the key, its pools and their health together, and the key's affinities "
+    "when the request names a previous response, a session or files), 0 writes on a healthy Chat "
+    "Completions request (asserted by tests); a Responses answer writes its response-id affinity (SPEC "
+    "§7.2), a key with a budget adds its reservation's one conditional UPDATE (SPEC §7.4); Django's "
+    "connection health check (`SELECT 1`) runs only on a kept connection that had an error or that the "
+    "server closed (runtime.db.reuse)"
 )
 
 

@@ -48,8 +48,9 @@ from routing.route import (
 )
 from routing.sanitize import valid as valid_field
 from routing.selectors import (
+    AffinityIds,
     ConfigSnapshot,
-    HealthState,
+    RequestState,
     RouteSettings,
     RoutingInputs,
     config_cached,
@@ -202,8 +203,8 @@ def headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """Everything the request path reads from the database: for a request that names no affinity and
-    finds its configuration cached, one statement."""
+    """Everything the request path reads from the database: for a request that finds its
+    configuration cached, one statement (affinities included)."""
 
     authenticated: Authenticated
     inputs: RoutingInputs | None = None
@@ -221,10 +222,17 @@ class ReadArgs:
     route_class: RouteClass
     file_ids: tuple[str, ...] = ()
 
-    def inputs_load(
-        self, authenticated: Authenticated, health: HealthState, config: ConfigSnapshot | None = None
-    ) -> RoutingInputs:
+    def affinity_ids(self) -> AffinityIds:
+        """The ids whose affinities the read looks up with the key (none for a request without a
+        body: it is refused once the key is known)."""
+        if self.body is None:
+            return AffinityIds()
+        previous = self.previous_response_id()
+        return AffinityIds(previous[:300] if previous else None, self.session_key, self.file_ids)
+
+    def inputs_load(self, state: RequestState, config: ConfigSnapshot | None = None) -> RoutingInputs:
         assert self.body is not None
+        authenticated = state.authenticated
         return routing_inputs_load(
             key_id=authenticated.key.key_id,
             pool_ids=authenticated.key.pool_ids,
@@ -234,41 +242,42 @@ class ReadArgs:
             previous_response_id=self.previous_response_id(),
             session_key=self.session_key,
             file_ids=self.file_ids,
-            health=health,
+            health=state.health,
             config=config,
+            affinities=state.affinities,
         )
 
     def previous_response_id(self) -> str | None:
         previous = self.body.get("previous_response_id") if self.body is not None else None
         return previous if self.path in RESPONSES_ROUTES and isinstance(previous, str) else None
 
-    def names_affinity(self) -> bool:
-        return bool(self.session_key or self.file_ids or self.previous_response_id())
-
 
 def _load(args: ReadArgs) -> Loaded | None:
     """The read on runtime.db's threads (SQLite)."""
-    state = request_state_load(args.raw_key, route_class=args.route_class, now=args.now)
+    state = request_state_load(
+        args.raw_key, route_class=args.route_class, now=args.now, affinity=args.affinity_ids()
+    )
     if state is None:
         return None
-    authenticated, health = state
     if args.body is None:
-        return Loaded(authenticated)
-    return Loaded(authenticated, args.inputs_load(authenticated, health))
+        return Loaded(state.authenticated)
+    return Loaded(state.authenticated, args.inputs_load(state))
 
 
 async def _read(args: ReadArgs, deadline: float) -> Loaded | None:
     """The request's read by `deadline` (monotonic). On PostgreSQL its statement runs on the event loop
-    (runtime.loopdb), and so does the routing state built from it when the configuration is cached and
-    no affinity is named; else what is left goes to runtime.db's threads, and all of it when the loop's
-    pool has no connection to give."""
+    (runtime.loopdb), and so does the routing state built from it when the configuration is cached;
+    else what is left goes to runtime.db's threads, and all of it when the loop's pool has no
+    connection to give."""
 
     def left() -> float:
         return max(deadline - time.monotonic(), MIN_READ_S)
 
     if not loopdb.available():
         return await db.run_within(left(), _load, args)
-    query = request_state_query(args.raw_key, route_class=args.route_class, now=args.now)
+    query = request_state_query(
+        args.raw_key, route_class=args.route_class, now=args.now, affinity=args.affinity_ids()
+    )
     if query is None:
         return None
     try:
@@ -278,13 +287,13 @@ async def _read(args: ReadArgs, deadline: float) -> Loaded | None:
     state = request_state_from_rows(rows, query.digest)
     if state is None:
         return None
-    authenticated, health = state
     if args.body is None:
-        return Loaded(authenticated)
+        return Loaded(state.authenticated)
+    authenticated = state.authenticated
     config = config_cached(authenticated.key.pool_ids, authenticated.config_version, args.now)
-    if config is not None and not args.names_affinity():
-        return Loaded(authenticated, args.inputs_load(authenticated, health, config))  # no query
-    inputs = await db.run_within(left(), args.inputs_load, authenticated, health)
+    if config is not None:
+        return Loaded(authenticated, args.inputs_load(state, config))  # no query
+    inputs = await db.run_within(left(), args.inputs_load, state)
     return Loaded(authenticated, inputs)
 
 

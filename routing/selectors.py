@@ -7,14 +7,13 @@ Two kinds of input, read differently:
 - health (circuits of the request's route class, active demotions) is shared, durable state that
   must be seen at once by every node: it is read on every request, in ONE query.
 So a successful request costs one read before dispatch: the key (with its pools and the config
-version) and the health, in one statement (`request_state_load`). No per-candidate query anywhere.
+version), the health and the key's affinities for the ids the request names (SPEC §7.2), in one
+statement (`request_state_load`). No per-candidate query anywhere.
 """
 
 import functools
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-
-from django.db.models import Q
 
 from catalog.models import CatalogEntry
 from catalog.prices import route_price
@@ -275,19 +274,118 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
     return HealthState(found, wide, demoted)
 
 
-@functools.cache  # table and column names only: the same text for the life of the process
-def _request_state_sql() -> str:
+@dataclass(frozen=True, slots=True)
+class Affinities:
+    """A key's live affinities for the ids one request names (SPEC §7.2)."""
+
+    response: Affinity | None = None
+    session: Affinity | None = None
+    files: dict[str, Affinity] = field(default_factory=dict)  # file id -> its affinity
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityIds:
+    """The ids one request names that its key may have affinities for (SPEC §7.2)."""
+
+    response_id: str | None = None
+    session: str | None = None
+    file_ids: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.response_id or self.session or self.file_ids)
+
+
+def _affinity_where(owner: str, response: bool, session: bool, files: int) -> str:
+    """The condition of the live affinities of the key `owner` picks (`= %s`, `IN (subquery)`) for the
+    ids of this shape, on the affinity table as `a` (params: the owner's, then `_affinity_params`).
+
+    Ownership is part of the lookup itself, never a check after it: another key's id, an expired id
+    and an id never seen run the same indexed lookup and find the same nothing, so a foreign id
+    cannot be told from an unknown one by the answer or by its timing."""
+    wanted = [
+        *(["(a.kind = %s AND a.key = %s)"] if response else []),
+        *(["(a.kind = %s AND a.key = %s)"] if session else []),
+        *([f"(a.kind = %s AND a.key IN ({rawsql.placeholders(files)}))"] if files else []),
+    ]
+    return f"a.gateway_key_id {owner} AND a.expires_at > %s AND ({' OR '.join(wanted)})"
+
+
+def _affinity_params(ids: AffinityIds, now: datetime) -> list[object]:
+    params: list[object] = [rawsql.as_param(now)]
+    if ids.response_id:
+        params += [AffinityKind.RESPONSE.value, ids.response_id]
+    if ids.session:
+        params += [AffinityKind.SESSION.value, ids.session]
+    if ids.file_ids:
+        params += [AffinityKind.FILE.value, *ids.file_ids]
+    return params
+
+
+def affinities_from_rows(owner: int, rows: list[tuple]) -> Affinities:
+    """The affinities of key `owner` in rows of (id, kind, key, assignment, model, expiry)."""
+    found = Affinities()
+    for pk, kind, key, assignment_id, model, expires_at in rows:
+        row = Affinity(
+            id=pk,
+            gateway_key_id=owner,
+            kind=kind,
+            key=key,
+            assignment_id=assignment_id,
+            model=model,
+            expires_at=rawsql.as_datetime(expires_at),
+        )
+        if kind == AffinityKind.RESPONSE:
+            found = replace(found, response=row)
+        elif kind == AffinityKind.SESSION:
+            found = replace(found, session=row)
+        else:
+            found.files[key] = row
+    return found
+
+
+def affinities_load(
+    *,
+    key_id: int,
+    now: datetime,
+    response_id: str | None = None,
+    session: str | None = None,
+    file_ids: tuple[str, ...] = (),
+) -> Affinities:
+    """The live affinities of key `key_id` among these ids, in ONE query (no id: no query); the
+    request path reads them with its key instead (`request_state_load`), by the same condition."""
+    ids = AffinityIds(response_id, session, tuple(file_ids))
+    if not ids:
+        return Affinities()
+    where = _affinity_where("= %s", bool(response_id), bool(session), len(ids.file_ids))
+    sql = (
+        "SELECT a.id, a.kind, a.key, a.assignment_id, a.model, a.expires_at "  # noqa: S608
+        f"FROM {Affinity._meta.db_table} a WHERE {where}"
+    )
+    return affinities_from_rows(key_id, rawsql.fetch(sql, [key_id, *_affinity_params(ids, now)]))
+
+
+@functools.cache  # table and column names only: the same text for the life of the process, per shape
+def _request_state_sql(response: bool = False, session: bool = False, files: int = 0) -> str:
     # One statement, so one round trip: the health rows of the key's pools (as `health_sql`) and the
     # key's rows (kind 2, as `key_sql`) side by side, each padded with NULLs where the other has its
-    # columns. The pools are the key's own, found by the same condition as the key row.
+    # columns. The pools are the key's own, found by the same condition as the key row. With ids named
+    # (the shape of `AffinityIds`), the key's live affinities for them too (kind 3, in the health
+    # columns: `_AFFINITY_IN_HEALTH`), found by the same condition.
     through = GatewayKey.pools.through._meta
-    return (
+    sql = (
         f"WITH kp AS (SELECT kp.pool_id FROM {through.db_table} kp "  # noqa: S608
         f"JOIN {GatewayKey._meta.db_table} k ON k.id = kp.gatewaykey_id WHERE {key_match_sql()}) "
         f"SELECT h.*, {rawsql.nulls(KEY_COLUMNS)} FROM ({health_sql('(SELECT pool_id FROM kp)')}) h "
         f"UNION ALL SELECT 2, {rawsql.nulls(HEALTH_COLUMNS - 1)}, r.* FROM ({key_sql()}) r "
-        f"ORDER BY 1, {HEALTH_COLUMNS + KEY_COLUMNS}"  # the key's rows last, by their pool's name
     )
+    if response or session or files:
+        owner = f"IN (SELECT k.id FROM {GatewayKey._meta.db_table} k WHERE {key_match_sql()})"  # noqa: S608
+        sql += (
+            "UNION ALL SELECT 3, a.assignment_id, a.model, a.kind, a.key, a.id, 0, a.expires_at, 0, "  # noqa: S608
+            f"NULL, {rawsql.nulls(KEY_COLUMNS)} "
+            f"FROM {Affinity._meta.db_table} a WHERE {_affinity_where(owner, response, session, files)} "
+        )
+    return sql + f"ORDER BY 1, {HEALTH_COLUMNS + KEY_COLUMNS}"  # the key's rows by their pool's name
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,35 +398,59 @@ class RequestStateQuery:
     digest: str  # of the key's secret: the rows are the key's only if it matches (`request_state_from_rows`)
 
 
-def request_state_query(raw_key: str, *, route_class: RouteClass, now: datetime) -> RequestStateQuery | None:
+def request_state_query(
+    raw_key: str, *, route_class: RouteClass, now: datetime, affinity: AffinityIds | None = None
+) -> RequestStateQuery | None:
     """None for an empty secret: no key can match it, no statement is needed."""
     if not raw_key:
         return None
     digest = hash_key(raw_key)
     key = key_params(digest)
     health = [str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
-    return RequestStateQuery(_request_state_sql(), [*key, *health, *key], digest)
+    params = [*key, *health, *key]
+    if not affinity:
+        return RequestStateQuery(_request_state_sql(), params, digest)
+    sql = _request_state_sql(bool(affinity.response_id), bool(affinity.session), len(affinity.file_ids))
+    return RequestStateQuery(sql, [*params, *key, *_affinity_params(affinity, now)], digest)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestState:
+    """What the request's read before dispatch found: the key, its pools' health, and its live
+    affinities for the ids the request named (none named: none)."""
+
+    authenticated: Authenticated
+    health: HealthState
+    affinities: Affinities
 
 
 def request_state_load(
-    raw_key: str, *, route_class: RouteClass, now: datetime
-) -> tuple[Authenticated, HealthState] | None:
-    """The key whose secret is `raw_key` (as `pools.selectors.key_authenticate`) and the health of its
-    pools for the route class (as `health_load`), in ONE statement: the request path's one round
-    trip before dispatch. None for a missing, wrong or disabled key."""
-    query = request_state_query(raw_key, route_class=route_class, now=now)
+    raw_key: str, *, route_class: RouteClass, now: datetime, affinity: AffinityIds | None = None
+) -> RequestState | None:
+    """The key whose secret is `raw_key` (as `pools.selectors.key_authenticate`), the health of its
+    pools for the route class (as `health_load`) and its affinities for `affinity` (as
+    `affinities_load`), in ONE statement: the request path's one round trip before dispatch. None for
+    a missing, wrong or disabled key."""
+    query = request_state_query(raw_key, route_class=route_class, now=now, affinity=affinity)
     if query is None:
         return None
     return request_state_from_rows(rawsql.fetch(query.sql, query.params), query.digest)
 
 
-def request_state_from_rows(rows: list[tuple], digest: str) -> tuple[Authenticated, HealthState] | None:
+# Where a kind-3 row (`_request_state_sql`) has an affinity's columns, in the order `affinities_from_rows`
+# takes them: id, kind, key, assignment, model, expiry.
+_AFFINITY_IN_HEALTH = (5, 3, 4, 1, 2, 7)
+
+
+def request_state_from_rows(rows: list[tuple], digest: str) -> RequestState | None:
     """What `request_state_load` returns, from its statement's rows."""
-    split = next((i for i, row in enumerate(rows) if row[0] == 2), len(rows))
-    authenticated = authenticated_from_rows([row[HEALTH_COLUMNS:] for row in rows[split:]], digest)
+    key_rows = [row[HEALTH_COLUMNS:] for row in rows if row[0] == 2]
+    authenticated = authenticated_from_rows(key_rows, digest)
     if authenticated is None:
         return None
-    return authenticated, health_from_rows([row[:HEALTH_COLUMNS] for row in rows[:split]])
+    health = health_from_rows([row[:HEALTH_COLUMNS] for row in rows if row[0] < 2])
+    found = [tuple(row[i] for i in _AFFINITY_IN_HEALTH) for row in rows if row[0] == 3]
+    return RequestState(authenticated, health, affinities_from_rows(authenticated.key.key_id, found))
 
 
 def routing_view_load(
@@ -388,48 +510,6 @@ def pool_names(pool_ids: tuple[int, ...]) -> list[str]:
     return list(Pool.objects.filter(pk__in=pool_ids).order_by("name").values_list("name", flat=True))
 
 
-@dataclass(frozen=True, slots=True)
-class Affinities:
-    """A key's live affinities for the ids one request names (SPEC §7.2)."""
-
-    response: Affinity | None = None
-    session: Affinity | None = None
-    files: dict[str, Affinity] = field(default_factory=dict)  # file id -> its affinity
-
-
-def affinities_load(
-    *,
-    key_id: int,
-    now: datetime,
-    response_id: str | None = None,
-    session: str | None = None,
-    file_ids: tuple[str, ...] = (),
-) -> Affinities:
-    """The live affinities of key `key_id` among these ids, in ONE query (no id: no query).
-
-    Ownership is part of the lookup itself, never a check after it: another key's id, an expired id
-    and an id never seen run the same indexed query and find the same nothing, so a foreign id
-    cannot be told from an unknown one by the answer or by its timing."""
-    wanted = Q()
-    if response_id:
-        wanted |= Q(kind=AffinityKind.RESPONSE, key=response_id)
-    if session:
-        wanted |= Q(kind=AffinityKind.SESSION, key=session)
-    if file_ids:
-        wanted |= Q(kind=AffinityKind.FILE, key__in=file_ids)
-    if not wanted:
-        return Affinities()
-    found = Affinities()
-    for row in Affinity.objects.filter(wanted, gateway_key_id=key_id, expires_at__gt=now):
-        if row.kind == AffinityKind.RESPONSE:
-            found = replace(found, response=row)
-        elif row.kind == AffinityKind.SESSION:
-            found = replace(found, session=row)
-        else:
-            found.files[row.key] = row
-    return found
-
-
 def affinity_get(*, key_id: int, kind: AffinityKind, key: str, now: datetime) -> Affinity | None:
     """Key `key_id`'s live affinity for (kind, key), or None: unknown, expired or another key's."""
     return Affinity.objects.filter(gateway_key_id=key_id, kind=kind, key=key, expires_at__gt=now).first()
@@ -459,11 +539,13 @@ def routing_inputs_load(
     file_ids: tuple[str, ...] = (),
     health: HealthState | None = None,
     config: ConfigSnapshot | None = None,
+    affinities: Affinities | None = None,
 ) -> RoutingInputs:
     """A response this key had relayed pins the request to its assignment (§5.2, §7.2); one it never
     saw, another key's, or one whose affinity expired pins nothing, and the upstream answers for
-    itself. `health` and `config` as for `routing_view_load`: with both, and no id to look up, no query
-    is made."""
+    itself. `health` and `config` as for `routing_view_load`; `affinities`: those the request's read
+    found with its key (`request_state_load`), else they are read here. With all three, no query is
+    made."""
     view, settings = routing_view_load(
         pool_ids=pool_ids,
         route_class=route_class,
@@ -472,13 +554,15 @@ def routing_inputs_load(
         health=health,
         config=config,
     )
-    found = affinities_load(
-        key_id=key_id,
-        now=now,
-        response_id=previous_response_id[:300] if previous_response_id else None,
-        session=session_key,
-        file_ids=file_ids,
-    )
+    found = affinities
+    if found is None:
+        found = affinities_load(
+            key_id=key_id,
+            now=now,
+            response_id=previous_response_id[:300] if previous_response_id else None,
+            session=session_key,
+            file_ids=file_ids,
+        )
     pins: tuple[HardPin, ...] = ()
     if found.response is not None:
         pins = (HardPin(PinKind.RESPONSE, found.response.assignment_id),)

@@ -208,7 +208,7 @@ def request_path_queries(monkeypatch):
     from runtime import loopdb
 
     seen: list[str] = []
-    execute, on_loop = utils.CursorWrapper.execute, loopdb._execute
+    execute, on_loop = utils.CursorWrapper.execute, loopdb.ReadConnection.rows
 
     def counting(self, sql, params=None):
         if threading.current_thread().name != "ledger-writer":
@@ -220,7 +220,7 @@ def request_path_queries(monkeypatch):
         return await on_loop(conn, sql, params)
 
     monkeypatch.setattr(utils.CursorWrapper, "execute", counting)
-    monkeypatch.setattr(loopdb, "_execute", counting_on_loop)
+    monkeypatch.setattr(loopdb.ReadConnection, "rows", counting_on_loop)
     return seen
 
 
@@ -235,7 +235,7 @@ def statement_places(monkeypatch):
     from runtime import loopdb
 
     seen: list[tuple[str, str]] = []
-    execute, on_loop = utils.CursorWrapper.execute, loopdb._execute
+    execute, on_loop = utils.CursorWrapper.execute, loopdb.ReadConnection.rows
 
     def on_thread(self, sql, params=None):
         if threading.current_thread().name != "ledger-writer":
@@ -247,7 +247,7 @@ def statement_places(monkeypatch):
         return await on_loop(conn, sql, params)
 
     monkeypatch.setattr(utils.CursorWrapper, "execute", on_thread)
-    monkeypatch.setattr(loopdb, "_execute", counted_on_loop)
+    monkeypatch.setattr(loopdb.ReadConnection, "rows", counted_on_loop)
     return seen
 
 
@@ -273,6 +273,36 @@ def test_a_healthy_requests_read_runs_on_the_event_loop_on_postgresql(
         assert places == ["loop", "loop"], statement_places
     else:
         assert all(where.startswith("gateway-db_") for where in places), statement_places
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_request_naming_a_session_reads_its_affinity_in_the_same_statement(
+    gateway, two_assignments, statement_places, monkeypatch, kept
+):
+    """A request that names an affinity (here a session; a previous response or a file alike) reads it
+    with its key: one statement before dispatch, on the event loop on PostgreSQL, no thread hop."""
+    from runtime import loopdb
+
+    if kept:
+        monkeypatch.setattr(loopdb, "_max_age", lambda: 300)
+    headers = {**AUTH, "content-type": "application/json", "x-gateway-session": "agent-7"}
+
+    def send() -> httpx.Response:
+        return httpx.post(f"{gateway}/v1/chat/completions", content=BODY, headers=headers, timeout=10)
+
+    assert send().status_code == 200  # the config cached, the session's affinity written
+    writer.flush()
+    statement_places.clear()
+    for _ in range(2):  # the same account serves the session: nothing to write
+        answer = send()
+        assert answer.status_code == 200
+    places = [where for where, _ in statement_places]
+    assert len(places) == 2, statement_places
+    if connection.vendor == "postgresql":
+        assert places == ["loop", "loop"], statement_places
+    else:
+        assert all(where.startswith("gateway-db_") for where in places), statement_places
+    assert all("routing_affinity" in sql for _, sql in statement_places)
 
 
 def test_a_healthy_request_builds_no_database_wrapper_on_the_event_loop(
@@ -314,7 +344,7 @@ def test_a_read_the_loops_pool_cannot_take_goes_to_the_threads(
 
     assert _send(gateway).status_code == 200  # the key known to the edge, the routing config cached
     writer.flush()
-    monkeypatch.setattr(loopdb, "_execute", no_connection)
+    monkeypatch.setattr(loopdb.ReadConnection, "rows", no_connection)
     statement_places.clear()
     assert _send(gateway).status_code == 200
     [(where, _)] = statement_places  # the whole read, on a thread

@@ -14,7 +14,14 @@ from pools.models import GatewayKey, GatewaySettings, ModelFallback
 from pools.selectors import key_authenticate
 from routing import services
 from routing.models import AffinityKind, Circuit
-from routing.selectors import health_load, request_state_load, routing_view_load
+from routing.selectors import (
+    Affinities,
+    AffinityIds,
+    affinities_load,
+    health_load,
+    request_state_load,
+    routing_view_load,
+)
 from routing.services import CircuitKey
 from routing.types import ASSIGNMENT_WIDE, CircuitReason, Health, RouteClass, TriState
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
@@ -216,7 +223,8 @@ def test_a_warm_request_reads_once_before_dispatch_and_sees_config_changes():
     def request_reads():
         with CaptureQueriesContext(connection) as ctx:
             now = timezone.now()
-            authenticated, health = request_state_load(RAW, route_class=RouteClass.HTTP, now=now)
+            state = request_state_load(RAW, route_class=RouteClass.HTTP, now=now)
+            authenticated, health = state.authenticated, state.health
             view, _ = routing_view_load(
                 pool_ids=authenticated.key.pool_ids,
                 route_class=RouteClass.HTTP,
@@ -269,7 +277,8 @@ def test_the_one_statement_reads_what_the_key_and_health_reads_read(route_class)
             )
     GatewayKeyFactory(raw_key=RAW, pools=pools[:2], limit_rpm=7)
 
-    authenticated, health = request_state_load(RAW, route_class=route_class, now=now)
+    state = request_state_load(RAW, route_class=route_class, now=now)
+    authenticated, health = state.authenticated, state.health
     assert authenticated == key_authenticate(RAW)
     assert authenticated.key.pool_ids == (pools[1].pk, pools[0].pk)
     assert health == health_load(pool_ids=authenticated.key.pool_ids, route_class=route_class, now=now)
@@ -283,10 +292,67 @@ def test_the_one_statement_reads_what_the_key_and_health_reads_read(route_class)
 def test_the_one_statement_reads_a_key_without_pools():
     GatewayKeyFactory(raw_key=RAW, pools=[])
     PoolFactory()  # a pool, with health, that is not the key's
-    authenticated, health = request_state_load(RAW, route_class=RouteClass.HTTP, now=timezone.now())
+    state = request_state_load(RAW, route_class=RouteClass.HTTP, now=timezone.now())
+    authenticated, health = state.authenticated, state.health
     assert authenticated == key_authenticate(RAW)
     assert authenticated.key.pool_ids == ()
     assert (health.circuits, health.wide, health.demoted) == ({}, {}, set())
+
+
+def _affinities_seen(found: Affinities) -> dict:
+    rows = [found.response, found.session, *found.files.values()]
+    return {(a.kind, a.key): (a.gateway_key_id, a.assignment_id, a.model, a.expires_at) for a in rows if a}
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        AffinityIds(response_id="id-1"),
+        AffinityIds(session="id-1"),
+        AffinityIds(file_ids=("id-1", "id-2", "id-old")),
+        AffinityIds(response_id="id-1", session="id-2", file_ids=("id-1", "id-unknown")),
+        AffinityIds(response_id="id-unknown"),
+    ],
+    ids=["response", "session", "files", "all", "unknown"],
+)
+def test_the_one_statement_finds_the_keys_affinities_as_affinities_load_does(django_assert_num_queries, ids):
+    """A request naming a previous response, a session or files reads their affinities with its key:
+    still one statement, and the same rows as the lookup by the key's id (SPEC §7.2): the key's own,
+    live ones; another key's rows for the same ids (here on another account) never."""
+    pool = PoolFactory()
+    mine, theirs = AssignmentFactory(pool=pool, name="mine"), AssignmentFactory(pool=pool, name="theirs")
+    owner = GatewayKeyFactory(raw_key=RAW, pools=[pool])
+    stranger = GatewayKeyFactory(pools=[pool])
+    now = timezone.now()
+    for key, assignment in ((owner, mine), (stranger, theirs)):
+        for kind in AffinityKind:
+            for name, ttl in (("id-1", 1), ("id-2", 1), ("id-old", -1)):
+                services.affinity_record(
+                    gateway_key_id=key.pk,
+                    kind=kind,
+                    key=name,
+                    assignment_id=assignment.pk,
+                    model=f"{key.pk}-{kind}-{name}",
+                    ttl=timedelta(hours=ttl),
+                    now=now,
+                )
+    plain = request_state_load(RAW, route_class=RouteClass.HTTP, now=now)
+    with django_assert_num_queries(1):
+        state = request_state_load(RAW, route_class=RouteClass.HTTP, now=now, affinity=ids)
+    expected = affinities_load(
+        key_id=owner.pk, now=now, response_id=ids.response_id, session=ids.session, file_ids=ids.file_ids
+    )
+    assert _affinities_seen(state.affinities) == _affinities_seen(expected)
+    assert (state.authenticated, state.health) == (plain.authenticated, plain.health)
+    assert plain.affinities == Affinities()
+    seen = _affinities_seen(state.affinities)
+    assert all(row[:2] == (owner.pk, mine.pk) for row in seen.values())
+    named = {
+        *([(AffinityKind.RESPONSE, ids.response_id)] if ids.response_id else []),
+        *([(AffinityKind.SESSION, ids.session)] if ids.session else []),
+        *((AffinityKind.FILE, f) for f in ids.file_ids),
+    }
+    assert set(seen) == {n for n in named if n[1] in ("id-1", "id-2")}  # neither expired nor unknown
 
 
 def test_every_kind_of_configuration_write_moves_the_version():
