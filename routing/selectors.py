@@ -275,12 +275,24 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
 
 
 @dataclass(frozen=True, slots=True)
+class FoundAffinity:
+    """A live affinity as routing reads it: where (kind, key) points (SPEC §7.2). Plain values, not the
+    model: building a Django model instance was most of the cost of reading one."""
+
+    kind: str
+    key: str
+    assignment_id: int | None
+    model: str
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class Affinities:
     """A key's live affinities for the ids one request names (SPEC §7.2)."""
 
-    response: Affinity | None = None
-    session: Affinity | None = None
-    files: dict[str, Affinity] = field(default_factory=dict)  # file id -> its affinity
+    response: FoundAffinity | None = None
+    session: FoundAffinity | None = None
+    files: dict[str, FoundAffinity] = field(default_factory=dict)  # file id -> its affinity
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,19 +333,11 @@ def _affinity_params(ids: AffinityIds, now: datetime) -> list[object]:
     return params
 
 
-def affinities_from_rows(owner: int, rows: list[tuple]) -> Affinities:
-    """The affinities of key `owner` in rows of (id, kind, key, assignment, model, expiry)."""
+def affinities_from_rows(rows: list[tuple]) -> Affinities:
+    """The affinities in rows of (kind, key, assignment, model, expiry)."""
     found = Affinities()
-    for pk, kind, key, assignment_id, model, expires_at in rows:
-        row = Affinity(
-            id=pk,
-            gateway_key_id=owner,
-            kind=kind,
-            key=key,
-            assignment_id=assignment_id,
-            model=model,
-            expires_at=rawsql.as_datetime(expires_at),
-        )
+    for kind, key, assignment_id, model, expires_at in rows:
+        row = FoundAffinity(kind, key, assignment_id, model, rawsql.as_datetime(expires_at))
         if kind == AffinityKind.RESPONSE:
             found = replace(found, response=row)
         elif kind == AffinityKind.SESSION:
@@ -358,10 +362,10 @@ def affinities_load(
         return Affinities()
     where = _affinity_where("= %s", bool(response_id), bool(session), len(ids.file_ids))
     sql = (
-        "SELECT a.id, a.kind, a.key, a.assignment_id, a.model, a.expires_at "  # noqa: S608
+        "SELECT a.kind, a.key, a.assignment_id, a.model, a.expires_at "  # noqa: S608
         f"FROM {Affinity._meta.db_table} a WHERE {where}"
     )
-    return affinities_from_rows(key_id, rawsql.fetch(sql, [key_id, *_affinity_params(ids, now)]))
+    return affinities_from_rows(rawsql.fetch(sql, [key_id, *_affinity_params(ids, now)]))
 
 
 @functools.cache  # table and column names only: the same text for the life of the process, per shape
@@ -381,7 +385,7 @@ def _request_state_sql(response: bool = False, session: bool = False, files: int
     if response or session or files:
         owner = f"IN (SELECT k.id FROM {GatewayKey._meta.db_table} k WHERE {key_match_sql()})"  # noqa: S608
         sql += (
-            "UNION ALL SELECT 3, a.assignment_id, a.model, a.kind, a.key, a.id, 0, a.expires_at, 0, "  # noqa: S608
+            "UNION ALL SELECT 3, a.assignment_id, a.model, a.kind, a.key, 0, 0, a.expires_at, 0, "  # noqa: S608
             f"NULL, {rawsql.nulls(KEY_COLUMNS)} "
             f"FROM {Affinity._meta.db_table} a WHERE {_affinity_where(owner, response, session, files)} "
         )
@@ -438,8 +442,8 @@ def request_state_load(
 
 
 # Where a kind-3 row (`_request_state_sql`) has an affinity's columns, in the order `affinities_from_rows`
-# takes them: id, kind, key, assignment, model, expiry.
-_AFFINITY_IN_HEALTH = (5, 3, 4, 1, 2, 7)
+# takes them: kind, key, assignment, model, expiry.
+_AFFINITY_IN_HEALTH = (3, 4, 1, 2, 7)
 
 
 def request_state_from_rows(rows: list[tuple], digest: str) -> RequestState | None:
@@ -450,7 +454,7 @@ def request_state_from_rows(rows: list[tuple], digest: str) -> RequestState | No
         return None
     health = health_from_rows([row[:HEALTH_COLUMNS] for row in rows if row[0] < 2])
     found = [tuple(row[i] for i in _AFFINITY_IN_HEALTH) for row in rows if row[0] == 3]
-    return RequestState(authenticated, health, affinities_from_rows(authenticated.key.key_id, found))
+    return RequestState(authenticated, health, affinities_from_rows(found))
 
 
 def routing_view_load(
@@ -524,7 +528,7 @@ class RoutingInputs:
     view: RoutingView
     settings: RouteSettings
     pins: tuple[HardPin, ...]
-    session: Affinity | None
+    session: FoundAffinity | None
 
 
 def routing_inputs_load(
