@@ -11,7 +11,11 @@ Transport = RouteClass
 
 
 class RequestRecord(models.Model):
-    request_id = models.CharField(max_length=64, unique=True)
+    # Unique and the operation id indexed by declared constraints and indexes, not the fields' flags: on
+    # PostgreSQL a flagged CharField gets a second, `varchar_pattern_ops` index for prefix LIKE, which no
+    # query here makes (admin's search is case-insensitive, which that index cannot serve) and which every
+    # ledger insert paid for.
+    request_id = models.CharField(max_length=64)
     key = models.ForeignKey(GatewayKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     route = models.CharField(max_length=64, help_text="The client endpoint, e.g. /v1/chat/completions.")
     transport = models.CharField(max_length=9, choices=choices(Transport))
@@ -20,7 +24,6 @@ class RequestRecord(models.Model):
     operation_id = models.CharField(
         max_length=64,
         blank=True,
-        db_index=True,
         help_text="x-gateway-operation-id from the client, else the request id.",
     )
     outcome = models.CharField(max_length=64, help_text="`ok` or the typed error code (sanitized).")
@@ -31,14 +34,21 @@ class RequestRecord(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
-        constraints = [choices_check("requestrecord", "transport", Transport)]
+        constraints = [
+            models.UniqueConstraint(fields=["request_id"], name="requestrecord_unique_request_id"),
+            choices_check("requestrecord", "transport", Transport),
+        ]
+        indexes = [models.Index(fields=["operation_id"], name="requestrecord_operation_id")]
 
     def __str__(self) -> str:
         return self.request_id
 
 
 class Attempt(models.Model):
-    request = models.ForeignKey(RequestRecord, on_delete=models.CASCADE, related_name="attempts")
+    # No index of its own: attempt_unique_ordinal's leading column serves every lookup by request.
+    request = models.ForeignKey(
+        RequestRecord, on_delete=models.CASCADE, related_name="attempts", db_index=False
+    )
     ordinal = models.PositiveSmallIntegerField()
     assignment = models.ForeignKey(Assignment, on_delete=models.SET_NULL, null=True, related_name="+")
     model = models.CharField(max_length=200)
