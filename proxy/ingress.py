@@ -227,24 +227,19 @@ class ReadArgs:
         body: it is refused once the key is known)."""
         if self.body is None:
             return AffinityIds()
-        previous = self.previous_response_id()
-        return AffinityIds(previous[:300] if previous else None, self.session_key, self.file_ids)
+        return AffinityIds(self.previous_response_id(), self.session_key, self.file_ids)
 
     def inputs_load(self, state: RequestState, config: ConfigSnapshot | None = None) -> RoutingInputs:
         assert self.body is not None
         authenticated = state.authenticated
         return routing_inputs_load(
-            key_id=authenticated.key.key_id,
             pool_ids=authenticated.key.pool_ids,
             route_class=self.route_class,
             now=self.now,
+            affinities=state.affinities,
             config_version=authenticated.config_version,
-            previous_response_id=self.previous_response_id(),
-            session_key=self.session_key,
-            file_ids=self.file_ids,
             health=state.health,
             config=config,
-            affinities=state.affinities,
         )
 
     def previous_response_id(self) -> str | None:

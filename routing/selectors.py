@@ -295,13 +295,23 @@ class Affinities:
     files: dict[str, FoundAffinity] = field(default_factory=dict)  # file id -> its affinity
 
 
+# The longest id an affinity holds: a longer one was never remembered (proxy.payloads.response_id), so it
+# names none (an id is never looked up by a prefix that another id may share).
+AFFINITY_KEY_MAX = Affinity._meta.get_field("key").max_length
+
+
 @dataclass(frozen=True, slots=True)
 class AffinityIds:
-    """The ids one request names that its key may have affinities for (SPEC §7.2)."""
+    """The ids one request names that its key may have affinities for (SPEC §7.2); a response id longer
+    than any affinity's is dropped here, the one place the request path and `routing_explain` share."""
 
     response_id: str | None = None
     session: str | None = None
     file_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.response_id is not None and len(self.response_id) > AFFINITY_KEY_MAX:
+            object.__setattr__(self, "response_id", None)
 
     def __bool__(self) -> bool:
         return bool(self.response_id or self.session or self.file_ids)
@@ -360,7 +370,7 @@ def affinities_load(
     ids = AffinityIds(response_id, session, tuple(file_ids))
     if not ids:
         return Affinities()
-    where = _affinity_where("= %s", bool(response_id), bool(session), len(ids.file_ids))
+    where = _affinity_where("= %s", bool(ids.response_id), bool(ids.session), len(ids.file_ids))
     sql = (
         "SELECT a.kind, a.key, a.assignment_id, a.model, a.expires_at "  # noqa: S608
         f"FROM {Affinity._meta.db_table} a WHERE {where}"
@@ -533,23 +543,19 @@ class RoutingInputs:
 
 def routing_inputs_load(
     *,
-    key_id: int,
     pool_ids: tuple[int, ...],
     route_class: RouteClass,
     now: datetime,
+    affinities: Affinities,
     config_version: int | None = None,
-    previous_response_id: str | None = None,
-    session_key: str | None = None,
-    file_ids: tuple[str, ...] = (),
     health: HealthState | None = None,
     config: ConfigSnapshot | None = None,
-    affinities: Affinities | None = None,
 ) -> RoutingInputs:
     """A response this key had relayed pins the request to its assignment (§5.2, §7.2); one it never
     saw, another key's, or one whose affinity expired pins nothing, and the upstream answers for
-    itself. `health` and `config` as for `routing_view_load`; `affinities`: those the request's read
-    found with its key (`request_state_load`), else they are read here. With all three, no query is
-    made."""
+    itself. `affinities`: the key's live ones for the request's ids (read with the key on the request
+    path, `request_state_load`; by `affinities_load` elsewhere). `health` and `config` as for
+    `routing_view_load`: with both, no query is made."""
     view, settings = routing_view_load(
         pool_ids=pool_ids,
         route_class=route_class,
@@ -558,19 +564,10 @@ def routing_inputs_load(
         health=health,
         config=config,
     )
-    found = affinities
-    if found is None:
-        found = affinities_load(
-            key_id=key_id,
-            now=now,
-            response_id=previous_response_id[:300] if previous_response_id else None,
-            session=session_key,
-            file_ids=file_ids,
-        )
     pins: tuple[HardPin, ...] = ()
-    if found.response is not None:
-        pins = (HardPin(PinKind.RESPONSE, found.response.assignment_id),)
+    if affinities.response is not None:
+        pins = (HardPin(PinKind.RESPONSE, affinities.response.assignment_id),)
     # A file the key uploaded pins the request to the account that holds it (two such accounts, or
     # one that left the pools: 409); a file id it does not own pins nothing (SPEC §5.2, §7.2).
-    pins += file_pins([affinity.assignment_id for affinity in found.files.values()])
-    return RoutingInputs(view, settings, pins, found.session)
+    pins += file_pins([affinity.assignment_id for affinity in affinities.files.values()])
+    return RoutingInputs(view, settings, pins, affinities.session)

@@ -15,6 +15,7 @@ from pools.selectors import key_authenticate
 from routing import services
 from routing.models import AffinityKind, Circuit
 from routing.selectors import (
+    AFFINITY_KEY_MAX,
     Affinities,
     AffinityIds,
     affinities_load,
@@ -353,6 +354,31 @@ def test_the_one_statement_finds_the_keys_affinities_as_affinities_load_does(dja
         *((AffinityKind.FILE, f) for f in ids.file_ids),
     }
     assert set(seen) == {n for n in named if n[1] in ("id-1", "id-2")}  # neither expired nor unknown
+
+
+def test_a_response_id_longer_than_any_remembered_one_names_no_affinity():
+    """An affinity holds an id of at most AFFINITY_KEY_MAX characters (a longer one is never remembered):
+    a longer previous_response_id pins nothing, on the request's read and in affinities_load alike,
+    not even to a remembered id it starts with."""
+    pool = PoolFactory()
+    assignment = AssignmentFactory(pool=pool)
+    owner = GatewayKeyFactory(raw_key=RAW, pools=[pool])
+    now = timezone.now()
+    remembered = "r" * AFFINITY_KEY_MAX
+    services.affinity_record(
+        gateway_key_id=owner.pk,
+        kind=AffinityKind.RESPONSE,
+        key=remembered,
+        assignment_id=assignment.pk,
+        ttl=timedelta(hours=1),
+        now=now,
+    )
+    for named, found in ((remembered, True), (remembered + "x", False)):
+        ids = AffinityIds(response_id=named)
+        state = request_state_load(RAW, route_class=RouteClass.HTTP, now=now, affinity=ids)
+        assert (state.affinities.response is not None) is found
+        loaded = affinities_load(key_id=owner.pk, now=now, response_id=named)
+        assert (loaded.response is not None) is found
 
 
 def test_every_kind_of_configuration_write_moves_the_version():

@@ -17,7 +17,7 @@ from routing.route import (
     parse_requirements_header,
 )
 from routing.routes import CLIENT_ROUTES
-from routing.selectors import pool_names, routing_inputs_load
+from routing.selectors import affinities_load, pool_names, routing_inputs_load
 from routing.types import Candidate, Requirements, RouteClass
 
 
@@ -69,12 +69,12 @@ class Command(BaseCommand):
         # The same gathering of inputs as the proxy's (pins, session, health, settings): an unknown
         # previous_response_id pins nothing here either.
         inputs = routing_inputs_load(
-            key_id=key.key_id,
             pool_ids=key.pool_ids,
             route_class=RouteClass(o["route_class"]),
             now=now,
-            previous_response_id=o["previous_response_id"],
-            session_key=o["session"],
+            affinities=affinities_load(
+                key_id=key.key_id, now=now, response_id=o["previous_response_id"], session=o["session"]
+            ),
         )
         settings = inputs.settings
         requirements = replace(requirements, min_attempt_ms=settings.min_attempt_ms)
