@@ -51,7 +51,9 @@ async def test_a_kept_connection_reads_with_one_cursor_and_each_read_gets_its_ow
     await pool.open()
     await pool.wait()  # its one connection ready: no read waits, so the pool does not grow
     await loopdb.fetch_within(5, "SELECT 1", [])
-    [conn] = list(pool._pool)  # psycopg_pool's idle connections
+    conn = await pool.getconn()  # the pool's one connection, which that read used
+    await pool.putconn(conn)
+    assert pool.get_stats()["pool_size"] == 1
     reader = conn._reader
     assert reader is not None
     for value in ("a", "b", "c"):
