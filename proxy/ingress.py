@@ -58,6 +58,7 @@ from routing.selectors import (
     request_state_load,
     request_state_query,
     routing_inputs_load,
+    session_named,
 )
 from routing.services import Seen
 from routing.types import Candidate, Requirements, RouteClass
@@ -315,7 +316,7 @@ async def prepare(
     what was learnt before: the key, the requested model). `headers` are the request's (an HTTP
     request's, or a websocket handshake's); `pins` are the ingress's own hard pins (a live websocket);
     `raw` is the body as sent, if the ingress has it (it spares most bodies the search for file ids)."""
-    session_key = headers.get("x-gateway-session", "")[:300] or None
+    session_key = session_named(headers.get("x-gateway-session"))
     now = datetime.now(UTC)
     try:
         file_ids = file_ids_of(body, raw) if body is not None else ()

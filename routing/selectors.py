@@ -300,6 +300,12 @@ class Affinities:
 AFFINITY_KEY_MAX = Affinity._meta.get_field("key").max_length
 
 
+def session_named(header: str | None) -> str | None:
+    """The session an `x-gateway-session` value names: its first AFFINITY_KEY_MAX characters, as it is
+    remembered (the proxy's request and routing_explain alike); an empty value names none."""
+    return (header or "")[:AFFINITY_KEY_MAX] or None
+
+
 @dataclass(frozen=True, slots=True)
 class AffinityIds:
     """The ids one request names that its key may have affinities for (SPEC §7.2); a response id longer

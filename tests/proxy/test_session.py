@@ -5,6 +5,7 @@ import httpx
 
 from devkit.behaviours import serve, unavailable
 from routing.models import Affinity
+from routing.selectors import AFFINITY_KEY_MAX
 from tests.gateway_fixtures import GATEWAY_KEY
 
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
@@ -32,3 +33,20 @@ def test_a_session_returns_to_its_last_assignment_and_still_fails_over(gateway, 
     assert third.status_code == 200
     assert third.json()["choices"][0]["message"]["content"] == "a again"
     assert Affinity.objects.get(kind="session", key="s-1").assignment_id != acct_b.pk
+
+
+def test_a_session_header_longer_than_an_affinity_key_is_remembered_by_its_first_characters(
+    gateway, two_assignments
+):
+    """The session a header names is its first AFFINITY_KEY_MAX characters (as routing_explain reads it):
+    remembered under them, and the same header finds it again."""
+    a, b, (_, acct_b) = two_assignments
+    a.script("gpt-5", unavailable(503), serve("a"))
+    b.script("gpt-5", serve("b"), serve("b again"))
+    header = "s" * AFFINITY_KEY_MAX + "-tail"
+
+    assert _post(gateway, header).json()["choices"][0]["message"]["content"] == "b"
+    remembered = Affinity.objects.get(kind="session")
+    assert (remembered.key, remembered.assignment_id) == ("s" * AFFINITY_KEY_MAX, acct_b.pk)
+    assert _post(gateway, header).json()["choices"][0]["message"]["content"] == "b again"
+    assert a.hit_count() == 1

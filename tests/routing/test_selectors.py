@@ -22,6 +22,7 @@ from routing.selectors import (
     health_load,
     request_state_load,
     routing_view_load,
+    session_named,
 )
 from routing.services import CircuitKey
 from routing.types import ASSIGNMENT_WIDE, CircuitReason, Health, RouteClass, TriState
@@ -180,6 +181,24 @@ def test_routing_explain_honours_explicit_fallbacks_and_pins(explained_setup):
     )
     out = _explain(key="ci", model="claude-opus-4-8", previous_response_id="resp_1")
     assert "1. us-a" in out and "eu-a" not in out
+
+
+def test_routing_explain_names_a_long_session_as_the_proxy_does(explained_setup):
+    """The proxy remembers a session by the first AFFINITY_KEY_MAX characters of its header; routing_explain
+    given the same header value finds the same session and keeps the request on its account."""
+    eu = explained_setup.assignments.get(name="eu-a")  # tier 1: second without the session
+    header = "s" * (AFFINITY_KEY_MAX + 20)
+    services.affinity_record(
+        gateway_key_id=GatewayKey.objects.get(name="ci").pk,
+        kind=AffinityKind.SESSION,
+        key=session_named(header),
+        assignment_id=eu.pk,
+        model="claude-opus-4-8",
+        ttl=timedelta(hours=1),
+        now=timezone.now(),
+    )
+    assert "1. us-a" in _explain(key="ci", model="claude-opus-4-8")
+    assert "1. eu-a" in _explain(key="ci", model="claude-opus-4-8", session=header)
 
 
 def test_routing_explain_pins_only_the_keys_own_response(explained_setup):

@@ -17,7 +17,7 @@ from routing.route import (
     parse_requirements_header,
 )
 from routing.routes import CLIENT_ROUTES
-from routing.selectors import affinities_load, pool_names, routing_inputs_load
+from routing.selectors import affinities_load, pool_names, routing_inputs_load, session_named
 from routing.types import Candidate, Requirements, RouteClass
 
 
@@ -73,7 +73,10 @@ class Command(BaseCommand):
             route_class=RouteClass(o["route_class"]),
             now=now,
             affinities=affinities_load(
-                key_id=key.key_id, now=now, response_id=o["previous_response_id"], session=o["session"]
+                key_id=key.key_id,
+                now=now,
+                response_id=o["previous_response_id"],
+                session=session_named(o["session"]),
             ),
         )
         settings = inputs.settings
