@@ -22,7 +22,7 @@ from catalog.models import Provenance
 from devkit.harness import PYTHON, free_port, spawn, stop, tail
 from devkit.upstream import FakeUpstream
 from pools.models import Assignment, GatewaySettings
-from proxy import ledger
+from proxy import ledger, limits
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
 GATEWAY_KEY = "sk-gw-e2e-test-key-0123456789"
@@ -112,6 +112,16 @@ def gateway(transactional_db):
     with live(application, on_loop_exit=close_clients) as url:
         yield url
     ledger.writer.flush()  # before the test database is emptied under it
+
+
+@pytest.fixture
+def minute_clock(monkeypatch):
+    """The limits' wall clock (for the in-process `gateway`) stands still 1 s into a minute: a test's
+    requests stay in one window however slow the machine is, and `retry-after` is exactly the 59 s left
+    in it."""
+    start = (time.time() // 60 + 1) * 60 + 1
+    monkeypatch.setattr(limits, "clock", lambda: start)
+    return start
 
 
 @pytest.fixture

@@ -347,7 +347,7 @@ def test_an_error_event_after_output_carries_only_sanitized_fields(gateway, cana
 
 @pytest.mark.parametrize("redis_url", ["", "redis://127.0.0.1:6379/0"], ids=["database", "redis"])
 def test_per_key_limits_keep_no_key_or_content_in_their_counts(
-    gateway, canary_pool, every_log_record, capfd, settings, redis_url
+    gateway, canary_pool, every_log_record, capfd, settings, redis_url, minute_clock
 ):
     """The limits' counts (database tables or Redis keys) name a key by its id only."""
     import uuid

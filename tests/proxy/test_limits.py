@@ -63,15 +63,6 @@ def backend(request, settings):
         yield request.param
 
 
-@pytest.fixture
-def minute_clock(monkeypatch):
-    """The limits' wall clock stands still 1 s into a minute: a test's requests stay in one window
-    however slow the machine is, and `retry-after` is exactly the 59 s left in it."""
-    start = (time.time() // 60 + 1) * 60 + 1
-    monkeypatch.setattr(limits, "clock", lambda: start)
-    return start
-
-
 def _limit(**values) -> None:
     GatewayKey.objects.filter(name="e2e").update(**{f"limit_{k}": v for k, v in values.items()})
 
