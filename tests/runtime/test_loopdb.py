@@ -66,6 +66,21 @@ async def test_a_kept_connection_reads_with_one_cursor_and_each_read_gets_its_ow
     assert await loopdb.fetch_within(5, "SELECT %s::text", ["after"]) == [("after",)]
 
 
+async def test_the_connection_returned_last_serves_the_next_read(kept):
+    """After two reads at once, reads one at a time all go to the connection returned last (warm), not
+    in turns to each (psycopg_pool's own order), and the other waits unused for the pool to close it."""
+    pool = loopdb._pool()
+    await pool.open()
+    first = await pool.getconn(timeout=5)
+    second = await pool.getconn(timeout=5)
+    assert first.info.backend_pid != second.info.backend_pid
+    await pool.putconn(first)
+    await pool.putconn(second)
+    pids = [await backend_pid() for _ in range(4)]
+    assert pids == [second.info.backend_pid] * 4
+    assert pool.get_stats()["pool_available"] == 2
+
+
 def on_django_cursor(sql: str, params: list) -> list[tuple]:
     try:
         with connection.cursor() as cursor:
