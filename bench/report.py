@@ -35,6 +35,19 @@ def interpreter_line(info: dict | None) -> str:
     )
 
 
+def cpu_idle_line(info: dict | None) -> str:
+    """How the machine's idle CPUs wait (bench/run.py `cpu_idle`)."""
+    if not info:
+        return "not recorded"
+    line = f"cpuidle driver `{info['driver']}`"
+    poll = info.get("halt_poll_ns")
+    if poll is None:
+        return line
+    if poll == "0":
+        return f"{line}, halt polling off (an idle CPU halts at once; waking it is the host's)"
+    return f"{line}, polling {poll} ns before it halts"
+
+
 def build_report(
     ctx: dict[str, Any], targets: list[Target], scenarios: list[Scenario], websocket: dict[str, Any]
 ) -> str:
@@ -91,6 +104,7 @@ def build_report(
         f"{ctx['versions'].get('postgresql', 'n/a')}, Django {ctx['versions'].get('django')}; "
         f"LiteLLM {ctx['versions'].get('litellm', 'n/a')}; load generator: {ctx['loadgen']}"
     )
+    L.append(f"- Idle CPUs: {cpu_idle_line(ctx.get('cpu_idle'))}")
     L.append(f"- Interpreter: {interpreter_line(ctx.get('interpreter'))}")
     L.append(f"- CPU placement: {ctx['pinning']}")
     L.append(

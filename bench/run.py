@@ -113,6 +113,21 @@ def interpreter() -> dict[str, Any]:
     }
 
 
+def cpu_idle() -> dict[str, str] | None:
+    """How an idle CPU waits (Linux's cpuidle driver and, for the `haltpoll` driver of a virtual machine's
+    guest, how long it polls before it halts): with no polling, every hand-over to an idle CPU waits for
+    the host to run it again, a cost each of c=1's cross-CPU hops pays (bench/profile.md)."""
+    base = Path("/sys/devices/system/cpu/cpuidle")
+    try:
+        driver = (base / "current_driver").read_text().strip()
+    except OSError:
+        return None
+    info = {"driver": driver}
+    with contextlib.suppress(OSError):
+        info["halt_poll_ns"] = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns").read_text().strip()
+    return info
+
+
 def machine_context(args: argparse.Namespace) -> dict[str, Any]:
     cpu_model = "unknown CPU"
     with contextlib.suppress(OSError):
@@ -143,6 +158,7 @@ def machine_context(args: argparse.Namespace) -> dict[str, Any]:
         "nproc": os.cpu_count(),
         "cpu_model": cpu_model,
         "kernel": platform.release(),
+        "cpu_idle": cpu_idle(),
         "python": platform.python_version(),
         "interpreter": interpreter(),
         "versions": versions,
