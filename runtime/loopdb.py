@@ -106,8 +106,8 @@ class ReadPool(AsyncConnectionPool[ReadConnection]):
     """psycopg_pool's pool, handing out the connection returned last where psycopg_pool hands out the
     one returned first. After a burst has opened all eight, a steady load that needs one or two reads at
     a time then goes to the same one or two backends, whose caches and prepared statement are warm,
-    instead of taking turns on all eight: at c=1, 0.14-0.15 against 0.17-0.19 ms of PostgreSQL CPU a
-    request (bench/profile.md). The connections left unused sit at the far end, where the pool's own
+    instead of taking turns on all eight: at c=1, 0.146-0.173 against 0.176-0.215 ms of PostgreSQL CPU
+    a request (bench/profile.md). The connections left unused sit at the far end, where the pool's own
     shrinking takes its idle ones from (max_idle)."""
 
     async def _get_ready_connection(self, timeout: float | None) -> ReadConnection | None:
