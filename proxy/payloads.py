@@ -8,6 +8,7 @@ once; the provider registry is where they belong per provider.
 import json
 
 from proxy.sse import Block
+from routing.types import AFFINITY_KEY_MAX
 
 
 def usage(payload: object) -> tuple[int | None, int | None]:
@@ -70,4 +71,4 @@ def response_id(payload: object) -> str | None:
     if source.get("object") not in (None, "response"):
         return None
     value = source.get("id")
-    return value if isinstance(value, str) and 0 < len(value) <= 300 else None
+    return value if isinstance(value, str) and 0 < len(value) <= AFFINITY_KEY_MAX else None

@@ -5,7 +5,7 @@ from django.db import models
 from django.db.models import Q
 
 from pools.models import Assignment, GatewayKey, Pool, choices, choices_check, values
-from routing.types import ASSIGNMENT_WIDE
+from routing.types import AFFINITY_KEY_MAX, ASSIGNMENT_WIDE
 from routing.vocabulary import CircuitReason, CircuitState, RouteClass
 
 # A circuit's route class; `*` is an assignment-wide circuit (model `*` too): credential_rejected
@@ -84,7 +84,7 @@ class Affinity(models.Model):
 
     gateway_key = models.ForeignKey(GatewayKey, on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=8, choices=AffinityKind.choices)
-    key = models.CharField(max_length=300)
+    key = models.CharField(max_length=AFFINITY_KEY_MAX)
     # SET_NULL keeps a hard pin whose assignment is gone, so the request gets 409, not a silent reroute.
     assignment = models.ForeignKey(Assignment, on_delete=models.SET_NULL, null=True, related_name="+")
     model = models.CharField(max_length=200, blank=True)

@@ -37,6 +37,7 @@ from routing.resolution import ModelPolicy
 from routing.route import RoutingView, Target
 from routing.services import breaker_settings
 from routing.types import (
+    AFFINITY_KEY_MAX,
     ASSIGNMENT_WIDE,
     Candidate,
     CircuitReason,
@@ -293,11 +294,6 @@ class Affinities:
     response: FoundAffinity | None = None
     session: FoundAffinity | None = None
     files: dict[str, FoundAffinity] = field(default_factory=dict)  # file id -> its affinity
-
-
-# The longest id an affinity holds: a longer one was never remembered (proxy.payloads.response_id), so it
-# names none (an id is never looked up by a prefix that another id may share).
-AFFINITY_KEY_MAX = Affinity._meta.get_field("key").max_length
 
 
 def session_named(header: str | None) -> str | None:

@@ -22,6 +22,11 @@ from routing.vocabulary import TriState as TriState
 AUTO_MODEL = "auto"
 
 
+# The longest id an affinity holds (a response id, a session name, a file id): the column's width
+# (routing.models.Affinity.key). A longer response id is never remembered (proxy.payloads.response_id),
+# a session header is cut to it (routing.selectors.session_named), and a longer id read names none.
+AFFINITY_KEY_MAX = 300
+
 # The (model, route class) of an assignment-wide circuit: `credential_rejected` is about the
 # assignment's credential or account, so it covers every model and route class at once (SPEC §7.1).
 ASSIGNMENT_WIDE = "*"
