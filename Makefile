@@ -25,8 +25,13 @@ install: $(STAMP)
 run: $(RUNTIME)
 	PORT=$(PORT) VENV=$(VENV) bash scripts/run.sh
 
+# Two workers (pytest-xdist), each module on one worker so a module's shared fixture (a soak's run, a
+# server) is set up once: PostgreSQL's suite 6.8 instead of 10.5 minutes on a 2-CPU machine. TEST_WORKERS=0
+# runs it in this process; more workers also hold more PostgreSQL connections.
+TEST_WORKERS ?= 2
+
 test: install
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
