@@ -103,7 +103,25 @@ def pytest_configure(config) -> None:
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """pytest-django's test databases, their kept rows remembered as `migrate` left them (its
-    post_migrate signal, as a flush's)."""
+    post_migrate signal, as a flush's); at the end, released for pytest-django to drop (`_release`)."""
     with django_db_blocker.unblock():
         for alias in connections:
             _flushed[alias] = kept_rows(connections[alias])
+    yield
+    with django_db_blocker.unblock():
+        for alias in connections:
+            _release(connections[alias])
+
+
+def _release(conn: BaseDatabaseWrapper) -> None:
+    """Before pytest-django drops a PostgreSQL test database: end the sessions other threads of this
+    process still hold on it (runtime.db's and the ledger writers' threads keep a connection between
+    uses by design), which would make the DROP fail after waiting, leaving the database behind."""
+    if conn.vendor != "postgresql":
+        return
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    conn.close()
