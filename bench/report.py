@@ -23,15 +23,17 @@ from bench.figures import (
 from bench.targets import GATEWAY_KEY, PROFILE_MD, SLOW_DELAY_MS, SOAK_MD, Scenario, Target
 
 
-def interpreter_line(info: dict | None) -> str:
-    """Which CPython build ran every Python process, and how fast it ran pure Python: the gateway's CPU
-    per request moves with both (bench/README.md, "The interpreter")."""
+def interpreter_line(info: dict | None, end_ms: float | None = None) -> str:
+    """Which CPython build ran every Python process, and how fast it ran pure Python at the run's start
+    and end: the gateway's CPU per request moves with both, and a shared machine's speed can change
+    within one run (bench/README.md, "The interpreter")."""
     if not info:
         return "not recorded"
     build = "a shared libpython" if info["shared_libpython"] else "libpython linked into the executable"
+    at_end = f", {end_ms} ms at the end" if end_ms is not None else ""
     return (
         f"`{info['executable']}` ({build}); `sum(i * i for i in range(100000))` in {info['probe_ms']} ms "
-        "(best of 5)"
+        f"(best of 5) at the start{at_end}"
     )
 
 
@@ -105,7 +107,7 @@ def build_report(
         f"LiteLLM {ctx['versions'].get('litellm', 'n/a')}; load generator: {ctx['loadgen']}"
     )
     L.append(f"- Idle CPUs: {cpu_idle_line(ctx.get('cpu_idle'))}")
-    L.append(f"- Interpreter: {interpreter_line(ctx.get('interpreter'))}")
+    L.append(f"- Interpreter: {interpreter_line(ctx.get('interpreter'), ctx.get('probe_end_ms'))}")
     L.append(f"- CPU placement: {ctx['pinning']}")
     L.append(
         f"- Runs: {ctx['reps']} repetitions x {ctx['duration']:g} s per target and scenario after a "

@@ -346,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx["elapsed_s"] = time.monotonic() - started
     ctx["load_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    ctx["probe_end_ms"] = interpreter()["probe_ms"]
     report = build_report(ctx, targets, scenarios, websocket)
     args.output.write_text(report + "\n")
     raw = {
