@@ -196,6 +196,19 @@ def validate_base_url(url: str) -> None:
         raise ValidationError(f"The base URL {problem}.", code="base_url_forbidden")
 
 
+class HttpsURLField(models.URLField):
+    """A URL field whose forms (admin's change form, the pool's inline) take a URL typed without a
+    scheme ("api.openai.com/v1") as https, where Django 5 assumes http: the upstream credential would
+    go to a public provider in plaintext. The same column as Django's URLField (no migration)."""
+
+    def formfield(self, **kwargs):
+        return super().formfield(**{"assume_scheme": "https", **kwargs})
+
+    def deconstruct(self):
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.URLField", args, kwargs
+
+
 class Assignment(models.Model):
     """One upstream credential on one provider endpoint. The credential is either stored encrypted
     (`credential`, a Fernet token, with `credential_hint` its last 4 characters) or read at each use
@@ -204,7 +217,7 @@ class Assignment(models.Model):
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="assignments")
     name = models.CharField(max_length=100, unique=True)
     adapter = models.CharField(max_length=20, choices=Adapter.choices)
-    base_url = models.URLField(max_length=500, validators=[validate_base_url])
+    base_url = HttpsURLField(max_length=500, validators=[validate_base_url])
     api_key_env = models.CharField(
         max_length=200,
         blank=True,

@@ -8,7 +8,7 @@ from django import forms
 from django.urls import reverse
 
 from pools.credentials import credential_of
-from pools.models import Assignment, GatewayKey
+from pools.models import Assignment, GatewayKey, Pool
 from tests.admin.conftest import make_user
 from tests.factories import AssignmentFactory, GatewayKeyFactory, PoolFactory
 
@@ -222,6 +222,41 @@ def test_ordinary_base_urls_are_accepted(root, pools, url):
     page = _change(Assignment, a.pk)
     assert root.post(page, form_data(root, page, base_url=url)).status_code == 302
     assert Assignment.objects.get(pk=a.pk).base_url == url
+
+
+def test_a_base_url_typed_without_a_scheme_is_taken_as_https(root, pools):
+    """Django 5's URLField would prepend http: the credential would go to the provider in plaintext."""
+    _, _, a, _ = pools
+    page = _change(Assignment, a.pk)
+    assert root.post(page, form_data(root, page, base_url="api.example.com/v1")).status_code == 302
+    assert Assignment.objects.get(pk=a.pk).base_url == "https://api.example.com/v1"
+
+
+def _inline_data(client, url: str, **changes) -> dict:
+    """The pool's change form as posted unchanged, its assignment inline's first row with `changes`."""
+    context = client.get(url).context
+    data = form_data(client, url)
+    (inline,) = context["inline_admin_formsets"]
+    formset = inline.formset
+    data.update({f"{formset.prefix}-{k}": v for k, v in formset.management_form.initial.items()})
+    for form in formset.forms:
+        for name in form.fields:
+            value = form[name].value()
+            if value is True:
+                data[form.add_prefix(name)] = "on"
+            elif value is not None and value is not False:
+                data[form.add_prefix(name)] = str(value)
+    first = formset.forms[0]
+    data.update({first.add_prefix(name): value for name, value in changes.items()})
+    return data
+
+
+def test_a_base_url_typed_without_a_scheme_in_the_pools_inline_is_taken_as_https(root, pools):
+    alpha, _, a, _ = pools
+    page = _change(Pool, alpha.pk)
+    response = root.post(page, _inline_data(root, page, base_url="api.example.com/v1"))
+    assert response.status_code == 302, response.content[:2000]
+    assert Assignment.objects.get(pk=a.pk).base_url == "https://api.example.com/v1"
 
 
 def test_a_pool_operator_cannot_change_what_routes_every_pool(client, pools):
