@@ -10,6 +10,7 @@ import pytest
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
 from django.core.signals import request_finished, request_started
+from django.db import close_old_connections, reset_queries
 from django.http import HttpResponse
 
 from runtime.handler import BareHandler, close_without_signal
@@ -25,6 +26,9 @@ def _probe_urls(settings):
 
 @pytest.fixture
 def signals():
+    """The request signals sent while the test runs, in order. Django's own database receivers are off
+    meanwhile: these tests are about which signals are sent, and `close_old_connections` would touch
+    a connection an earlier test of the same process left open (a test without database access)."""
     sent: list[str] = []
 
     def started(**kwargs):
@@ -33,11 +37,22 @@ def signals():
     def finished(**kwargs):
         sent.append("request_finished")
 
+    djangos = [
+        (signal, receiver)
+        for signal, receiver in (
+            (request_started, reset_queries),
+            (request_started, close_old_connections),
+            (request_finished, close_old_connections),
+        )
+        if signal.disconnect(receiver)
+    ]
     request_started.connect(started)
     request_finished.connect(finished)
     yield sent
     request_started.disconnect(started)
     request_finished.disconnect(finished)
+    for signal, receiver in djangos:
+        signal.connect(receiver)
 
 
 class Probe(BareHandler):
