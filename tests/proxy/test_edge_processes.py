@@ -20,6 +20,7 @@ import pytest
 from devkit.databases import Database
 from devkit.gateway import GatewayProcess, gateway_config
 from devkit.procfs import peak_rss_kb, peak_rss_reset
+from tests.loop_thread import stop_loop_thread
 from tests.proxy.fixtures_e2e import CHAT
 
 KEY = "sk-gw-edge-test-key-0123456789"
@@ -89,19 +90,7 @@ class EndlessStream:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def stop(self) -> None:
-        """Ends the connections still being served, then the loop: a connection's coroutine left
-        suspended on a stopped loop would run its `finally` at garbage collection, on a closed loop."""
-        asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-    async def _close(self) -> None:
-        self.server.close()
-        serving = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in serving:
-            task.cancel()
-        await asyncio.gather(*serving, return_exceptions=True)
+        stop_loop_thread(self.loop, self.thread, self.server.close)
 
 
 @pytest.fixture(scope="module")

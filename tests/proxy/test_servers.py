@@ -24,6 +24,7 @@ from devkit.databases import Database
 from devkit.gateway import GatewayProcess, gateway_config
 from devkit.procfs import peak_rss_kb, peak_rss_reset
 from devkit.upstream import FakeUpstream
+from tests.loop_thread import stop_loop_thread
 from tests.proxy.test_edge_processes import MIB, EndlessStream
 
 KEY = "sk-gw-servers-test-key-0123456789"
@@ -94,9 +95,7 @@ class EndlessWebsocket:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+        stop_loop_thread(self.loop, self.thread, self.server.close)
 
 
 def _start(launcher: list[str], upstream_url: str, workdir: Path) -> tuple[GatewayProcess, Database]:
