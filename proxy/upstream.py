@@ -144,6 +144,13 @@ def _timeout(read_s: float, connect_s: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(sock_connect=connect_s, sock_read=read_s, connect=read_s)
 
 
+# The most of an upstream body handed on at once. aiohttp's `iter_any` hands over everything buffered,
+# which on a fast upstream is hundreds of KiB; a relay whose client stops reading then holds that batch
+# several times over (the SSE blocks, their data, the packed write, the server's unsent buffer): about
+# 5 MiB for each such client, against a few hundred KiB with this bound. A read never waits for it to fill.
+READ_CHUNK_BYTES = 64 * 1024
+
+
 class Response:
     """An upstream answer whose body is not read yet: the caller reads it (`chunks`) or not, and must
     `aclose` it, which drops the connection unless the body was read to its end."""
@@ -156,9 +163,10 @@ class Response:
         self.headers: Mapping[str, str] = response.headers  # case-insensitive
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, decoded (gzip and deflate undone). Raises TransportFailure."""
+        """The body as it arrives, decoded (gzip and deflate undone), at most READ_CHUNK_BYTES at a time.
+        Raises TransportFailure."""
         try:
-            async for chunk in self._response.content.iter_any():
+            async for chunk in self._response.content.iter_chunked(READ_CHUNK_BYTES):
                 yield chunk
         except _FAILURES as exc:
             raise TransportFailure(transport_event(exc)) from None
