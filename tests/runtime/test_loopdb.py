@@ -76,9 +76,19 @@ async def test_the_connection_returned_last_serves_the_next_read(kept):
     assert first.info.backend_pid != second.info.backend_pid
     await pool.putconn(first)
     await pool.putconn(second)
-    pids = [await backend_pid() for _ in range(4)]
+    pids = []
+    for _ in range(4):
+        await _both_back(pool)  # a read's task hands its connection back just after its answer
+        pids.append(await backend_pid())
     assert pids == [second.info.backend_pid] * 4
     assert pool.get_stats()["pool_available"] == 2
+
+
+async def _both_back(pool) -> None:
+    for _ in range(500):
+        if pool.get_stats()["pool_available"] == 2:
+            return
+        await asyncio.sleep(0.01)
 
 
 def on_django_cursor(sql: str, params: list) -> list[tuple]:
