@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
 from proxy.exchange import Memory
 from routing import breaker, preference, services
@@ -260,22 +260,14 @@ class HealthWrites:
                 # A verdict-free end for the circuit whose probe was held (a 400, a 429, the client's
                 # deadline; or a non-credential failure while probing the credential): free the slot.
                 services.circuit_release_probe(key=probe)
-        # One transaction (one commit) for the circuit and the demotion of one outcome.
-        with transaction.atomic():
-            if reason is not None:
-                services.circuit_record_failure(
-                    key=key, reason=reason, settings=self.breaker_settings, now=now, seen=seen
-                )
-            if demotion is not None:
-                # 429/quota: until the upstream's retry-after (bounded) when it sent one.
-                seconds = (
-                    retry_after
-                    if retry_after is not None and demotion is CircuitReason.RATE_LIMITED
-                    else None
-                )
-                services.demotion_record(
-                    assignment_id=c.assignment_id,
-                    model=c.model,
-                    reason=demotion,
-                    until=now + timedelta(seconds=self.demotion_seconds if seconds is None else seconds),
-                )
+        demote = None
+        if demotion is not None:
+            # 429/quota: until the upstream's retry-after (bounded) when it sent one.
+            seconds = (
+                retry_after if retry_after is not None and demotion is CircuitReason.RATE_LIMITED else None
+            )
+            until = now + timedelta(seconds=self.demotion_seconds if seconds is None else seconds)
+            demote = services.Demote(c.assignment_id, c.model, demotion, until)
+        services.failure_record(
+            key=key, reason=reason, settings=self.breaker_settings, now=now, seen=seen, demote=demote
+        )

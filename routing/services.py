@@ -141,8 +141,8 @@ def _sql_value(value: object) -> object:
     return rawsql.as_param(value) if isinstance(value, datetime) else value
 
 
-def _guarded_update(key: CircuitKey, current: CircuitSnapshot, new: CircuitSnapshot) -> bool:
-    """UPDATE the circuit to `new` only if it still holds exactly `current` (the compare-and-swap).
+def _guarded_update_sql(key: CircuitKey, current: CircuitSnapshot, new: CircuitSnapshot) -> tuple[str, list]:
+    """The UPDATE of the circuit to `new` only if it still holds exactly `current` (the compare-and-swap).
 
     Hand-written (see runtime.rawsql): every failover writes it, and the ORM's query building
     was most of that write's cost. NULL columns are matched with IS NULL, as the ORM does."""
@@ -162,8 +162,12 @@ def _guarded_update(key: CircuitKey, current: CircuitSnapshot, new: CircuitSnaps
         f"UPDATE {q(Circuit._meta.db_table)} SET {assignments}, {q('updated_at')} = %s "  # noqa: S608 (names only)
         f"WHERE {' AND '.join(where)}"
     )
+    return sql, params
+
+
+def _guarded_update(key: CircuitKey, current: CircuitSnapshot, new: CircuitSnapshot) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(*_guarded_update_sql(key, current, new))
         return cursor.rowcount == 1
 
 
@@ -204,7 +208,17 @@ def circuit_release_probe(*, key: CircuitKey, seen: Seen | None = None) -> None:
     _circuit_apply(key, breaker.on_neutral, seen)
 
 
-def demotion_record(*, assignment_id: int, model: str, reason: CircuitReason, until: datetime) -> None:
+@dataclass(frozen=True, slots=True)
+class Demote:
+    """A demotion to record: (assignment, model) moves to the end of later plans until `until`."""
+
+    assignment_id: int
+    model: str
+    reason: CircuitReason
+    until: datetime
+
+
+def _demotion_sql(demote: Demote) -> tuple[str, list]:
     # One INSERT .. ON CONFLICT UPDATE: concurrent demotions of one pair cannot race into the
     # unique constraint, as a read-then-write would. Hand-written like the circuit's CAS: every
     # failover writes it (runtime.rawsql).
@@ -215,9 +229,71 @@ def demotion_record(*, assignment_id: int, model: str, reason: CircuitReason, un
         f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT ({q('assignment_id')}, {q('model')}) "
         f"DO UPDATE SET {q('reason')} = excluded.{q('reason')}, {q('until')} = excluded.{q('until')}"
     )
-    params = [assignment_id, model, str(reason), rawsql.as_param(until), rawsql.as_param(timezone.now())]
+    params = [
+        demote.assignment_id,
+        demote.model,
+        str(demote.reason),
+        rawsql.as_param(demote.until),
+        rawsql.as_param(timezone.now()),
+    ]
+    return sql, params
+
+
+def demotion_record(demote: Demote) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(*_demotion_sql(demote))
+
+
+def failure_record(
+    *,
+    key: CircuitKey,
+    reason: CircuitReason | None,
+    settings: BreakerSettings,
+    now: datetime,
+    seen: Seen | None,
+    demote: Demote | None,
+) -> None:
+    """What one failed attempt writes (SPEC §7.1): its circuit's failure (when `reason` counts one) and
+    its demotion, committed together.
+
+    On PostgreSQL, when the circuit is known as read (`seen` with its row, the usual case: the request's
+    read loaded it), both are one statement, the circuit's guarded UPDATE and the demotion's upsert as
+    data-modifying CTEs: one round trip where a transaction takes four (BEGIN, two statements, COMMIT).
+    Its commit does not wait for the WAL to reach the disk (`synchronous_commit` off for this transaction
+    alone): it is seen by every node at once all the same, and what a crash of the database server could
+    lose is the last fraction of a second of failure counts and demotions, which the next failures
+    write again. The request's answer waits for this write, so a failover no longer waits for a disk
+    flush. A compare-and-swap that missed (another request wrote the circuit since it was read) is
+    decided again on the row as stored, as `circuit_record_failure` does; the demotion is written by then.
+    """
+    current = seen.snapshot if seen is not None else None
+    if connection.vendor != "postgresql" or (reason is not None and current is None):
+        with transaction.atomic():  # SQLite, or a circuit to create or to read first
+            if reason is not None:
+                circuit_record_failure(key=key, reason=reason, settings=settings, now=now, seen=seen)
+            if demote is not None:
+                demotion_record(demote)
+        return
+    parts: list[str] = []
+    params: list[object] = []
+    if reason is not None:
+        assert current is not None
+        sql, values = _guarded_update_sql(key, current, breaker.on_failure(current, reason, settings, now))
+        parts.append(f"circuit AS ({sql} RETURNING 1)")
+        params += values
+    if demote is not None:
+        sql, values = _demotion_sql(demote)
+        parts.append(f"demotion AS ({sql})")
+        params += values
+    if not parts:
+        return
+    swapped = "(SELECT count(*) FROM circuit)" if reason is not None else "1"
+    statement = f"WITH {', '.join(parts)} SELECT {swapped}, set_config('synchronous_commit', 'off', true)"
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        (written, _) = cursor.fetchone()
+    if reason is not None and written != 1:
+        circuit_record_failure(key=key, reason=reason, settings=settings, now=now)
 
 
 def demotion_resolve(*, assignment_id: int, model: str) -> None:

@@ -48,10 +48,9 @@ def _populate(pools: int, assignments: int, models: int):
                 key=key, reason=CircuitReason.UPSTREAM_UNAVAILABLE, settings=_bs(), now=now
             )
             services.demotion_record(
-                assignment_id=assignment.pk,
-                model="m-0",
-                reason=CircuitReason.UPSTREAM_MODEL_UNAVAILABLE,
-                until=now + timedelta(minutes=1),
+                services.Demote(
+                    assignment.pk, "m-0", CircuitReason.UPSTREAM_MODEL_UNAVAILABLE, now + timedelta(minutes=1)
+                ),
             )
     return created
 
@@ -290,10 +289,7 @@ def test_the_one_statement_reads_what_the_key_and_health_reads_read(route_class)
             )
         for model, until in (("gpt-5", now + timedelta(minutes=1)), ("gpt-4", now - timedelta(minutes=1))):
             services.demotion_record(
-                assignment_id=assignment.pk,
-                model=model,
-                reason=CircuitReason.UPSTREAM_MODEL_UNAVAILABLE,
-                until=until,
+                services.Demote(assignment.pk, model, CircuitReason.UPSTREAM_MODEL_UNAVAILABLE, until)
             )
     GatewayKeyFactory(raw_key=RAW, pools=pools[:2], limit_rpm=7)
 

@@ -146,11 +146,59 @@ def test_credential_rejected_opens_the_assignment_wide_circuit_at_once(key):
     assert row.consecutive_failures == 1  # below the threshold of 2: a revoked key does not heal by itself
 
 
+def _failure(key, seen, demote, reason=UNAVAILABLE):
+    services.failure_record(key=key, reason=reason, settings=SETTINGS, now=NOW, seen=seen, demote=demote)
+
+
+def _demote(key):
+    return services.Demote(key.assignment_id, key.model, UNAVAILABLE, NOW + timedelta(seconds=60))
+
+
+def _demoted(key):
+    return list(
+        Demotion.objects.filter(assignment_id=key.assignment_id, model=key.model).values_list("until")
+    )
+
+
+@requires_postgres
+def test_a_failure_and_its_demotion_are_one_statement_on_postgresql(key, django_assert_num_queries):
+    """Every failover writes this while the client's answer waits for it: one round trip (the circuit's
+    guarded UPDATE and the demotion's upsert in one statement), where a transaction made it four."""
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=NOW)
+    seen = Seen(services.circuit_snapshot(_row(key)))
+    with django_assert_num_queries(1):
+        _failure(key, seen, _demote(key))
+    row = _row(key)
+    assert (row.state, row.consecutive_failures) == ("open", 2)  # the threshold: opened by this write
+    assert _demoted(key) == [(NOW + timedelta(seconds=60),)]
+    with django_assert_num_queries(1):  # a demotion alone (a failure that counts no circuit failure)
+        _failure(key, None, services.Demote(key.assignment_id, key.model, UNAVAILABLE, NOW), reason=None)
+    assert _demoted(key) == [(NOW,)]
+
+
+def test_a_failure_on_a_circuit_changed_since_it_was_read_counts_on_the_row_as_stored(key):
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=NOW)
+    stale = Seen(services.circuit_snapshot(_row(key)))
+    services.circuit_record_success(key=key)  # another request closed it meanwhile
+    _failure(key, stale, _demote(key))
+    row = _row(key)
+    assert (row.state, row.consecutive_failures) == ("closed", 1)  # not 2 from the stale snapshot: open
+    assert _demoted(key) == [(NOW + timedelta(seconds=60),)]
+
+
+def test_a_first_failure_creates_its_circuit_with_its_demotion(key):
+    _failure(key, Seen(None), _demote(key))
+    assert (_row(key).state, _row(key).consecutive_failures) == ("closed", 1)
+    assert _demoted(key) == [(NOW + timedelta(seconds=60),)]
+    _failure(key, None, None)  # a probe was held: no snapshot to trust, the row is read again
+    assert _row(key).state == CircuitState.OPEN
+
+
 def test_demotions_are_recorded_once_and_resolved(db):
     assignment = AssignmentFactory()
     until = NOW + timedelta(seconds=60)
-    services.demotion_record(assignment_id=assignment.pk, model="gpt-5", reason=UNAVAILABLE, until=until)
-    services.demotion_record(assignment_id=assignment.pk, model="gpt-5", reason=UNAVAILABLE, until=until)
+    services.demotion_record(services.Demote(assignment.pk, "gpt-5", UNAVAILABLE, until))
+    services.demotion_record(services.Demote(assignment.pk, "gpt-5", UNAVAILABLE, until))
     assert Demotion.objects.get().until == until
     services.demotion_resolve(assignment_id=assignment.pk, model="gpt-5")
     assert not Demotion.objects.exists()
