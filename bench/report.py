@@ -50,6 +50,19 @@ def cpu_idle_line(info: dict | None) -> str:
     return f"{line}, polling {poll} ns before it halts"
 
 
+def round_trip_line(info: dict | None) -> str:
+    """What a loopback round trip costs between the run's two CPUs and within one (bench/run.py
+    `round_trip_us`)."""
+    if not info or info.get("across") is None or info.get("within") is None:
+        return "not measured (the run is not pinned to two CPUs)"
+    near, far = info["cpus"]
+    return (
+        f"a one-byte request and its echo over loopback TCP take {info['across']} us between CPU {near} and "
+        f"CPU {far}, {info['within']} us within CPU {far} (medians of 2000). At c=1 a gateway request makes "
+        "three such round trips across the CPUs (its client, PostgreSQL, the upstream), the direct call none"
+    )
+
+
 def build_report(
     ctx: dict[str, Any], targets: list[Target], scenarios: list[Scenario], websocket: dict[str, Any]
 ) -> str:
@@ -107,6 +120,7 @@ def build_report(
         f"LiteLLM {ctx['versions'].get('litellm', 'n/a')}; load generator: {ctx['loadgen']}"
     )
     L.append(f"- Idle CPUs: {cpu_idle_line(ctx.get('cpu_idle'))}")
+    L.append(f"- Round trips: {round_trip_line(ctx.get('round_trips'))}")
     L.append(f"- Interpreter: {interpreter_line(ctx.get('interpreter'), ctx.get('probe_end_ms'))}")
     L.append(f"- CPU placement: {ctx['pinning']}")
     L.append(

@@ -42,6 +42,8 @@ import os
 import platform
 import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -126,6 +128,50 @@ def cpu_idle() -> dict[str, str] | None:
     with contextlib.suppress(OSError):
         info["halt_poll_ns"] = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns").read_text().strip()
     return info
+
+
+# The echo end of `round_trip_us`: a process of its own, on the CPU it is started on.
+_ECHO = (
+    "import os, socket, sys\n"
+    "os.sched_setaffinity(0, {int(sys.argv[2])})\n"
+    "peer = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+    "peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+    "while data := peer.recv(64):\n"
+    "    peer.sendall(data)\n"
+)
+
+
+def round_trip_us(here: int, there: int, rounds: int = 2000) -> float | None:
+    """Median microseconds of a one-byte request and its echo over loopback TCP, from this process on CPU
+    `here` to another process on CPU `there`. Two processes on different CPUs pay for waking each other
+    (on a virtual machine whose idle CPUs halt, the host's), two on one CPU only for a switch: at c=1 the
+    gateway's request crosses between the run's CPUs three times (client, PostgreSQL, upstream) where
+    the direct call stays on one (bench/profile.md)."""
+    affinity = os.sched_getaffinity(0)
+    listener = socket.create_server((HOST, 0))
+    echo = None
+    try:
+        port = listener.getsockname()[1]
+        echo = subprocess.Popen([sys.executable, "-c", _ECHO, str(port), str(there)])  # noqa: S603
+        listener.settimeout(10)
+        conn, _ = listener.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            os.sched_setaffinity(0, {here})
+            times = []
+            for _ in range(rounds):
+                started = time.perf_counter()
+                conn.sendall(b"x")
+                conn.recv(64)
+                times.append(time.perf_counter() - started)
+        return round(statistics.median(times) * 1e6, 1)
+    except OSError:
+        return None
+    finally:
+        os.sched_setaffinity(0, affinity)
+        listener.close()
+        if echo is not None:
+            echo.wait(10)
 
 
 def machine_context(args: argparse.Namespace) -> dict[str, Any]:
@@ -252,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     sut_cpus: str | None = None
     if not args.no_pin and len(avail) >= 2 and shutil.which("taskset"):
         sut_cpus = str(avail[0])
+        ctx["round_trips"] = {
+            "across": round_trip_us(avail[0], avail[1]),
+            "within": round_trip_us(avail[1], avail[1]),
+            "cpus": [avail[0], avail[1]],
+        }
         os.sched_setaffinity(0, set(avail[1:]))
         ctx["pinning"] = (
             f"system under test (gateway / LiteLLM) on CPU {avail[0]}; upstreams, load generator "
