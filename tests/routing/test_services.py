@@ -362,3 +362,44 @@ def test_a_circuit_opened_on_one_connection_is_seen_by_another(db):
     thread.start()
     thread.join(30)
     assert seen == ["open"]
+
+
+@requires_postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_failures_from_one_snapshot_all_count_and_every_node_sees_them_at_once():
+    """Requests on several nodes fail on one account at once, each with the circuit as its read found
+    it: each failure is one statement whose swap only one wins; the others decide again on the row as
+    stored. A commit that does not wait for the disk is seen by the next reader all the same."""
+    key = _key("http")
+    services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=NOW)
+    seen = Seen(services.circuit_snapshot(_row(key)))
+    contenders = 4
+    barrier = threading.Barrier(contenders)
+
+    def fail():
+        try:
+            barrier.wait()
+            _failure(key, seen, _demote(key))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=fail) for _ in range(contenders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    found = []
+
+    def other_node():
+        try:
+            found.append(
+                Circuit.objects.filter(**key.filter()).values_list("state", "consecutive_failures")[0]
+            )
+            found.append(Demotion.objects.filter(assignment_id=key.assignment_id).count())
+        finally:
+            connections.close_all()
+
+    reader = threading.Thread(target=other_node)
+    reader.start()
+    reader.join(30)
+    assert found == [("open", 1 + contenders), 1]
