@@ -171,7 +171,8 @@ def round_trip_us(here: int, there: int, rounds: int = 2000) -> float | None:
         os.sched_setaffinity(0, affinity)
         listener.close()
         if echo is not None:
-            echo.wait(10)
+            echo.kill()  # gone already when the measurement ended: its connection closed
+            echo.wait()
 
 
 def machine_context(args: argparse.Namespace) -> dict[str, Any]:
