@@ -3,6 +3,7 @@ concurrency and run on PostgreSQL only."""
 
 import threading
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from io import StringIO
 
 import pytest
@@ -310,14 +311,15 @@ def test_prune_affinities_command_deletes_every_expired_row(db):
     assert list(Affinity.objects.values_list("key", flat=True)) == ["resp_2"]
 
 
-def _race(key, settings, now, contenders):
+def _race(call, contenders):
+    """`call`'s results in `contenders` threads started together, each on its own connection (a node)."""
     barrier = threading.Barrier(contenders)
-    wins = []
+    results = []
 
     def contend():
         try:
             barrier.wait()
-            wins.append(services.circuit_take_probe(key=key, settings=settings, now=now))
+            results.append(call())
         finally:
             connections.close_all()
 
@@ -326,7 +328,12 @@ def _race(key, settings, now, contenders):
         t.start()
     for t in threads:
         t.join(30)
-    return wins
+    return results
+
+
+def _elsewhere(read):
+    """What `read` finds on a connection of its own (another node), after everything committed so far."""
+    return _race(read, contenders=1)
 
 
 @requires_postgres
@@ -339,7 +346,10 @@ def test_exactly_half_open_probes_callers_win_the_probe_race(probes):
         start = NOW + timedelta(minutes=round_ * 10)
         Circuit.objects.filter(**key.filter()).delete()
         services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=settings, now=start)
-        wins = _race(key, settings, start + timedelta(seconds=1), contenders=4)
+        take = partial(
+            services.circuit_take_probe, key=key, settings=settings, now=start + timedelta(seconds=1)
+        )
+        wins = _race(take, contenders=4)
         assert len(wins) == 4
         assert wins.count(True) == probes, f"round {round_}: {wins}"
         assert _row(key).probes_in_flight == probes
@@ -349,18 +359,8 @@ def test_exactly_half_open_probes_callers_win_the_probe_race(probes):
 @pytest.mark.django_db(transaction=True)
 def test_a_circuit_opened_on_one_connection_is_seen_by_another(db):
     key = _key("http")
-    seen = []
-
-    def other_node():
-        try:
-            seen.append(Circuit.objects.filter(**key.filter()).values_list("state", flat=True).first())
-        finally:
-            connections.close_all()
-
     _open(key)
-    thread = threading.Thread(target=other_node)
-    thread.start()
-    thread.join(30)
+    seen = _elsewhere(lambda: Circuit.objects.filter(**key.filter()).values_list("state", flat=True).first())
     assert seen == ["open"]
 
 
@@ -374,32 +374,11 @@ def test_concurrent_failures_from_one_snapshot_all_count_and_every_node_sees_the
     services.circuit_record_failure(key=key, reason=UNAVAILABLE, settings=SETTINGS, now=NOW)
     seen = Seen(services.circuit_snapshot(_row(key)))
     contenders = 4
-    barrier = threading.Barrier(contenders)
-
-    def fail():
-        try:
-            barrier.wait()
-            _failure(key, seen, _demote(key))
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=fail) for _ in range(contenders)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    found = []
-
-    def other_node():
-        try:
-            found.append(
-                Circuit.objects.filter(**key.filter()).values_list("state", "consecutive_failures")[0]
-            )
-            found.append(Demotion.objects.filter(assignment_id=key.assignment_id).count())
-        finally:
-            connections.close_all()
-
-    reader = threading.Thread(target=other_node)
-    reader.start()
-    reader.join(30)
-    assert found == [("open", 1 + contenders), 1]
+    _race(lambda: _failure(key, seen, _demote(key)), contenders)
+    found = _elsewhere(
+        lambda: (
+            Circuit.objects.filter(**key.filter()).values_list("state", "consecutive_failures")[0],
+            Demotion.objects.filter(assignment_id=key.assignment_id).count(),
+        )
+    )
+    assert found == [(("open", 1 + contenders), 1)]
