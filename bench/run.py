@@ -130,11 +130,11 @@ def cpu_idle() -> dict[str, str] | None:
     return info
 
 
-# The echo end of `round_trip_us`: a process of its own, on the CPU it is started on.
+# The echo end of `round_trip_us`: a process of its own, on the CPU its third argument names.
 _ECHO = (
     "import os, socket, sys\n"
-    "os.sched_setaffinity(0, {int(sys.argv[2])})\n"
-    "peer = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+    "os.sched_setaffinity(0, {int(sys.argv[3])})\n"
+    "peer = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
     "peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
     "while data := peer.recv(64):\n"
     "    peer.sendall(data)\n"
@@ -152,7 +152,7 @@ def round_trip_us(here: int, there: int, rounds: int = 2000) -> float | None:
     echo = None
     try:
         port = listener.getsockname()[1]
-        echo = subprocess.Popen([sys.executable, "-c", _ECHO, str(port), str(there)])  # noqa: S603
+        echo = subprocess.Popen([sys.executable, "-c", _ECHO, HOST, str(port), str(there)])  # noqa: S603
         listener.settimeout(10)
         conn, _ = listener.accept()
         with conn:
