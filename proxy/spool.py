@@ -43,6 +43,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+import orjson
 from django.conf import settings
 
 from proxy.exchange import AttemptLog, Exchange
@@ -59,9 +60,13 @@ _ATTEMPT_FIELDS = tuple(f.name for f in dataclasses.fields(AttemptLog))
 
 
 def encode(exchange: Exchange, *, held: bool = False) -> bytes:
-    """One JSON line: what `dataclasses.asdict` gives, read field by field. Every field is a scalar
-    but the attempts, so the deep copy `asdict` makes of each value was about 0.4 ms of the event
-    loop's time per request (each record is journaled as it is submitted)."""
+    """One JSON line: what `dataclasses.asdict` gives, datetimes in ISO 8601. A record (every request's,
+    journaled as it is submitted) is orjson's own encoding of the dataclass, which is that, in half the
+    time of reading it field by field; a hold, and a record orjson refuses, are read field by field
+    (never by `asdict`, whose deep copy of each value cost about 0.4 ms of the event loop a request)."""
+    if not held:
+        with contextlib.suppress(TypeError):  # an integer beyond 64 bits: read one by one below
+            return orjson.dumps(exchange)
     fields = {name: getattr(exchange, name) for name in _EXCHANGE_FIELDS}
     fields["attempts"] = [{name: getattr(a, name) for name in _ATTEMPT_FIELDS} for a in exchange.attempts]
     for name in _DATETIMES:

@@ -225,6 +225,24 @@ def test_the_spool_keeps_every_field_of_an_exchange():
     assert spool.decode(spool.encode(exchange)) == exchange
 
 
+def test_a_record_orjson_refuses_and_a_hold_are_journaled_field_by_field():
+    """A record is orjson's own encoding of the dataclass; one that orjson refuses (an upstream's usage
+    beyond 64 bits) and a budget hold take the field-by-field path, which must read back the same."""
+    import json
+    from datetime import UTC, datetime
+
+    from proxy import spool
+
+    exchange = _exchange()
+    exchange.finished_at = datetime.now(UTC)
+    exchange.attempts = [AttemptLog(1, 7, "gpt-5", "http", "succeeded", "completed", output_tokens=2**70)]
+    assert spool.decode(spool.encode(exchange)) == exchange
+    exchange.attempts[0].output_tokens = 5
+    held = json.loads(spool.encode(exchange, held=True))
+    assert held.pop("held") is True
+    assert held == json.loads(spool.encode(exchange))
+
+
 def test_a_record_the_database_refuses_still_releases_its_reservation():
     key = GatewayKeyFactory(budget_micros=1_000)
     refused, fine = _exchange(), _exchange()
