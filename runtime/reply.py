@@ -4,9 +4,9 @@ response objects (the proxied API routes: gatewaysite.asgi, proxy.views).
 Django's handler (runtime.handler) builds a request object with its META, resolves the URL, converts
 the view's HttpResponse and runs the view in a task of its own beside a second one that waits for a
 disconnect. On the proxied routes that was about a tenth of the event loop's time. Here the answer is
-computed in the server's own task, and one task waits for the client to leave: if it does before the
-answer is complete, the answer is cancelled (an upstream call in flight, a stream being relayed), as
-Django's handler does it.
+computed in the server's own task, and, once it takes longer than a few milliseconds, one task waits for
+the client to leave: if it does before the answer is complete, the answer is cancelled (an upstream call
+in flight, a stream being relayed), as Django's handler does it.
 """
 
 import asyncio
@@ -67,32 +67,46 @@ async def _disconnect(receive: Receive) -> None:
         pass
 
 
+# How long an answer is computed before a task starts watching for the client to leave. Most answers
+# are sent sooner and never pay for that task (its creation, its first run, its cancellation: about 1 %
+# of a request's instructions, bench/profile.md); a client that left meanwhile is found when it starts.
+WATCH_AFTER_S = 0.005
+
+
 async def respond(
     receive: Receive, send: Send, answer: Callable[[], Awaitable[Reply]], *, watch_disconnect: bool = True
 ) -> None:
     """Compute `answer()` and send it. With `watch_disconnect`, a client that leaves before the answer
     is sent whole cancels it (only when the body was read whole: else its next message would be body,
-    not a disconnect)."""
+    not a disconnect), from WATCH_AFTER_S on."""
     if not watch_disconnect:
         await send_reply(await answer(), send)
         return
+    loop = asyncio.get_running_loop()
     serving = asyncio.current_task()
     assert serving is not None
     answered = False
+    watcher: asyncio.Task | None = None
 
     def on_disconnect(watcher: asyncio.Task) -> None:
         # After the last message the server reports a disconnect too: by then nothing is cancelled.
         if not answered and not watcher.cancelled() and watcher.exception() is None:
             serving.cancel()
 
-    watcher = asyncio.ensure_future(_disconnect(receive))
-    watcher.add_done_callback(on_disconnect)
+    def watch() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(_disconnect(receive))
+        watcher.add_done_callback(on_disconnect)
+
+    timer = loop.call_later(WATCH_AFTER_S, watch)
     try:
         await send_reply(await answer(), send)
     except asyncio.CancelledError:
-        if not (watcher.done() and not watcher.cancelled()):
+        if watcher is None or not (watcher.done() and not watcher.cancelled()):
             raise  # cancelled by the server, not by the client leaving
         serving.uncancel()  # the client left: there is no one to answer
     finally:
         answered = True
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()

@@ -90,6 +90,39 @@ async def test_a_client_that_leaves_before_the_answer_cancels_it_and_gets_nothin
     assert client.sent == []
 
 
+async def test_a_client_that_leaves_before_the_watch_starts_still_cancels_the_answer():
+    client = Client()
+    cancelled = []
+
+    async def answer() -> Reply:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return Reply(200)
+
+    serving = asyncio.ensure_future(respond(client.receive, client.send, answer))
+    await asyncio.sleep(0)
+    client.leave()  # well within WATCH_AFTER_S: found when the watch starts
+    await asyncio.wait_for(serving, 5)
+    assert cancelled == [True]
+    assert client.sent == []
+
+
+async def test_an_answer_ready_within_the_watch_delay_never_asks_whether_the_client_left():
+    client = Client()
+
+    async def answer() -> Reply:
+        await asyncio.sleep(0)  # an answer that yields to the loop, as every real one does
+        return Reply(200, b"fast")
+
+    await respond(client.receive, client.send, answer)
+    await asyncio.sleep(0)
+    assert client.receives == 0  # no watcher task was started
+    assert client.body == b"fast"
+
+
 async def test_a_client_that_leaves_mid_stream_closes_the_stream_at_once():
     client = Client()
     closed = []
