@@ -63,6 +63,27 @@ def round_trip_line(info: dict | None) -> str:
     )
 
 
+def instructions_line(counts: dict[str, dict] | None) -> str:
+    """User-space instructions per request of the PostgreSQL gateway (and the --baseline's) under
+    callgrind (bench/instructions.py)."""
+    if not counts:
+        return "not counted (--no-callgrind, or no PostgreSQL gateway)"
+    parts = []
+    for label, c in counts.items():
+        if "per_request" in c:
+            parts.append(f"{label} {c['per_request'] / 1e6:.3f} M")
+        else:
+            parts.append(f"{label}: not counted ({c.get('skipped', 'unknown')})")
+    requests = next((c["requests"] for c in counts.values() if "requests" in c), None)
+    how = (
+        f" (callgrind, every thread of the process, {requests} non-streaming requests one after another; "
+        "the same code counts the same within 0.5 % on any machine of the class: compare trees by this)"
+        if requests
+        else ""
+    )
+    return "; ".join(parts) + how
+
+
 def build_report(
     ctx: dict[str, Any], targets: list[Target], scenarios: list[Scenario], websocket: dict[str, Any]
 ) -> str:
@@ -122,6 +143,7 @@ def build_report(
     L.append(f"- Idle CPUs: {cpu_idle_line(ctx.get('cpu_idle'))}")
     L.append(f"- Round trips: {round_trip_line(ctx.get('round_trips'))}")
     L.append(f"- Interpreter: {interpreter_line(ctx.get('interpreter'), ctx.get('probe_end_ms'))}")
+    L.append(f"- Instructions per request: {instructions_line(ctx.get('instructions'))}")
     L.append(f"- CPU placement: {ctx['pinning']}")
     L.append(
         f"- Runs: {ctx['reps']} repetitions x {ctx['duration']:g} s per target and scenario after a "

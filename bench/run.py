@@ -21,6 +21,9 @@ Websockets (bench/ws.py, first, on freshly started servers): memory per idle cli
 its live upstream websocket (gateway RSS growth over 500 idle connections, per kind of client), and
 the relay latency added per event (upstream send stamp to client read, gateway minus direct).
 
+Last, the PostgreSQL gateway (and the --baseline's) runs once more under callgrind for its user-space
+instructions per request (bench/instructions.py): a figure that does not move with the machine.
+
 Each scenario warms every target up, then runs `--reps` repetitions, the targets interleaved inside
 each repetition so drift on this shared machine hits them alike; the report gives medians.
 The system under test (gateway or LiteLLM) is pinned to one CPU, the upstreams, the load
@@ -54,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import accounting, ws  # noqa: E402
+from bench import accounting, instructions, ws  # noqa: E402
 from bench.load import build_scenarios, run_scenarios, run_websocket_phase  # noqa: E402
 from bench.report import build_report  # noqa: E402
 from bench.targets import (  # noqa: E402
@@ -249,6 +252,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "measured on PostgreSQL too, in the same run, for an A/B comparison",
     )
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
+    p.add_argument(
+        "--no-callgrind",
+        action="store_true",
+        help="skip counting the PostgreSQL gateway's instructions per request (bench/instructions.py)",
+    )
     p.add_argument("--output", type=Path, default=RESULTS_MD)
     p.add_argument(
         "--report-only",
@@ -393,6 +401,14 @@ def main(argv: list[str] | None = None) -> int:
         websocket = run_websocket_phase(targets, args, ports)
         scenarios = build_scenarios()
         run_scenarios(targets, scenarios, args, ports, use_wrk)
+        if not args.no_callgrind:
+            trees = {"gw-pg": ROOT, "gw-pg-base": args.baseline}
+            for t in targets:
+                if t.name in trees and trees[t.name] is not None:
+                    log(f"counting instructions per request of {t.label} under callgrind ...")
+                    ctx.setdefault("instructions", {})[t.label] = instructions.count(
+                        procs, t, trees[t.name], sut_cpus
+                    )
     finally:
         procs.stop_all()
 
