@@ -3,11 +3,11 @@ instruction the PostgreSQL gateway's process executes, in all its threads, over 
 requests sent one after another, after WARMUP that are not counted.
 
 CPU milliseconds per request vary between the machines of one class, and within one machine's hour, by
-more than a code change moves them (bench/profile.md); an instruction count does not: the same code
-counts the same to within half a percent on any x86-64 machine, whatever else the host runs. It is
-the figure to compare two trees by (`--baseline` counts both), the milliseconds the ones the targets
-are stated in. It leaves out what the kernel does for the process (system calls, about a sixth of its
-CPU time) and the cost of cache misses.
+more than a code change moves them (bench/profile.md); an instruction count does not follow the
+machine's speed: the same code counted the same within half a percent from run to run (2026-12-03, on a
+machine whose speed varied by half meanwhile). It is the figure to compare two trees by (`--baseline`
+counts both), the milliseconds the ones the targets are stated in. It leaves out what the kernel does
+for the process (system calls, about a sixth of its CPU time) and the cost of cache misses.
 
 Under valgrind the gateway runs some fifty times slower, so the ledger writer's batches (one per linger)
 hold a few records instead of a hundred: the ledger's share of the count is larger than at full speed.

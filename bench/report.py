@@ -77,7 +77,7 @@ def instructions_line(counts: dict[str, dict] | None) -> str:
     requests = next((c["requests"] for c in counts.values() if "requests" in c), None)
     how = (
         f" (callgrind, every thread of the process, {requests} non-streaming requests one after another; "
-        "the same code counts the same within 0.5 % on any machine of the class: compare trees by this)"
+        "it does not follow the machine's speed: compare trees by this)"
         if requests
         else ""
     )
