@@ -71,6 +71,9 @@ async def test_the_connection_returned_last_serves_the_next_read(kept):
     in turns to each (psycopg_pool's own order), and the other waits unused for the pool to close it."""
     pool = loopdb._pool()
     await pool.open()
+    # Its first connection ready: a getconn that waited for it would make the pool grow, and a
+    # connection that arrived after the two below would be the one returned last.
+    await pool.wait()
     first = await pool.getconn(timeout=5)
     second = await pool.getconn(timeout=5)
     assert first.info.backend_pid != second.info.backend_pid
@@ -80,7 +83,7 @@ async def test_the_connection_returned_last_serves_the_next_read(kept):
     for _ in range(4):
         await _both_back(pool)  # a read's task hands its connection back just after its answer
         pids.append(await backend_pid())
-    assert pids == [second.info.backend_pid] * 4
+    assert pids == [second.info.backend_pid] * 4, (pids, first.info.backend_pid)
     assert pool.get_stats()["pool_available"] == 2
 
 
