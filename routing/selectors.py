@@ -12,6 +12,7 @@ statement (`request_state_load`). No per-candidate query anywhere.
 """
 
 import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -469,6 +470,37 @@ def request_state_from_rows(rows: list[tuple], digest: str) -> RequestState | No
     return RequestState(authenticated, health, affinities_from_rows(found))
 
 
+class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
+    """The configuration's routes with the request's health applied, one model at a time as it is looked
+    up: a request reads the routes of one or two models, where its pools may serve hundreds, and a
+    circuit or a demotion of any of them made every one of them be rebuilt."""
+
+    __slots__ = ("_done", "_govern", "_routes")
+
+    def __init__(
+        self,
+        routes: Mapping[str, tuple[Candidate, ...]],
+        govern: Callable[[tuple[Candidate, ...]], tuple[Candidate, ...]],
+    ) -> None:
+        self._routes, self._govern = routes, govern
+        self._done: dict[str, tuple[Candidate, ...]] = {}
+
+    def __getitem__(self, model: str) -> tuple[Candidate, ...]:
+        done = self._done.get(model)
+        if done is None:
+            done = self._done[model] = self._govern(self._routes[model])
+        return done
+
+    def __contains__(self, model: object) -> bool:
+        return model in self._routes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._routes)
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+
 def routing_view_load(
     *,
     pool_ids: tuple[int, ...],
@@ -493,16 +525,16 @@ def routing_view_load(
         snapshot, _ = breaker.governing(circuits.get(c.key), wide.get(c.assignment_id))
         return replace(c, health=breaker.health(snapshot, bs, now), demoted=c.key in demoted)
 
+    def govern(candidates: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
+        return tuple(
+            c
+            if c.key not in circuits and c.key not in demoted and c.assignment_id not in wide
+            else governed(c)
+            for c in candidates
+        )
+
     if circuits or demoted or wide:
-        routes = {
-            model: tuple(
-                c
-                if c.key not in circuits and c.key not in demoted and c.assignment_id not in wide
-                else governed(c)
-                for c in candidates
-            )
-            for model, candidates in routes.items()
-        }
+        routes = GovernedRoutes(routes, govern)
     accounts = config.accounts
     if circuits:
         accounts = tuple(

@@ -13,11 +13,12 @@ from catalog.models import Provenance
 from pools.models import GatewayKey, GatewaySettings, ModelFallback
 from pools.selectors import key_authenticate
 from routing import services
-from routing.models import AffinityKind, Circuit
+from routing.models import AffinityKind, Circuit, Demotion
 from routing.selectors import (
     AFFINITY_KEY_MAX,
     Affinities,
     AffinityIds,
+    GovernedRoutes,
     affinities_load,
     health_load,
     request_state_load,
@@ -111,6 +112,32 @@ def test_the_view_carries_catalog_values_health_and_demotions():
     sse, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.SSE, now=now)
     assert sse.routes["gpt-5"][0].health is Health.HEALTHY  # circuits are per route class
     assert view.auto_models == ("gpt-5",)
+
+
+def test_health_is_applied_to_a_model_as_its_routes_are_looked_up_and_the_view_reads_as_a_dict():
+    """The view's routes govern one model at a time (`GovernedRoutes`): each model looked up, iterated or
+    compared has its circuits and demotions applied, and asking which models exist applies none."""
+    pool = PoolFactory()
+    a = AssignmentFactory(pool=pool, name="a", tier=0)
+    b = AssignmentFactory(pool=pool, name="b", tier=1)
+    for assignment in (a, b):
+        for model in ("gpt-5", "gpt-x"):
+            CatalogEntryFactory(assignment=assignment, model=model)
+    now = timezone.now()
+    Circuit.objects.create(pool=pool, assignment=a, model="gpt-x", route_class="http", consecutive_failures=2)
+    Demotion.objects.create(
+        assignment=b, model="gpt-5", reason="upstream_model_unavailable", until=now + timedelta(minutes=1)
+    )
+    view, _ = routing_view_load(pool_ids=(pool.pk,), route_class=RouteClass.HTTP, now=now)
+    assert isinstance(view.routes, GovernedRoutes)
+    assert "gpt-x" in view.routes and "gpt-4" not in view.routes and len(view.routes) == 2
+    assert view.routes._done == {}  # which models exist: nothing governed yet
+    governed = {m: [(c.assignment, c.health, c.demoted) for c in cs] for m, cs in view.routes.items()}
+    assert governed == {
+        "gpt-5": [("a", Health.HEALTHY, False), ("b", Health.HEALTHY, True)],
+        "gpt-x": [("a", Health.FAILING, False), ("b", Health.HEALTHY, False)],
+    }
+    assert view.routes.get("gpt-4") is None and view.routes["gpt-x"] is view.routes["gpt-x"]
 
 
 def test_key_authenticate_accepts_only_the_enabled_secret():
