@@ -4,7 +4,7 @@ requests sent one after another, after WARMUP that are not counted.
 
 CPU milliseconds per request vary between the machines of one class, and within one machine's hour, by
 more than a code change moves them (bench/profile.md); an instruction count does not follow the
-machine's speed: the same code counted the same within half a percent from run to run (2026-12-03, on a
+machine's speed: the same code counted the same within 0.5-1.5 % from run to run (2026-12-03, on a
 machine whose speed varied by half meanwhile). It is the figure to compare two trees by (`--baseline`
 counts both), the milliseconds the ones the targets are stated in. It leaves out what the kernel does
 for the process (system calls, about a sixth of its CPU time) and the cost of cache misses.
