@@ -12,9 +12,10 @@ statement (`request_state_load`). No per-candidate query anywhere.
 """
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, KeysView, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from catalog.models import CatalogEntry
 from catalog.prices import route_price
@@ -252,6 +253,11 @@ def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: date
     return health_from_rows(rawsql.fetch(health_sql(pools), params))
 
 
+# A stored value's member by a dict lookup: an enum's call is a pure-Python function in 3.11, twice a row.
+_STATES = {state.value: state for state in CircuitState}
+_REASONS = {reason.value: reason for reason in CircuitReason}
+
+
 def health_from_rows(rows: list[tuple]) -> HealthState:
     found: dict[tuple[int, str], CircuitSnapshot] = {}
     wide: dict[int, CircuitSnapshot] = {}
@@ -261,8 +267,8 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
             demoted.add((assignment_id, model))
             continue
         snapshot = CircuitSnapshot(
-            state=CircuitState(state),
-            reason=CircuitReason(reason) if reason else None,
+            state=_STATES[state],
+            reason=_REASONS[reason] if reason else None,
             consecutive_failures=failures,
             cooldown_seconds=cooldown,
             open_until=rawsql.as_datetime(until),
@@ -490,6 +496,15 @@ class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
         if done is None:
             done = self._done[model] = self._govern(self._routes[model])
         return done
+
+    def get(self, model: str, default: Any = None) -> Any:
+        # Mapping's own `get` looks up through `__getitem__` and catches its KeyError: an exception and
+        # its traceback for each model the routes do not hold (a fallback, an alias's miss).
+        return self[model] if model in self._routes else default
+
+    def keys(self) -> KeysView[str]:
+        # The configuration's own view: the membership tests of resolution, in C.
+        return self._routes.keys()
 
     def __contains__(self, model: object) -> bool:
         return model in self._routes
