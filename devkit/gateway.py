@@ -108,8 +108,9 @@ class GatewayProcess:
     env_extra: dict[str, str] = field(default_factory=dict)
     database_url: str = ""  # what the server connects to, when not `database.url` (e.g. via a proxy)
     uvicorn_args: list[str] = field(default_factory=list)
-    # How the server is started: plain uvicorn, or e.g. ["-m", "gatewaysite.server"] (what `make run` runs).
-    launcher: list[str] = field(default_factory=lambda: ["-m", "uvicorn", "gatewaysite.asgi:application"])
+    # How the server is started: as `make run` and production start it, unless a test names another
+    # server (e.g. daphne).
+    launcher: list[str] = field(default_factory=lambda: ["-m", "gatewaysite.server"])
     port: int = 0
     proc: subprocess.Popen | None = None
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(50))
@@ -246,7 +247,6 @@ class GatewayNode(GatewayProcess):
     incarnation: int = 0
 
     def __post_init__(self) -> None:
-        self.launcher = ["-m", "gatewaysite.server"]
         self.uvicorn_args = ["--workers", str(self.workers), *self.uvicorn_args]
 
     @property

@@ -21,6 +21,7 @@ from django.db import connection
 from catalog.models import Provenance
 from devkit.harness import PYTHON, free_port, spawn, stop, tail
 from devkit.upstream import FakeUpstream
+from gatewaysite.server import HttpToolsProtocol
 from pools.models import Assignment, GatewaySettings
 from proxy import ledger, limits
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
@@ -74,14 +75,22 @@ class _Server(uvicorn.Server):
 
 @contextlib.contextmanager
 def live(application, on_loop_exit: Callable[[], Awaitable[object]] | None = None) -> Iterator[str]:
-    """`application` served by uvicorn on a loopback port, in a thread of its own: its base URL. On
-    leaving, the server stops listening, finishes the responses in flight and closes every connection,
-    then awaits `on_loop_exit` on its loop."""
+    """`application` served by uvicorn on a loopback port, in a thread of its own, with the HTTP
+    protocol production serves the gateway with (`gatewaysite.server`): its base URL. On leaving, the
+    server stops listening, finishes the responses in flight and closes every connection, then awaits
+    `on_loop_exit` on its loop."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = _Server(
-        uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(
+            application,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            http=HttpToolsProtocol,
+        )
     )
 
     async def serve() -> None:

@@ -110,8 +110,6 @@ def served(tmp_path_factory, endless) -> Iterator[GatewayProcess]:
     process = GatewayProcess(
         database,
         workdir,
-        launcher=["-m", "gatewaysite.server"],
-        uvicorn_args=["--no-access-log"],
         env_extra={
             UPSTREAM_KEY_ENV: "sk-edge-upstream",
             "GATEWAY_CLIENT_TIMEOUT_S": str(CLIENT_TIMEOUT_S),

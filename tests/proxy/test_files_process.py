@@ -33,9 +33,7 @@ def served(tmp_path: Path, accounts, monkeypatch) -> Iterator[GatewayProcess]:
     monkeypatch.setenv(UPSTREAM_KEY_ENV, "sk-files-upstream")
     a, b = accounts
     database = Database.create(tmp_path)
-    process = GatewayProcess(
-        database, tmp_path, launcher=["-m", "gatewaysite.server"], uvicorn_args=["--no-access-log"]
-    )
+    process = GatewayProcess(database, tmp_path)
     config = gateway_config({"a": a.base_url, "b": b.base_url}, key=KEY, key_env=UPSTREAM_KEY_ENV)
     config["retry"] = {"backoff_base_ms": 0}
     process.prepare(config)
