@@ -9,10 +9,6 @@ it (`make run` uses it), with what uvicorn does not do by itself (SPEC §11):
 - websocket messages refused by the server as soon as their header announces more than
   `GATEWAY_MAX_BODY_BYTES` (`--ws-max-size`, close code 1009), before their payload is read.
 
-- a response's head and body reach the socket as one write (`CoalescedTransport`): uvicorn writes a
-  response's status line and headers, then its body, each straight to the socket, so every answer
-  cost two system calls and two TCP segments, and the client woke up twice. Measured (2026-12-04,
-  bench/profile.md, 30 interleaved pairs): 0.03 ms less CPU a request at c=1, 0.05 ms at c=16.
 - uvicorn's own access line off (`--no-access-log`; `--access-log` turns it back on): the gateway logs
   one structured line per request itself (SPEC §10: request id, route, outcome, status, attempts and
   its duration), and a second, unstructured line for each request cost about 3 % of the gateway's CPU.
@@ -48,91 +44,13 @@ def _client_timeout_s() -> float:
     return settings.GATEWAY_CLIENT_TIMEOUT_S
 
 
-class CoalescedTransport(asyncio.Transport):
-    """A connection's transport that holds a write until the next one, or until the event loop's step
-    ends, whichever comes first: the two writes uvicorn makes for a response (its head, then its body)
-    reach the socket as one, as soon as the body is written; a head whose body is still to come (a
-    stream's first event) goes out at the end of the step. Nothing is held longer or reordered.
-    Closing sends what is held first; aborting drops it, as it drops what the socket has not sent; once
-    the connection is closing, what is held is dropped too. The websocket protocol a connection is
-    upgraded to writes through it as well."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self._transport, self._loop = transport, loop
-        self._held: bytes | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._held is None:
-            self._held = bytes(data)
-            self._loop.call_soon(self._send)
-        else:
-            held, self._held = self._held, None
-            self._transport.write(held + data)
-
-    def writelines(self, list_of_data) -> None:  # type: ignore[no-untyped-def]
-        for data in list_of_data:
-            self.write(data)
-
-    def _send(self) -> None:
-        held, self._held = self._held, None
-        if held is not None and not self._transport.is_closing():
-            self._transport.write(held)
-
-    def close(self) -> None:
-        self._send()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._held = None
-        self._transport.abort()
-
-    def can_write_eof(self) -> bool:
-        return self._transport.can_write_eof()
-
-    def write_eof(self) -> None:
-        self._send()
-        self._transport.write_eof()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default=None):  # type: ignore[no-untyped-def]
-        return self._transport.get_extra_info(name, default)
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._transport.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._transport.get_protocol()
-
-    def is_reading(self) -> bool:
-        return self._transport.is_reading()
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._transport.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._transport.get_write_buffer_limits()
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + len(self._held or b"")
-
-
 class HttpToolsProtocol(UvicornHttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline for each request's headers, writing through a
-    `CoalescedTransport`."""
+    """uvicorn's httptools protocol with a deadline for each request's headers."""
 
     header_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(CoalescedTransport(transport, self.loop))
+        super().connection_made(transport)
         self._arm()
 
     def on_message_begin(self) -> None:
