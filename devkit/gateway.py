@@ -1,9 +1,9 @@
 """The gateway as production runs it, started by the soak, the bench and the process tests.
 
 - `GatewayProcess`: `manage.py migrate` + `load_gateway_config` of a generated YAML, then
-  `uvicorn gatewaysite.asgi:application` with DJANGO_DEBUG=false and a generated secret, in its own
-  process group; `terminate` sends SIGTERM and waits for the graceful exit (the ledger is flushed at
-  interpreter exit).
+  `python -m gatewaysite.server` (uvicorn with the gateway's HTTP protocol, as `make run` starts it)
+  with DJANGO_DEBUG=false and a generated secret, in its own process group; `terminate` sends SIGTERM
+  and waits for the graceful exit (the ledger is flushed at interpreter exit).
 - `GatewayNode`: one node of several, `python -m gatewaysite.server --workers N` (uvicorn's
   supervisor and its workers), which can be killed with SIGKILL and started again on its port.
 - `gateway_config(...)`: a SPEC §3 configuration of one pool over the given upstreams.

@@ -4,7 +4,7 @@ What runs (everything on 127.0.0.1, everything stopped at the end):
 - four chaotic upstreams in one process (devkit/chaos_upstream.py): each request is served, rejected
   with model_not_found, rate limited (429), failed with 503, hung past the client's deadline, dropped,
   or (on streams) cut or failed before or after visible output, or (websockets) closed;
-- the gateway as production runs it (devkit/gateway.py): `uvicorn gatewaysite.asgi:application`,
+- the gateway as production runs it (devkit/gateway.py): `python -m gatewaysite.server`,
   DJANGO_DEBUG=false, a generated secret, a fresh SQLite file (or a fresh PostgreSQL database on the
   server of DATABASE_URL when it is PostgreSQL), `manage.py migrate` and `load_gateway_config` of a
   generated YAML: one pool with the four assignments, one key;

@@ -176,7 +176,7 @@ def three_assignments(build_assignments):
 
 
 class GatewayNodes:
-    """Gateway nodes (`uvicorn gatewaysite.asgi:application`, one process each) on the test database,
+    """Gateway nodes (`python -m gatewaysite.server`, one process each) on the test database,
     as several nodes share one PostgreSQL; logs in `log_dir`."""
 
     def __init__(self, log_dir: Path) -> None:
@@ -201,7 +201,7 @@ class GatewayNodes:
         for _ in range(count):
             port = free_port()
             log_path = self.log_dir / f"node-{len(self.procs)}.log"
-            cmd = [PYTHON, "-m", "uvicorn", "gatewaysite.asgi:application", "--port", str(port)]
+            cmd = [PYTHON, "-m", "gatewaysite.server", "--port", str(port)]
             self.procs.append(spawn(cmd, env, log_path))
             started.append((f"http://127.0.0.1:{port}", self.procs[-1], log_path))
         for base, proc, log_path in started:
