@@ -1,7 +1,8 @@
 """The live gateway's server (tests/gateway_fixtures.py) steps around uvicorn's main loop and shutdown;
 this holds what they rely on (`servers`, `server_state.connections` and `.tasks`, each connection's
 `shutdown()`): a server left stops listening, finishes the response in flight and closes the
-connections a client kept open, as uvicorn's own shutdown does."""
+connections a client kept open, as uvicorn's own shutdown does. It serves through the production
+server's HTTP protocol (gatewaysite.server)."""
 
 import asyncio
 import contextlib
@@ -47,3 +48,17 @@ def test_a_server_left_finishes_the_response_in_flight_and_closes_the_connection
 
         assert (slow.result().status_code, slow.result().text) == (200, "ok")
         assert kept.recv(1024) == b""  # closed by the server
+
+
+def test_the_live_server_serves_with_the_production_protocol_which_drops_unfinished_headers(settings):
+    """`live` serves through gatewaysite.server's protocol, as production does: a client whose headers
+    stop arriving is dropped after GATEWAY_CLIENT_TIMEOUT_S (plain uvicorn would keep it forever)."""
+    settings.GATEWAY_CLIENT_TIMEOUT_S = 0.3
+
+    async def app(scope, receive, send):  # never reached: the request's headers never complete
+        raise AssertionError("served")
+
+    with live(app) as url, socket.create_connection((urlsplit(url).hostname, urlsplit(url).port)) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: test\r\n")  # no blank line: the headers go on
+        sock.settimeout(5)
+        assert sock.recv(1024) == b""  # closed by the server, well before the 5 s
