@@ -2,12 +2,14 @@
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from proxy import ledger, spool
 from proxy.exchange import AttemptLog, Exchange
@@ -15,6 +17,7 @@ from proxy.models import RequestRecord
 from routing import services
 from routing.models import Affinity, AffinityKind
 from tests.factories import GatewayKeyFactory, reserve
+from tests.gateway_fixtures import GATEWAY_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -635,3 +638,81 @@ def test_batches_by_copy_and_by_values_take_their_ids_from_one_sequence():
     every = [x for exchanges in batches for x in exchanges]
     assert sorted(_stored(every), key=repr) == sorted(_written(every), key=repr)
     assert RequestRecord.objects.count() == len(every) + 1
+
+
+
+async def test_a_plain_answer_is_sent_before_its_request_is_counted_and_logged(two_assignments, monkeypatch):
+    """The metrics, the trace and the log line wait until the answer has been handed to the server
+    (`ledger.record` schedules them after the loop's step); the journal does not: when the body is
+    sent, the request's record is in its journal but the request is neither counted nor logged; once
+    the step is over, it is both."""
+    from gatewaysite.asgi import application, close_clients
+    from proxy.metrics import REQUESTS
+
+    monkeypatch.setattr(ledger, "LINGER_S", 5.0)  # the record stays in its journal until the flush
+    a, _, _ = two_assignments
+    counted = REQUESTS.labels("/v1/chat/completions", "http", "ok")
+    events: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if '"event": "request"' in record.getMessage():
+                events.append("logged")
+
+    body = json.dumps({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    headers = {
+        "host": "testserver",
+        "authorization": f"Bearer {GATEWAY_KEY}",
+        "content-type": "application/json",
+        "content-length": str(len(body)),
+    }
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "headers": [(name.encode(), value.encode()) for name, value in headers.items()],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 80),
+    }
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()  # the client stays
+        return {}
+
+    request_id = ""
+
+    def journaled() -> bool:
+        journals = ledger.writer.spool.directory.glob("journal-*.jsonl")
+        return any(request_id in path.read_text() for path in journals)
+
+    async def send(message: dict) -> None:
+        nonlocal request_id
+        events.append(message["type"])
+        if message["type"] == "http.response.start":
+            request_id = dict(message["headers"])[b"x-gateway-request-id"].decode()
+        else:
+            events.append(f"journaled {journaled()}, counted {counted._value.get() - before:.0f}")
+
+    lines = Lines()
+    logging.getLogger("gateway").addHandler(lines)
+    before = counted._value.get()
+    try:
+        await application(scope, receive, send)
+        await asyncio.sleep(0)
+    finally:
+        logging.getLogger("gateway").removeHandler(lines)
+        await close_clients()
+        ledger.writer.flush()
+    assert a.hit_count(model="gpt-5") == 1
+    assert events == ["http.response.start", "http.response.body", "journaled True, counted 0", "logged"]
+    assert counted._value.get() - before == 1
+    saved = RequestRecord.objects.filter(request_id=request_id)
+    assert await sync_to_async(saved.count)() == 1
