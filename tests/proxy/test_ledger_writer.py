@@ -640,7 +640,6 @@ def test_batches_by_copy_and_by_values_take_their_ids_from_one_sequence():
     assert RequestRecord.objects.count() == len(every) + 1
 
 
-
 async def test_a_plain_answer_is_sent_before_its_request_is_counted_and_logged(two_assignments, monkeypatch):
     """The metrics, the trace and the log line wait until the answer has been handed to the server
     (`ledger.record` schedules them after the loop's step); the journal does not: when the body is
