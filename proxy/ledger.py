@@ -255,8 +255,9 @@ async def record(exchange: Exchange) -> None:
     Its observation (`observe`: the metrics, the trace, the log line) runs once the event loop's current
     step is over. A plain answer is sent in the same step as its record, so the client's answer leaves
     first and waits for none of it (bench/profile.md); the loop reads nothing else before the callback,
-    so a scrape or a log reader that this answer prompted finds the request counted. The journal stays
-    before the answer: an answered request always has a record that outlives the process."""
+    so a scrape this process serves after the answer finds the request counted (another worker's scrape
+    may come a step early). The journal stays before the answer: an answered request always has a
+    record that outlives the process."""
     exchange.finished_at = exchange.finished_at or datetime.now(UTC)
     writer.submit(exchange)
     asyncio.get_running_loop().call_soon(observe, exchange)
