@@ -11,7 +11,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -40,6 +40,7 @@ from routing.files import TooManyFiles, file_ids_of
 from routing.plan import HardPin, PlanError
 from routing.resolution import ResolutionError
 from routing.route import (
+    Decision,
     RequirementsHeaderError,
     RoutingView,
     decide,
@@ -260,37 +261,147 @@ def _load(args: ReadArgs) -> Loaded | None:
     return Loaded(state.authenticated, args.inputs_load(state))
 
 
-async def _read(args: ReadArgs, deadline: float) -> Loaded | None:
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """What a request is decided from its read and itself alone (`route_request`): no I/O, so it can be
+    drafted while the read is on its way (`_read`)."""
+
+    loaded: Loaded
+    inputs: RoutingInputs
+    requirements: Requirements
+    deadline_ms: int
+    decide: Callable[..., Decision]  # the decision again, for a request that took a probe lease
+    decision: Decision
+
+
+def route_request(
+    loaded: Loaded,
+    *,
+    headers: Mapping[str, str],
+    path: str,
+    body: dict,
+    body_size: int,
+    pins: Sequence[HardPin],
+) -> Routed:
+    """The request's requirements (its key's, its headers', its turn's) and its routing decision; its
+    headers' typed errors as RequestFailed."""
+    inputs = loaded.inputs
+    assert inputs is not None
+    route_settings, session = inputs.settings, inputs.session
+    extra, deadline_ms = headers_requirements(headers, route_settings.default_deadline_ms)
+    turn = api_for(path).turn_requirements(body, body_size)
+    requirements = tighten(
+        tighten(loaded.authenticated.key.requirements, extra),
+        replace(
+            turn, adapters=carriers(path.removeprefix("/v1")), min_attempt_ms=route_settings.min_attempt_ms
+        ),
+    )
+    decide_now = partial(
+        decide,
+        inputs.view,
+        loaded.authenticated.key,
+        body["model"],
+        requirements,
+        pins=[*pins, *inputs.pins],
+        session_assignment_id=session.assignment_id if session else None,
+        session_model=(session.model or None) if session else None,
+    )
+    return Routed(loaded, inputs, requirements, deadline_ms, decide_now, decide_now())
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """A key's state as its last read found it (`_read`): the statement's rows, what they say, and
+    whether the read before found the same rows (a key whose rows change with every request, as a
+    budget's reservations make them, is not worth a draft)."""
+
+    rows: list[tuple]
+    state: RequestState
+    steady: bool
+
+
+# Key digest -> its last read. Used only against a request's own read: a draft is kept only when that
+# read returns these very rows, so nothing here is ever routed on without the database's word.
+_known: dict[str, Known] = {}
+KNOWN_LIMIT = 1024
+
+
+def _learn(digest: str, rows: list[tuple], known: Known | None) -> RequestState | None:
+    """The state `rows` say for the key `digest`, remembered as its last read (or forgotten)."""
+    if known is not None and rows == known.rows:
+        if not known.steady:
+            _known[digest] = Known(rows, known.state, steady=True)
+        return known.state
+    state = request_state_from_rows(rows, digest)
+    if state is None:
+        _known.pop(digest, None)
+        return None
+    if len(_known) >= KNOWN_LIMIT:
+        _known.clear()
+    _known[digest] = Known(rows, state, steady=False)
+    return state
+
+
+def _draft(
+    draft: Callable[[Loaded], Routed], state: RequestState, args: ReadArgs, into: list[Routed]
+) -> None:
+    """The request decided from its key's last state, while its own read is on its way (a configuration
+    not cached is left to the read: loading it is I/O). A request the draft refuses (its headers) is
+    decided again from its own read, which refuses it in the order the path checks things (the key
+    first)."""
+    authenticated = state.authenticated
+    config = config_cached(authenticated.key.pool_ids, authenticated.config_version, args.now)
+    if config is None:
+        return
+    with contextlib.suppress(RequestFailed):
+        into.append(draft(Loaded(authenticated, args.inputs_load(state, config))))
+
+
+async def _read(
+    args: ReadArgs, deadline: float, draft: Callable[[Loaded], Routed] | None = None
+) -> tuple[Loaded | None, Routed | None]:
     """The request's read by `deadline` (monotonic). On PostgreSQL its statement runs on the event loop
     (runtime.loopdb), and so does the routing state built from it when the configuration is cached;
     else what is left goes to runtime.db's threads, and all of it when the loop's pool has no
-    connection to give."""
+    connection to give.
+
+    With `draft` (the request's decision from a Loaded, `route_request`), while the statement is on its
+    way the loop decides the request from its key's last state; the draft comes back with the read only
+    when the read found exactly the rows that state came from (the same rows: the same state, the same
+    decision). At low load the decision then costs no time: the loop would otherwise wait for the rows."""
 
     def left() -> float:
         return max(deadline - time.monotonic(), MIN_READ_S)
 
     if not loopdb.available():
-        return await db.run_within(left(), _load, args)
+        return await db.run_within(left(), _load, args), None
     query = request_state_query(
         args.raw_key, route_class=args.route_class, now=args.now, affinity=args.affinity_ids()
     )
     if query is None:
-        return None
+        return None, None
+    known = _known.get(query.digest)
+    drafted: list[Routed] = []
+    meanwhile = None
+    if draft is not None and known is not None and known.steady:
+        meanwhile = partial(_draft, draft, known.state, args, drafted)
     try:
-        rows = await loopdb.fetch_within(left(), query.sql, query.params)
+        rows = await loopdb.fetch_within(left(), query.sql, query.params, meanwhile)
     except loopdb.NoConnection:
-        return await db.run_within(left(), _load, args)
-    state = request_state_from_rows(rows, query.digest)
+        return await db.run_within(left(), _load, args), None
+    state = _learn(query.digest, rows, known)
     if state is None:
-        return None
+        return None, None
     if args.body is None:
-        return Loaded(state.authenticated)
+        return Loaded(state.authenticated), None
+    if drafted and state is known.state:  # type: ignore[union-attr]
+        return drafted[0].loaded, drafted[0]
     authenticated = state.authenticated
     config = config_cached(authenticated.key.pool_ids, authenticated.config_version, args.now)
     if config is not None:
-        return Loaded(authenticated, args.inputs_load(state, config))  # no query
+        return Loaded(authenticated, args.inputs_load(state, config)), None  # no query
     inputs = await db.run_within(left(), args.inputs_load, state)
-    return Loaded(authenticated, inputs)
+    return Loaded(authenticated, inputs), None
 
 
 READ_TIMEOUT_S = edge.READ_TIMEOUT_S  # the ingresses' reads outside a request (a handshake, a file)
@@ -322,12 +433,16 @@ async def prepare(
         file_ids = file_ids_of(body, raw) if body is not None else ()
     except TooManyFiles:
         file_ids, body_error = (), body_error or RequestFailed("invalid_request", "file_id")
+    draft = None
+    if body is not None and body_error is None:
+        draft = partial(route_request, headers=headers, path=path, body=body, body_size=body_size, pins=pins)
     try:
-        loaded = await _read(
+        loaded, drafted = await _read(
             ReadArgs(bearer(headers), body, path, session_key, now, route_class, file_ids),
             # The read's bound counts from the request's start (a websocket frame may have waited for
             # its key check).
             started + edge.read_timeout_s(headers),
+            draft,
         )
     except DatabaseError:
         # Without the database nothing can be authorized or routed: fail fast, typed, and let the
@@ -335,39 +450,20 @@ async def prepare(
         raise RequestFailed("gateway_unavailable") from None
     if loaded is None:
         raise RequestFailed("authentication_error")
-    key = loaded.authenticated.key
-    exchange.key_id = key.key_id
+    exchange.key_id = loaded.authenticated.key.key_id
     exchange.config_version = loaded.authenticated.config_version
     exchange.budget_period = loaded.authenticated.budget_period
-    if body_error is not None or body is None:
+    if body_error is not None or body is None or draft is None:
         raise body_error or RequestFailed("invalid_request")
-    inputs = loaded.inputs
-    assert inputs is not None
-    view, route_settings, session = inputs.view, inputs.settings, inputs.session
     exchange.requested_model = body["model"]
     exchange.transport = str(route_class)
-    extra, deadline_ms = headers_requirements(headers, route_settings.default_deadline_ms)
-    turn = api_for(path).turn_requirements(body, body_size)
-    route = path.removeprefix("/v1")
-    requirements = tighten(
-        tighten(key.requirements, extra),
-        replace(turn, adapters=carriers(route), min_attempt_ms=route_settings.min_attempt_ms),
-    )
-    decide_now = partial(
-        decide,
-        view,
-        key,
-        body["model"],
-        requirements,
-        pins=[*pins, *inputs.pins],
-        session_assignment_id=session.assignment_id if session else None,
-        session_model=(session.model or None) if session else None,
-    )
-    decision = decide_now()
-    deadline = started + deadline_ms / 1000
+    routed = drafted or draft(loaded)
+    view, route_settings, session = routed.inputs.view, routed.inputs.settings, routed.inputs.session
+    decision = routed.decision
+    deadline = started + routed.deadline_ms / 1000
     leased = await _take_lease(view, route_class, route_settings, lease_candidate(decision), deadline)
     if leased is not None:
-        decision = decide_now(held={leased.candidate})
+        decision = routed.decide(held={leased.candidate})
     if isinstance(decision.error, ResolutionError | AutoError):
         code = str(decision.error.code)
         param = (
@@ -390,9 +486,9 @@ async def prepare(
         breaker_settings=route_settings.breaker,
         demotion_seconds=route_settings.demotion_seconds,
         backoff_base_ms=route_settings.backoff_base_ms,
-        requirements=requirements,
+        requirements=routed.requirements,
         deadline=deadline,
-        path=route,
+        path=path.removeprefix("/v1"),
         body=body,
         route_class=route_class,
         dialect=dialect,

@@ -34,7 +34,7 @@ order psycopg_pool's again, and the test of the order fails).
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 from django.db import DatabaseError
@@ -184,10 +184,20 @@ def _retrieve(task: asyncio.Task) -> None:
         task.exception()
 
 
-async def fetch_within(timeout_s: float, sql: str, params: Sequence[object]) -> list[tuple]:
+async def fetch_within(
+    timeout_s: float,
+    sql: str,
+    params: Sequence[object],
+    meanwhile: Callable[[], object] | None = None,
+) -> list[tuple]:
     """The rows of one statement, or DatabaseTimeout after `timeout_s`, DatabaseError when the database
     refuses it or the connection breaks (as a Django cursor's failure), NoConnection when the pool has
     none to give.
+
+    `meanwhile`: work for the loop while the statement is on its way: a callback queued right behind the
+    statement's task, so it runs once the task has taken a pooled connection and sent the statement,
+    before the rows can be read and before the caller resumes. It must not raise (the loop's exception
+    handler would only log it).
 
     The caller waits on a future of its own that the statement's task or a timer settles, whichever
     comes first: what `wait_for(shield(task))` does, without its second future, its task-side
@@ -204,10 +214,14 @@ async def fetch_within(timeout_s: float, sql: str, params: Sequence[object]) -> 
 
     task.add_done_callback(settle)
     timer = loop.call_later(timeout_s, settle)
+    # After the task's first step (scheduled first, at its creation), before any rows can be read.
+    aside = loop.call_soon(meanwhile) if meanwhile is not None else None
     try:
         await waiter
     finally:
         timer.cancel()
+        if aside is not None:
+            aside.cancel()
         task.remove_done_callback(settle)
     if not task.done():
         raise DatabaseTimeout

@@ -154,6 +154,27 @@ async def test_a_connection_the_server_ended_while_idle_is_replaced_without_an_e
     assert after not in before
 
 
+async def test_work_given_to_do_meanwhile_runs_while_the_statement_is_on_the_server(kept):
+    """`meanwhile` (the request path drafts its decision there) runs once the statement has been sent on
+    a pooled connection, not before: the server is already running it, and its rows come after."""
+    pool = loopdb._pool()
+    await pool.open()
+    await pool.wait()
+    seen: list[object] = []
+
+    def meanwhile() -> None:
+        with psycopg.connect(**loopdb._params()) as other:  # the loop is blocked: a sync look is fine
+            [(running,)] = other.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s",
+                ["%pg_sleep(0.3), 'meanwhile-marker'%"],
+            ).fetchall()
+        seen.append(running)
+
+    rows = await loopdb.fetch_within(5, "SELECT pg_sleep(0.3), 'meanwhile-marker'", [], meanwhile)
+    seen.append(rows[0][1])
+    assert seen == [1, "meanwhile-marker"]
+
+
 async def test_a_statement_the_database_refuses_is_a_django_database_error():
     with pytest.raises(DatabaseError):
         await loopdb.fetch_within(5, "SELECT no_such_column FROM no_such_table", [])

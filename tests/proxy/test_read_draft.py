@@ -1,0 +1,103 @@
+"""A request decided from its key's last read while its own read is on the wire (proxy.ingress `_read`,
+runtime.loopdb `fetch_within(meanwhile=...)`): the draft is kept only when the request's own read finds
+the very rows the draft came from, so what the database says now always decides. On SQLite (no read on
+the loop, no draft) the same requests must be decided the same way."""
+
+import asyncio
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from pools.models import GatewayKey
+from proxy import ingress
+from routing.models import Circuit
+from tests.gateway_fixtures import GATEWAY_KEY
+
+AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
+CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
+POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite reads on threads: no draft")
+
+
+def _chat(gateway: str, model: str = "gpt-5") -> httpx.Response:
+    return httpx.post(f"{gateway}/v1/chat/completions", json={**CHAT, "model": model}, headers=AUTH)
+
+
+def _steady(gateway: str, fake) -> None:
+    """Three answered requests: from the third on, the key's last two reads found the same rows, so its
+    requests are drafted (a key whose rows change with every request is not)."""
+    for _ in range(3):
+        assert _chat(gateway).status_code == 200
+    assert fake.hit_count(model="gpt-5") == 3
+
+
+def _open_circuit(assignment) -> None:
+    Circuit.objects.create(
+        pool=assignment.pool,
+        assignment=assignment,
+        model="gpt-5",
+        route_class="http",
+        state="open",
+        reason="upstream_unavailable",
+        open_until=timezone.now() + timedelta(minutes=5),
+    )
+
+
+def test_a_circuit_opened_since_the_keys_last_read_moves_its_next_request(gateway, two_assignments):
+    a, b, (acct_a, _) = two_assignments
+    _steady(gateway, a)
+    _open_circuit(acct_a)
+    response = _chat(gateway)
+    assert response.status_code == 200
+    assert (a.hit_count(model="gpt-5"), b.hit_count(model="gpt-5")) == (3, 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "code"),
+    [
+        ({"enabled": False}, 401, "authentication_error"),
+        ({"allowed_models": ["gpt-4o"]}, 403, "permission_denied"),
+    ],
+)
+def test_a_key_changed_since_its_last_read_is_judged_as_it_is_now(
+    gateway, two_assignments, change, status, code
+):
+    a, _, _ = two_assignments
+    _steady(gateway, a)
+    GatewayKey.objects.filter(name="e2e").update(**change)  # as a revocation or an edit in admin
+    response = _chat(gateway)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+    assert a.hit_count(model="gpt-5") == 3
+
+
+@POSTGRES
+def test_a_steady_keys_request_is_decided_while_its_read_is_on_the_wire(
+    gateway, two_assignments, monkeypatch
+):
+    """Decided once, by the loop between sending the read and reading its rows (a loop callback, not the
+    request's task); once the rows differ from the draft's, decided a second time in the request's task,
+    from its own rows."""
+    a, b, (acct_a, _) = two_assignments
+    decided: list[bool] = []  # per decision: made outside any task (the draft)
+    route_request = ingress.route_request
+
+    def spy(*args, **kwargs):
+        decided.append(asyncio.current_task() is None)
+        return route_request(*args, **kwargs)
+
+    monkeypatch.setattr(ingress, "route_request", spy)
+    _steady(gateway, a)
+    assert decided == [False, False, True]  # no draft before the key's rows were read twice alike
+    decided.clear()
+
+    assert _chat(gateway).status_code == 200
+    assert decided == [True]
+
+    decided.clear()
+    _open_circuit(acct_a)
+    assert _chat(gateway).status_code == 200
+    assert decided == [True, False]  # the draft from the old rows, then the decision that was used
+    assert b.hit_count(model="gpt-5") == 1
