@@ -25,7 +25,7 @@ from django.conf import settings  # noqa: E402
 from django.http import HttpResponse  # noqa: E402
 
 from proxy import edge, files, ledger, shutdown, upstream, views  # noqa: E402
-from proxy.ingress import bearer, typed_response  # noqa: E402
+from proxy.ingress import answering, bearer, typed_response  # noqa: E402
 from proxy.routing import websocket_urlpatterns  # noqa: E402
 from runtime import loopdb  # noqa: E402
 from runtime.handler import BareHandler  # noqa: E402
@@ -71,12 +71,13 @@ class ApiHandler(BareHandler):
                 return
 
         if path in views.PROXIED:
-            await respond(
-                receive,
-                send,
-                partial(self.proxied, path, scope["method"], headers, body, refusal),
-                watch_disconnect=refusal is None,
-            )
+            with answering():
+                await respond(
+                    receive,
+                    send,
+                    partial(self.proxied, path, scope["method"], headers, body, refusal),
+                    watch_disconnect=refusal is None,
+                )
             return
 
         def setup(request) -> None:

@@ -4,6 +4,8 @@ the very rows the draft came from, so what the database says now always decides.
 the loop, no draft) the same requests must be decided the same way."""
 
 import asyncio
+import threading
+import time
 from datetime import timedelta
 
 import httpx
@@ -11,6 +13,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from devkit.behaviours import hang, serve
 from pools.models import GatewayKey
 from proxy import ingress
 from routing.models import Circuit
@@ -101,3 +104,29 @@ def test_a_steady_keys_request_is_decided_while_its_read_is_on_the_wire(
     assert _chat(gateway).status_code == 200
     assert decided == [True, False]  # the draft from the old rows, then the decision that was used
     assert b.hit_count(model="gpt-5") == 1
+
+
+@POSTGRES
+def test_a_request_is_not_drafted_while_another_is_being_answered(gateway, two_assignments, monkeypatch):
+    """With another request in flight the loop has that one's work to do while a read is out: a draft
+    would only put this request's decision ahead of it (`ingress.answering`)."""
+    a, _, _ = two_assignments
+    decided: list[bool] = []
+    route_request = ingress.route_request
+
+    def spy(*args, **kwargs):
+        decided.append(asyncio.current_task() is None)
+        return route_request(*args, **kwargs)
+
+    monkeypatch.setattr(ingress, "route_request", spy)
+    _steady(gateway, a)
+    a.script("gpt-5", hang(1.0), serve())
+    held = threading.Thread(target=_chat, args=(gateway,))
+    held.start()
+    deadline = time.monotonic() + 5
+    while a.hit_count(model="gpt-5") < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    decided.clear()
+    assert _chat(gateway).status_code == 200  # while the first is held upstream
+    held.join(10)
+    assert decided == [False]
