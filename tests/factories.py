@@ -1,11 +1,15 @@
 """factory-boy factories for the ORM. Defaults are minimal and valid; every capability, privacy value
 and price stays at its model default (unknown) unless a test declares it."""
 
+from datetime import timedelta
+
 import factory
+from django.utils import timezone
 from factory.django import DjangoModelFactory
 
 from catalog.models import CatalogEntry, Provenance
 from pools.models import KEY_PREFIX_LENGTH, Adapter, Assignment, GatewayKey, Pool, hash_key
+from routing.models import Circuit
 
 
 class PoolFactory(DjangoModelFactory):
@@ -56,6 +60,21 @@ class CatalogEntryFactory(DjangoModelFactory):
     assignment = factory.SubFactory(AssignmentFactory)
     model = factory.Sequence(lambda n: f"model-{n}")
     provenance = Provenance.CONFIGURED
+
+
+class OpenCircuitFactory(DjangoModelFactory):
+    """A circuit open for the next five minutes on an assignment's model (HTTP route class)."""
+
+    class Meta:
+        model = Circuit
+
+    assignment = factory.SubFactory(AssignmentFactory)
+    pool = factory.SelfAttribute("assignment.pool")
+    model = "gpt-5"
+    route_class = "http"
+    state = "open"
+    reason = "upstream_model_unavailable"
+    open_until = factory.LazyFunction(lambda: timezone.now() + timedelta(minutes=5))
 
 
 def reserve(exchange, key_id: int, amount: int):

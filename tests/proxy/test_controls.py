@@ -3,11 +3,9 @@ defined terminal behaviour, the ledger, and the hit count on every fake, so a wr
 (or a missing one) fails."""
 
 import time
-from datetime import timedelta
 
 import httpx
 import pytest
-from django.utils import timezone
 
 from devkit.behaviours import (
     codeless_404,
@@ -25,6 +23,7 @@ from devkit.behaviours import (
 )
 from pools.models import GatewaySettings
 from routing.models import Affinity, Circuit, Demotion
+from tests.factories import OpenCircuitFactory
 from tests.proxy.fixtures_e2e import (
     AUTH,
     CHAT,
@@ -421,17 +420,7 @@ def test_all_candidates_circuit_open_is_no_eligible_backend_but_the_model_stays_
 ):
     a, b, rows = two_assignments
     for assignment in rows:
-        Circuit.objects.create(
-            pool=assignment.pool,
-            assignment=assignment,
-            model="gpt-5",
-            route_class="http",
-            state="open",
-            reason="upstream_model_unavailable",
-            consecutive_failures=3,
-            cooldown_seconds=300,
-            open_until=timezone.now() + timedelta(minutes=5),
-        )
+        OpenCircuitFactory(assignment=assignment, consecutive_failures=3, cooldown_seconds=300)
     response = post(gateway, "/v1/chat/completions", CHAT)
     assert response.status_code == 503
     error = _sanitized(response, "hello from")

@@ -6,22 +6,38 @@ the loop, no draft) the same requests must be decided the same way."""
 import asyncio
 import threading
 import time
-from datetime import timedelta
 
 import httpx
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 from devkit.behaviours import hang, serve
 from pools.models import GatewayKey
-from proxy import ingress
-from routing.models import Circuit
+from proxy import ingress, ledger
+from tests.factories import OpenCircuitFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
 POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite reads on threads: no draft")
+
+
+@pytest.fixture
+def decided(monkeypatch) -> list[bool]:
+    """One entry per decision the gateway makes (`ingress.route_request`): whether it was made outside
+    any task, as the draft is (a loop callback while the read is out). The ledger's batches are held
+    meanwhile: a batch settles the key's spend, which changes the key's row, and so its next request
+    would rightly not be drafted whenever a batch happened to land between two requests."""
+    monkeypatch.setattr(ledger, "LINGER_S", 30.0)
+    made: list[bool] = []
+    route_request = ingress.route_request
+
+    def spy(*args, **kwargs):
+        made.append(asyncio.current_task() is None)
+        return route_request(*args, **kwargs)
+
+    monkeypatch.setattr(ingress, "route_request", spy)
+    return made
 
 
 def _chat(gateway: str, model: str = "gpt-5") -> httpx.Response:
@@ -36,22 +52,10 @@ def _steady(gateway: str, fake) -> None:
     assert fake.hit_count(model="gpt-5") == 3
 
 
-def _open_circuit(assignment) -> None:
-    Circuit.objects.create(
-        pool=assignment.pool,
-        assignment=assignment,
-        model="gpt-5",
-        route_class="http",
-        state="open",
-        reason="upstream_unavailable",
-        open_until=timezone.now() + timedelta(minutes=5),
-    )
-
-
 def test_a_circuit_opened_since_the_keys_last_read_moves_its_next_request(gateway, two_assignments):
     a, b, (acct_a, _) = two_assignments
     _steady(gateway, a)
-    _open_circuit(acct_a)
+    OpenCircuitFactory(assignment=acct_a)
     response = _chat(gateway)
     assert response.status_code == 200
     assert (a.hit_count(model="gpt-5"), b.hit_count(model="gpt-5")) == (3, 1)
@@ -77,21 +81,11 @@ def test_a_key_changed_since_its_last_read_is_judged_as_it_is_now(
 
 
 @POSTGRES
-def test_a_steady_keys_request_is_decided_while_its_read_is_on_the_wire(
-    gateway, two_assignments, monkeypatch
-):
+def test_a_steady_keys_request_is_decided_while_its_read_is_on_the_wire(gateway, two_assignments, decided):
     """Decided once, by the loop between sending the read and reading its rows (a loop callback, not the
     request's task); once the rows differ from the draft's, decided a second time in the request's task,
     from its own rows."""
     a, b, (acct_a, _) = two_assignments
-    decided: list[bool] = []  # per decision: made outside any task (the draft)
-    route_request = ingress.route_request
-
-    def spy(*args, **kwargs):
-        decided.append(asyncio.current_task() is None)
-        return route_request(*args, **kwargs)
-
-    monkeypatch.setattr(ingress, "route_request", spy)
     _steady(gateway, a)
     assert decided == [False, False, True]  # no draft before the key's rows were read twice alike
     decided.clear()
@@ -100,25 +94,17 @@ def test_a_steady_keys_request_is_decided_while_its_read_is_on_the_wire(
     assert decided == [True]
 
     decided.clear()
-    _open_circuit(acct_a)
+    OpenCircuitFactory(assignment=acct_a)
     assert _chat(gateway).status_code == 200
     assert decided == [True, False]  # the draft from the old rows, then the decision that was used
     assert b.hit_count(model="gpt-5") == 1
 
 
 @POSTGRES
-def test_a_request_is_not_drafted_while_another_is_being_answered(gateway, two_assignments, monkeypatch):
+def test_a_request_is_not_drafted_while_another_is_being_answered(gateway, two_assignments, decided):
     """With another request in flight the loop has that one's work to do while a read is out: a draft
     would only put this request's decision ahead of it (`ingress.answering`)."""
     a, _, _ = two_assignments
-    decided: list[bool] = []
-    route_request = ingress.route_request
-
-    def spy(*args, **kwargs):
-        decided.append(asyncio.current_task() is None)
-        return route_request(*args, **kwargs)
-
-    monkeypatch.setattr(ingress, "route_request", spy)
     _steady(gateway, a)
     a.script("gpt-5", hang(1.0), serve())
     held = threading.Thread(target=_chat, args=(gateway,))
