@@ -412,7 +412,7 @@ async def _read(
         return None, None
     if args.body is None:
         return Loaded(state.authenticated), None
-    if drafted and state is known.state:  # type: ignore[union-attr]
+    if drafted and known is not None and state is known.state:
         return drafted[0].loaded, drafted[0]
     authenticated = state.authenticated
     config = config_cached(authenticated.key.pool_ids, authenticated.config_version, args.now)

@@ -214,14 +214,14 @@ async def fetch_within(
 
     task.add_done_callback(settle)
     timer = loop.call_later(timeout_s, settle)
-    # After the task's first step (scheduled first, at its creation), before any rows can be read.
-    aside = loop.call_soon(meanwhile) if meanwhile is not None else None
+    if meanwhile is not None:
+        # Behind the task's first step (scheduled at its creation), before any row can be read: it has
+        # run by the time anything (rows, timer, cancellation) resumes the caller.
+        loop.call_soon(meanwhile)
     try:
         await waiter
     finally:
         timer.cancel()
-        if aside is not None:
-            aside.cancel()
         task.remove_done_callback(settle)
     if not task.done():
         raise DatabaseTimeout

@@ -4,6 +4,7 @@ the very rows the draft came from, so what the database says now always decides.
 the loop, no draft) the same requests must be decided the same way."""
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -22,13 +23,17 @@ CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
 POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite reads on threads: no draft")
 
 
+@pytest.fixture(autouse=True)
+def _batches_held(monkeypatch):
+    """A ledger batch settles the key's spend, which changes the key's row: one landing between two of a
+    test's requests would rightly stop the next one's draft, and the test would not exercise it."""
+    monkeypatch.setattr(ledger, "LINGER_S", 30.0)
+
+
 @pytest.fixture
 def decided(monkeypatch) -> list[bool]:
     """One entry per decision the gateway makes (`ingress.route_request`): whether it was made outside
-    any task, as the draft is (a loop callback while the read is out). The ledger's batches are held
-    meanwhile: a batch settles the key's spend, which changes the key's row, and so its next request
-    would rightly not be drafted whenever a batch happened to land between two requests."""
-    monkeypatch.setattr(ledger, "LINGER_S", 30.0)
+    any task, as the draft is (a loop callback while the read is out)."""
     made: list[bool] = []
     route_request = ingress.route_request
 
@@ -40,8 +45,8 @@ def decided(monkeypatch) -> list[bool]:
     return made
 
 
-def _chat(gateway: str, model: str = "gpt-5") -> httpx.Response:
-    return httpx.post(f"{gateway}/v1/chat/completions", json={**CHAT, "model": model}, headers=AUTH)
+def _chat(gateway: str, **headers: str) -> httpx.Response:
+    return httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, headers={**AUTH, **headers})
 
 
 def _steady(gateway: str, fake) -> None:
@@ -78,6 +83,26 @@ def test_a_key_changed_since_its_last_read_is_judged_as_it_is_now(
     assert response.status_code == status, response.text
     assert response.json()["error"]["code"] == code
     assert a.hit_count(model="gpt-5") == 3
+
+
+@pytest.mark.parametrize(
+    ("disabled", "status", "code"),
+    [(False, 400, "invalid_request"), (True, 401, "authentication_error")],
+)
+def test_a_malformed_header_is_refused_in_the_paths_order_and_the_draft_logs_nothing(
+    gateway, two_assignments, caplog, disabled, status, code
+):
+    """The draft refuses the header too; that refusal is dropped (never an error in the log), and the
+    request's own read refuses it after the key's check, as every request is."""
+    a, _, _ = two_assignments
+    _steady(gateway, a)
+    if disabled:
+        GatewayKey.objects.filter(name="e2e").update(enabled=False)
+    with caplog.at_level(logging.ERROR):
+        response = _chat(gateway, **{"x-gateway-requirements": "teleport"})
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @POSTGRES
