@@ -4,12 +4,11 @@ from django.urls import path
 from gatewaysite import health
 from proxy import files
 from proxy import views as proxy
-from proxy.metrics import metrics_view
 
 urlpatterns = [
     path("healthz", health.healthz),
     path("readyz", health.readyz),
-    path("metrics", metrics_view),
+    path("metrics", proxy.metrics),
     # The proxied POST routes (chat completions, responses, messages, embeddings) are answered at the
     # ASGI edge (gatewaysite.asgi, proxy.views.PROXIED), without Django's request and response.
     path("v1/models", proxy.models),

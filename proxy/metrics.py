@@ -33,14 +33,10 @@ from collections.abc import Iterable, Iterator
 
 from django.db import DatabaseError
 from django.db.models import Count
-from django.http import HttpRequest, HttpResponse
-from django.views.decorators.http import require_GET
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Histogram,
-    generate_latest,
     multiprocess,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -283,10 +279,3 @@ def scrape_registry() -> CollectorRegistry:
     multiprocess.MultiProcessCollector(registry)
     registry.register(OpenCircuitsCollector())
     return registry
-
-
-@require_GET
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    # Sync on purpose: the gauge queries the database, and Django runs a sync view in a thread under
-    # ASGI, so the event loop never blocks on it.
-    return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)

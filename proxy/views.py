@@ -1,5 +1,5 @@
 """OpenAI-compatible endpoints (SPEC §4): thin async views over the shared request path
-(`proxy.ingress.prepare`) and the relay.
+(`proxy.ingress.prepare`) and the relay; and `/metrics` (SPEC §10).
 """
 
 import logging
@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pools.selectors import key_authenticate
 from proxy.apis.chat import error_body
@@ -29,7 +30,8 @@ from proxy.ingress import (
     typed_failure,
     typed_response,
 )
-from proxy.ledger import record
+from proxy.ledger import observations, record
+from proxy.metrics import scrape_registry
 from routing.resolution import is_allowed
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute
@@ -197,3 +199,12 @@ async def model(request: HttpRequest, model_id: str) -> HttpResponse:
     if model_id not in listed:
         return typed_response(ClientRoute.MODEL, "model_not_found", "model")
     return JsonResponse(_model_object(model_id))
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The Prometheus scrape, with every request this process has finished counted (the ledger observes
+    them in batches: `proxy.ledger.observations`). Sync on purpose: the open-circuits gauge queries the
+    database, and Django runs a sync view in a thread under ASGI, so the event loop never blocks on it."""
+    observations.drain()
+    return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)

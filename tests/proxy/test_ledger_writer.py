@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import ledger, spool
 from proxy.exchange import AttemptLog, Exchange
@@ -401,6 +402,97 @@ def test_each_request_logs_one_structured_line_with_its_duration_and_no_content(
     ]
 
 
+class _RequestLines(logging.Handler):
+    """The request ids of the gateway's request lines, in the order they were logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = json.loads(record.getMessage())
+        if line.get("event") == "request":
+            self.ids.append(line["request_id"])
+
+
+@pytest.fixture
+def request_lines():
+    lines = _RequestLines()
+    logging.getLogger("gateway").addHandler(lines)
+    yield lines
+    logging.getLogger("gateway").removeHandler(lines)
+    ledger.writer.flush()
+
+
+async def test_requests_finished_together_are_observed_together_after_the_wait_in_their_order(
+    request_lines, monkeypatch
+):
+    """What finishes within OBSERVE_EVERY_S is counted and logged in one batch, by the loop's own
+    timer, in the order the requests finished; nothing of it before."""
+    monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 0.2)
+    monkeypatch.setattr(ledger, "LINGER_S", 5.0)  # the ledger's own flush would observe them too
+    exchanges = [_exchange() for _ in range(3)]
+    loop = asyncio.get_running_loop()
+    observed_at: list[float] = []
+    real_observe = ledger.observe
+
+    def observe(exchange: Exchange) -> None:
+        observed_at.append(loop.time())
+        real_observe(exchange)
+
+    monkeypatch.setattr(ledger, "observe", observe)
+    first = loop.time()
+    for exchange in exchanges:
+        await ledger.record(exchange)
+        await asyncio.sleep(0.01)
+    assert request_lines.ids == []
+    deadline = time.monotonic() + 5
+    while len(request_lines.ids) < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert request_lines.ids == [x.request_id for x in exchanges]
+    assert min(observed_at) >= first + 0.2  # the first one waited for the others
+    assert max(observed_at) - min(observed_at) < 0.05  # one batch, not one timer each
+
+
+def test_an_observation_left_by_a_closed_loop_is_made_with_the_next_loops_batch(request_lines, monkeypatch):
+    """A loop that closes before its batch is due (a test's, a server's at exit) leaves its requests
+    waiting; the next request on another loop starts a batch of its own, which takes them too."""
+    monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 0.05)
+    monkeypatch.setattr(ledger, "LINGER_S", 5.0)
+    left, later = _exchange(), _exchange()
+    asyncio.run(ledger.record(left))  # closed at once, its batch never due
+
+    async def record_later() -> None:
+        await ledger.record(later)
+        deadline = time.monotonic() + 5
+        while len(request_lines.ids) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(record_later())
+    assert request_lines.ids == [left.request_id, later.request_id]
+
+
+def test_a_scrape_counts_every_request_this_process_answered_without_waiting_for_the_batch(
+    client, monkeypatch
+):
+    """`/metrics` observes what waits before it reads the registry: a scrape after an answer finds
+    that request counted, however long its batch still had to wait."""
+    monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 3600.0)
+    monkeypatch.setattr(ledger, "LINGER_S", 5.0)
+
+    labels = {"route": "/v1/chat/completions", "transport": "http", "outcome": "ok"}
+
+    def ok_requests() -> float:
+        families = text_string_to_metric_families(client.get("/metrics").content.decode())
+        samples = [s for family in families for s in family.samples]
+        return sum(s.value for s in samples if s.name == "gateway_requests_total" and s.labels == labels)
+
+    before = ok_requests()
+    asyncio.run(ledger.record(_exchange()))
+    assert ok_requests() - before == 1
+    ledger.writer.flush()
+
+
 def test_saved_journal_segments_are_emptied_and_reused_not_created_anew():
     """Each batch moves the journal to another segment; a saved one is emptied and used again
     instead of a new file being created (and unlinked) for every batch."""
@@ -641,11 +733,12 @@ def test_batches_by_copy_and_by_values_take_their_ids_from_one_sequence():
 
 
 async def test_a_plain_answer_is_sent_before_its_request_is_counted_and_logged(two_assignments, monkeypatch):
-    """The metrics, the trace and the log line wait until the answer has been handed to the server
-    (`ledger.record` schedules them after the loop's step); the journal does not: when the body is
-    sent, the request's record is in its journal but the request is neither counted nor logged; once
-    the step is over, it is both. The production application is driven on this test's loop with a
-    recording `send` (its upstream a real socket): over a client socket, "before" would be a race."""
+    """The metrics, the trace and the log line wait for their batch (`ledger.observations`, at most
+    OBSERVE_EVERY_S); the journal does not: when the body is sent, the request's record is in its
+    journal but the request is neither counted nor logged, nor once the loop's step is over; the loop
+    then observes it on its own (no flush, no scrape). The production application is driven on this
+    test's loop with a recording `send` (its upstream a real socket): over a client socket, "before"
+    would be a race."""
     from gatewaysite.asgi import application, close_clients
     from proxy.metrics import REQUESTS
 
@@ -713,12 +806,17 @@ async def test_a_plain_answer_is_sent_before_its_request_is_counted_and_logged(t
     try:
         await application(scope, receive, send)
         await asyncio.sleep(0)
+        assert events == ["http.response.start", "http.response.body", "journaled True, counted 0"]
+        assert counted() - before == 0
+        deadline = time.monotonic() + 5
+        while "logged" not in events and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert events == ["http.response.start", "http.response.body", "journaled True, counted 0", "logged"]
+        assert counted() - before == 1
     finally:
         logging.getLogger("gateway").removeHandler(lines)
         await close_clients()
         ledger.writer.flush()
     assert a.hit_count(model="gpt-5") == 1
-    assert events == ["http.response.start", "http.response.body", "journaled True, counted 0", "logged"]
-    assert counted() - before == 1
     saved = RequestRecord.objects.filter(request_id=request_id)
     assert await sync_to_async(saved.count)() == 1
