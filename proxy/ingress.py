@@ -23,6 +23,7 @@ from django.http import HttpResponse
 
 from pools.selectors import Authenticated
 from proxy import edge, limits
+from proxy.adapters.translate import RequestTranslationError
 from proxy.apis.registry import STREAMING, api_for
 from proxy.dispatch import HttpDispatch
 from proxy.errors import TYPED_ERRORS, should_retry
@@ -30,8 +31,9 @@ from proxy.exchange import Exchange, Lease, Memory
 from proxy.health import probe_circuit
 from proxy.ledger import record
 from proxy.limits import Finishing, Ticket, guarded
+from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import carriers
-from proxy.relay import Relay
+from proxy.relay import Relay, call_for
 from proxy.sse import Dialect
 from proxy.transport import Dispatch
 from routing import services
@@ -273,6 +275,14 @@ class Routed:
     deadline_ms: int
     decide: Callable[..., Decision]  # the decision again, for a request that took a probe lease
     decision: Decision
+    # The request the plan's first candidate is sent (its key, its call): none when there is no plan,
+    # or when the candidate's API cannot carry the request (the relay passes it over).
+    first_call: tuple[tuple[int, str], UpstreamCall] | None
+
+
+def anthropic_beta(headers: Mapping[str, str], path: str) -> str | None:
+    """The client's `anthropic-beta`, passed on by the Messages routes only."""
+    return headers.get("anthropic-beta") if path in MESSAGES_ROUTES else None
 
 
 def route_request(
@@ -284,8 +294,9 @@ def route_request(
     body_size: int,
     pins: Sequence[HardPin],
 ) -> Routed:
-    """The request's requirements (its key's, its headers', its turn's) and its routing decision; its
-    headers' typed errors as RequestFailed."""
+    """The request's requirements (its key's, its headers', its turn's), its routing decision and the
+    request its plan's first candidate is sent (`proxy.relay.call_for`: drafted with the decision, it
+    is built while the read is on the wire); its headers' typed errors as RequestFailed."""
     inputs = loaded.inputs
     assert inputs is not None
     route_settings, session = inputs.settings, inputs.session
@@ -307,7 +318,21 @@ def route_request(
         session_assignment_id=session.assignment_id if session else None,
         session_model=(session.model or None) if session else None,
     )
-    return Routed(loaded, inputs, requirements, deadline_ms, decide_now, decide_now())
+    decision = decide_now()
+    first_call = None
+    if decision.plan is not None and decision.plan.order:
+        first = decision.plan.order[0]
+        with contextlib.suppress(RequestTranslationError):
+            call = call_for(
+                path.removeprefix("/v1"),
+                inputs.view,
+                first,
+                body,
+                requirements,
+                anthropic_beta(headers, path),
+            )
+            first_call = (first.key, call)
+    return Routed(loaded, inputs, requirements, deadline_ms, decide_now, decision, first_call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,8 +543,9 @@ async def prepare(
             session_seen=(session.assignment_id, session.model) if session else None,
         ),
         dispatch=dispatch or HttpDispatch(api=api_for(path)),
-        anthropic_beta=headers.get("anthropic-beta") if path in MESSAGES_ROUTES else None,
+        anthropic_beta=anthropic_beta(headers, path),
         lease=leased,
+        first_call=routed.first_call,
     )
     return guarded(relay, ticket)
 

@@ -51,6 +51,29 @@ from runtime import db
 logger = logging.getLogger("gateway")
 
 
+def call_for(
+    path: str,
+    view: RoutingView,
+    c: Candidate,
+    body: dict,
+    requirements: Requirements,
+    anthropic_beta: str | None,
+) -> UpstreamCall:
+    """The request candidate `c` is sent for the client's `body` on `path` (without `/v1`);
+    RequestTranslationError when the client's request cannot be expressed in the candidate's API."""
+    target = view.targets[c.assignment_id]
+    return upstream_call(
+        path,
+        target,
+        body,
+        model=c.model,
+        requirements=requirements,
+        credential=credential_of(target),
+        created=int(time.time()),  # once per call: every chunk of a translated stream shares it
+        anthropic_beta=anthropic_beta,
+    )
+
+
 class Relay:
     def __init__(
         self,
@@ -73,6 +96,7 @@ class Relay:
         memory: Memory | None = None,
         anthropic_beta: str | None = None,
         lease: Lease | None = None,
+        first_call: tuple[tuple[int, str], UpstreamCall] | None = None,
     ) -> None:
         self.exchange = exchange
         self.view = view
@@ -90,6 +114,9 @@ class Relay:
         self.single_attempt = single_attempt
         self.memory = memory or Memory()
         self.anthropic_beta = anthropic_beta
+        # (candidate key, its call): the request the plan's first candidate is sent, built before the
+        # relay (proxy.ingress.route_request, drafted while the request's read was on the wire).
+        self.first_call = first_call
         self.health = HealthWrites(
             view=view,
             route_class=route_class,
@@ -324,17 +351,11 @@ class Relay:
     def _upstream_call(self, c: Candidate) -> UpstreamCall | None:
         """The request `c` would be sent, or None when the client's request cannot be expressed in
         its API: the candidate is passed over as incapable, and nothing is sent."""
+        built, self.first_call = self.first_call, None  # for the first candidate tried only
+        if built is not None and built[0] == c.key:
+            return built[1]
         try:
-            return upstream_call(
-                self.path,
-                self.view.targets[c.assignment_id],
-                self.body,
-                model=c.model,
-                requirements=self.requirements,
-                credential=credential_of(self.view.targets[c.assignment_id]),
-                created=int(time.time()),  # once per call: every chunk of a translated stream shares it
-                anthropic_beta=self.anthropic_beta,
-            )
+            return call_for(self.path, self.view, c, self.body, self.requirements, self.anthropic_beta)
         except RequestTranslationError as refused:
             self._pass_over(c, IneligibleReason.CAPABILITY, refused.param)
             return None
