@@ -294,14 +294,18 @@ class Observations:
         self.drain()
 
     def drain(self) -> None:
-        """Observe everything waiting now."""
+        """Observe everything waiting now. One observation that fails (a bug) is logged and the others
+        are made: a scrape or a stop is not failed by it."""
         waiting = self._waiting
         while waiting:
             try:
                 exchange = waiting.popleft()
             except IndexError:  # another thread took the last one
                 return
-            observe(exchange)
+            try:
+                observe(exchange)
+            except Exception:
+                log.exception("ledger: a finished request could not be counted or logged")
 
 
 def observe(exchange: Exchange) -> None:

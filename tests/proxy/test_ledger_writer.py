@@ -410,9 +410,9 @@ class _RequestLines(logging.Handler):
         self.ids: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        line = json.loads(record.getMessage())
-        if line.get("event") == "request":
-            self.ids.append(line["request_id"])
+        message = record.getMessage()
+        if message.startswith('{"event": "request"'):
+            self.ids.append(json.loads(message)["request_id"])
 
 
 @pytest.fixture
@@ -470,6 +470,33 @@ def test_an_observation_left_by_a_closed_loop_is_made_with_the_next_loops_batch(
 
     asyncio.run(record_later())
     assert request_lines.ids == [left.request_id, later.request_id]
+
+
+def test_an_observation_that_fails_is_logged_and_the_rest_of_its_batch_is_made(
+    request_lines, monkeypatch, caplog
+):
+    broken, fine = _exchange(), _exchange()
+    real_observe = ledger.observe
+
+    def observe(exchange: Exchange) -> None:
+        if exchange is broken:
+            raise RuntimeError("a bug")
+        real_observe(exchange)
+
+    monkeypatch.setattr(ledger, "observe", observe)
+    monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 3600.0)
+    monkeypatch.setattr(ledger, "LINGER_S", 5.0)
+
+    async def finish_both() -> None:
+        await ledger.record(broken)
+        await ledger.record(fine)
+
+    asyncio.run(finish_both())
+    ledger.observations.drain()
+    assert request_lines.ids == [fine.request_id]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        "ledger: a finished request could not be counted or logged"
+    ]
 
 
 def test_a_scrape_counts_every_request_this_process_answered_without_waiting_for_the_batch(
