@@ -430,17 +430,23 @@ async def test_requests_finished_together_are_observed_together_after_the_wait_i
     """What finishes within OBSERVE_EVERY_S is counted and logged in one batch, by the loop's own
     timer, in the order the requests finished; nothing of it before."""
     monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 0.2)
-    monkeypatch.setattr(ledger, "LINGER_S", 5.0)  # the ledger's own flush would observe them too
     exchanges = [_exchange() for _ in range(3)]
     loop = asyncio.get_running_loop()
-    observed_at: list[float] = []
-    real_observe = ledger.observe
+    observed_at: list[tuple[float, int]] = []  # when, and in which of the loop's batches
+    batches = 0
+    real_observe, real_due = ledger.observe, ledger.observations._due
 
     def observe(exchange: Exchange) -> None:
-        observed_at.append(loop.time())
+        observed_at.append((loop.time(), batches))
         real_observe(exchange)
 
+    def due() -> None:
+        nonlocal batches
+        batches += 1
+        real_due()
+
     monkeypatch.setattr(ledger, "observe", observe)
+    monkeypatch.setattr(ledger.observations, "_due", due)
     first = loop.time()
     for exchange in exchanges:
         await ledger.record(exchange)
@@ -450,15 +456,14 @@ async def test_requests_finished_together_are_observed_together_after_the_wait_i
     while len(request_lines.ids) < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert request_lines.ids == [x.request_id for x in exchanges]
-    assert min(observed_at) >= first + 0.2  # the first one waited for the others
-    assert max(observed_at) - min(observed_at) < 0.05  # one batch, not one timer each
+    assert min(when for when, _ in observed_at) >= first + 0.2  # the first one waited for the others
+    assert [batch for _, batch in observed_at] == [1, 1, 1]  # one batch, not one timer each
 
 
 def test_an_observation_left_by_a_closed_loop_is_made_with_the_next_loops_batch(request_lines, monkeypatch):
     """A loop that closes before its batch is due (a test's, a server's at exit) leaves its requests
     waiting; the next request on another loop starts a batch of its own, which takes them too."""
     monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 0.05)
-    monkeypatch.setattr(ledger, "LINGER_S", 5.0)
     left, later = _exchange(), _exchange()
     asyncio.run(ledger.record(left))  # closed at once, its batch never due
 
@@ -485,7 +490,6 @@ def test_an_observation_that_fails_is_logged_and_the_rest_of_its_batch_is_made(
 
     monkeypatch.setattr(ledger, "observe", observe)
     monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 3600.0)
-    monkeypatch.setattr(ledger, "LINGER_S", 5.0)
 
     async def finish_both() -> None:
         await ledger.record(broken)
@@ -505,7 +509,6 @@ def test_a_scrape_counts_every_request_this_process_answered_without_waiting_for
     """`/metrics` observes what waits before it reads the registry: a scrape after an answer finds
     that request counted, however long its batch still had to wait."""
     monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 3600.0)
-    monkeypatch.setattr(ledger, "LINGER_S", 5.0)
 
     labels = {"route": "/v1/chat/completions", "transport": "http", "outcome": "ok"}
 
