@@ -46,10 +46,15 @@ clean:
 	rm -rf $(VENV) var/gateway.sqlite3 var/static
 
 # A real load generator (wrk) on loopback: the gateway under daphne and uvicorn, direct upstream calls and the
-# LiteLLM proxy in the same run; writes bench/results.md. BENCH_ARGS="--quick" for a smoke run. On the
-# interpreter you deploy: `make bench PYTHON=/usr/bin/python3.11 VENV=.venv-bench` (bench/README.md).
-bench: install
-	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)
+# LiteLLM proxy in the same run; writes bench/results.md. BENCH_ARGS="--quick" for a smoke run. It runs in a
+# venv of its own, made from the fastest CPython installed here (an optimised build, as production runs:
+# bench/interpreter.py); BENCH_PYTHON=/path/to/python chooses one.
+BENCH_VENV ?= .venv-bench
+
+bench:
+	py=$$($(PYTHON) bench/interpreter.py --venv $(BENCH_VENV) $(if $(BENCH_PYTHON),--use $(BENCH_PYTHON))) && \
+	$(MAKE) --no-print-directory install PYTHON="$$py" VENV=$(BENCH_VENV)
+	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
 
 # A bounded soak on loopback: the gateway as a real process against chaotic upstreams, then the ledger,
 # circuit, leak and memory invariants (soak/README.md). SOAK_ARGS="--requests 2000" for a shorter run;

@@ -143,6 +143,10 @@ def build_report(
     L.append(f"- Idle CPUs: {cpu_idle_line(ctx.get('cpu_idle'))}")
     L.append(f"- Round trips: {round_trip_line(ctx.get('round_trips'))}")
     L.append(f"- Interpreter: {interpreter_line(ctx.get('interpreter'), ctx.get('probe_end_ms'))}")
+    others = ctx.get("other_interpreters")
+    if others:
+        listed = ", ".join(f"`{o['executable']}` {o['probe_ms']:.2f} ms" for o in others)
+        L.append(f"- Other CPythons here (bench/interpreter.py, the same probe, best of 8): {listed}")
     L.append(f"- Instructions per request: {instructions_line(ctx.get('instructions'))}")
     L.append(f"- CPU placement: {ctx['pinning']}")
     L.append(

@@ -58,6 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import accounting, instructions, ws  # noqa: E402
+from bench import interpreter as interpreters  # noqa: E402
 from bench.load import build_scenarios, run_scenarios, run_websocket_phase  # noqa: E402
 from bench.report import build_report  # noqa: E402
 from bench.targets import (  # noqa: E402
@@ -116,6 +117,18 @@ def interpreter() -> dict[str, Any]:
         "shared_libpython": "libpython" in maps,
         "probe_ms": round(best * 1000, 2),
     }
+
+
+def other_interpreters() -> list[dict[str, Any]]:
+    """The other CPythons bench/interpreter.py found here, with their probes: the report shows what
+    this run's interpreter was chosen over."""
+    mine = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    seen: dict[str, dict[str, Any]] = {}
+    for command in interpreters.found():
+        found = interpreters.probe(command)
+        if found is not None and found.executable != mine:
+            seen.setdefault(found.executable, {"executable": found.executable, "probe_ms": found.probe_ms})
+    return list(seen.values())
 
 
 def cpu_idle() -> dict[str, str] | None:
@@ -211,6 +224,7 @@ def machine_context(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_idle": cpu_idle(),
         "python": platform.python_version(),
         "interpreter": interpreter(),
+        "other_interpreters": other_interpreters(),
         "versions": versions,
         "reps": args.reps,
         "duration": args.duration,
