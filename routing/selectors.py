@@ -20,12 +20,11 @@ from typing import Any
 from catalog.models import CatalogEntry
 from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
-from pools.models import Assignment, GatewayKey, GatewaySettings, ModelAlias, ModelFallback, Pool, hash_key
+from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback, Pool, hash_key
 from pools.selectors import (
     KEY_COLUMNS,
     Authenticated,
     authenticated_from_rows,
-    key_match_sql,
     key_params,
     key_sql,
 )
@@ -389,24 +388,23 @@ def affinities_load(
 
 @functools.cache  # table and column names only: the same text for the life of the process, per shape
 def _request_state_sql(response: bool = False, session: bool = False, files: int = 0) -> str:
-    # One statement, so one round trip: the health rows of the key's pools (as `health_sql`) and the
-    # key's rows (kind 2, as `key_sql`) side by side, each padded with NULLs where the other has its
-    # columns. The pools are the key's own, found by the same condition as the key row. With ids named
-    # (the shape of `AffinityIds`), the key's live affinities for them too (kind 3, in the health
-    # columns: `_AFFINITY_IN_HEALTH`), found by the same condition.
-    through = GatewayKey.pools.through._meta
+    # One statement, so one round trip: the key's rows (kind 2, as `key_sql`, matched once) and the health
+    # rows of its pools (as `health_sql`) side by side, each padded with NULLs where the other has its
+    # columns. With ids named (the shape of `AffinityIds`), the key's live affinities for them too (kind
+    # 3, in the health columns: `_AFFINITY_IN_HEALTH`), owned by the key matched. The server's cost is
+    # mostly fixed per relation the statement names: matching the key once (not for its pools, its row
+    # and its affinities each) took 4-8 % of the server's CPU off the statement (bench/profile.md).
     sql = (
-        f"WITH kp AS (SELECT kp.pool_id FROM {through.db_table} kp "  # noqa: S608
-        f"JOIN {GatewayKey._meta.db_table} k ON k.id = kp.gatewaykey_id WHERE {key_match_sql()}) "
-        f"SELECT h.*, {rawsql.nulls(KEY_COLUMNS)} FROM ({health_sql('(SELECT pool_id FROM kp)')}) h "
-        f"UNION ALL SELECT 2, {rawsql.nulls(HEALTH_COLUMNS - 1)}, r.* FROM ({key_sql()}) r "
+        f"WITH r AS ({key_sql()}) "  # noqa: S608
+        f"SELECT 2, {rawsql.nulls(HEALTH_COLUMNS - 1)}, r.* FROM r "
+        f"UNION ALL SELECT h.*, {rawsql.nulls(KEY_COLUMNS)} FROM ({health_sql('(SELECT pool_id FROM r)')}) h "
     )
     if response or session or files:
-        owner = f"IN (SELECT k.id FROM {GatewayKey._meta.db_table} k WHERE {key_match_sql()})"  # noqa: S608
         sql += (
             "UNION ALL SELECT 3, a.assignment_id, a.model, a.kind, a.key, 0, 0, a.expires_at, 0, "  # noqa: S608
             f"NULL, {rawsql.nulls(KEY_COLUMNS)} "
-            f"FROM {Affinity._meta.db_table} a WHERE {_affinity_where(owner, response, session, files)} "
+            f"FROM {Affinity._meta.db_table} a "
+            f"WHERE {_affinity_where('IN (SELECT id FROM r)', response, session, files)} "
         )
     return sql + f"ORDER BY 1, {HEALTH_COLUMNS + KEY_COLUMNS}"  # the key's rows by their pool's name
 
@@ -429,12 +427,11 @@ def request_state_query(
         return None
     digest = hash_key(raw_key)
     key = key_params(digest)
-    health = [str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
-    params = [*key, *health, *key]
+    params = [*key, str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
     if not affinity:
         return RequestStateQuery(_request_state_sql(), params, digest)
     sql = _request_state_sql(bool(affinity.response_id), bool(affinity.session), len(affinity.file_ids))
-    return RequestStateQuery(sql, [*params, *key, *_affinity_params(affinity, now)], digest)
+    return RequestStateQuery(sql, [*params, *_affinity_params(affinity, now)], digest)
 
 
 @dataclass(frozen=True, slots=True)
