@@ -12,13 +12,16 @@ it (`make run` uses it), with what uvicorn does not do by itself (SPEC §11):
 - uvicorn's own access line off (`--no-access-log`; `--access-log` turns it back on): the gateway logs
   one structured line per request itself (SPEC §10: request id, route, outcome, status, attempts and
   its duration), and a second, unstructured line for each request cost about 3 % of the gateway's CPU.
+- no `server: uvicorn` header (`--no-server-header`; `--server-header` brings it back): an answer need
+  not name the software behind it to whoever probes for a known weakness, and uvicorn checks every
+  header of every answer against two regular expressions.
 - with more than one worker (`--workers N` or `WEB_CONCURRENCY`), a fresh directory for
   prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, created, or emptied when the
   operator names one), so that `/metrics` sums every worker (proxy/metrics.py).
 
 Any uvicorn option may follow (`--port`, `--workers`, ...). The equivalent plain uvicorn command is
 `uvicorn gatewaysite.asgi:application --http gatewaysite.server:HttpToolsProtocol --ws-max-size N
---no-access-log`.
+--no-access-log --no-server-header`.
 
 This steps around uvicorn's protocol class (its callbacks `connection_made`, `on_message_begin`,
 `on_headers_complete`, `connection_lost`): tests/proxy/test_edge_processes.py drips headers at a
@@ -91,6 +94,7 @@ def command(args: list[str]) -> list[str]:
         "--ws-max-size",
         str(settings.GATEWAY_MAX_BODY_BYTES),
         "--no-access-log",
+        "--no-server-header",
         *args,
     ]
 

@@ -15,6 +15,11 @@ def test_uvicorns_access_line_is_off_unless_the_operator_turns_it_on():
     assert parsed(["--access-log"])["access_log"] is True
 
 
+def test_answers_do_not_name_the_server_software_unless_the_operator_asks():
+    assert parsed([])["server_header"] is False
+    assert parsed(["--server-header"])["server_header"] is True
+
+
 def test_the_operators_options_are_kept():
     params = parsed(["--port", "8123", "--workers", "3", "--ws-max-size", "1024"])
     assert (params["port"], params["workers"], params["ws_max_size"]) == (8123, 3, 1024)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from devkit.databases import Database
@@ -371,3 +372,15 @@ def test_a_client_that_stops_reading_a_stream_holds_a_bounded_buffer(served, end
     # proxy.upstream.READ_CHUNK_BYTES) held each batch several times over: 6.6-8.1 MiB. A relay that
     # buffers what its client leaves unread never lets the upstream stall (above).
     assert grown < 4 * 1024, f"peak RSS grew by {grown} KiB"
+
+
+def test_answers_do_not_name_the_server_software(served):
+    answer = httpx.post(
+        f"http://127.0.0.1:{served.port}/v1/chat/completions",
+        headers={"authorization": "Bearer sk-gw-not-a-key"},
+        json={"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    assert answer.status_code == 401
+    assert "server" not in answer.headers
+    assert "date" in answer.headers  # HTTP's required header stays
