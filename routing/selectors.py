@@ -393,7 +393,8 @@ def _request_state_sql(response: bool = False, session: bool = False, files: int
     # columns. With ids named (the shape of `AffinityIds`), the key's live affinities for them too (kind
     # 3, in the health columns: `_AFFINITY_IN_HEALTH`), owned by the key matched. The server's cost is
     # mostly fixed per relation the statement names: matching the key once (not for its pools, its row
-    # and its affinities each) took 4-8 % of the server's CPU off the statement (bench/profile.md).
+    # and its affinities each) took 4-8 % of the server's CPU off the statement run alone, too little to
+    # show under load (bench/profile.md).
     sql = (
         f"WITH r AS ({key_sql()}) "  # noqa: S608
         f"SELECT 2, {rawsql.nulls(HEALTH_COLUMNS - 1)}, r.* FROM r "
