@@ -71,6 +71,32 @@ def test_a_credential_altered_in_the_database_sends_nothing_and_is_logged_withou
     assert assignment.name in caplog.text and SECRET not in caplog.text
 
 
+def test_a_stored_credential_is_decrypted_once_per_token_and_key_set(settings):
+    settings.GATEWAY_CREDENTIALS_KEY = [OLD_KEY]
+    token = credentials.credential_encrypt(SECRET)
+    credentials._decrypted.cache_clear()
+    for _ in range(5):
+        assert credentials.credential_for(stored=token, api_key_env="", assignment="a") == SECRET
+    assert credentials._decrypted.cache_info().misses == 1  # decrypted once, then kept
+    changed = credentials.credential_encrypt(SECRET + "-changed")  # a credential changed in admin
+    assert credentials.credential_for(stored=changed, api_key_env="", assignment="a") == SECRET + "-changed"
+
+
+def test_a_key_dropped_from_the_key_set_no_longer_opens_what_it_decrypted_before(settings, caplog):
+    settings.GATEWAY_CREDENTIALS_KEY = [NEW_KEY, OLD_KEY]
+    old_token = Fernet(OLD_KEY.encode()).encrypt(SECRET.encode()).decode()
+    assert credentials.credential_decrypt(old_token) == SECRET  # and kept, for that key set
+    settings.GATEWAY_CREDENTIALS_KEY = [NEW_KEY]
+    with pytest.raises(credentials.CredentialUnreadable):
+        credentials.credential_decrypt(old_token)
+    with caplog.at_level(logging.ERROR, logger="gateway"):
+        assert credentials.credential_for(stored=old_token, api_key_env="", assignment="acct-x") == ""
+    assert "acct-x" in caplog.text and SECRET not in caplog.text
+    settings.GATEWAY_CREDENTIALS_KEY = []
+    with pytest.raises(credentials.CredentialUnreadable):
+        credentials.credential_decrypt(old_token)
+
+
 def test_without_a_key_a_credential_cannot_be_stored(settings):
     settings.GATEWAY_CREDENTIALS_KEY = []
     with pytest.raises(credentials.CredentialKeyMissing):
