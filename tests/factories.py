@@ -91,3 +91,26 @@ def reserve(exchange, key_id: int, amount: int):
     exchange.key_id, exchange.reserving = key_id, True
     exchange.reserved_micros += amount
     return exchange
+
+
+def finished_exchange(key_id: int | None = None, **fields):
+    """A finished Chat Completions request as the ledger is handed it (proxy.exchange.Exchange): answered
+    200 `ok`, a fresh request id, `fields` on top."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from proxy.exchange import Exchange
+
+    now = datetime.now(UTC)
+    base = {
+        "request_id": uuid.uuid4().hex,
+        "key_id": key_id,
+        "route": "/v1/chat/completions",
+        "transport": "http",
+        "requested_model": "gpt-5",
+        "started_at": now,
+        "outcome": "ok",
+        "status_code": 200,
+        "finished_at": now,
+    }
+    return Exchange(**{**base, **fields})

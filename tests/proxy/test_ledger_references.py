@@ -2,45 +2,28 @@
 (proxy/0004): a key or an assignment deleted while its requests were in flight no longer fails their
 records' batch at commit, and an operator still reads such a record in admin."""
 
-import uuid
-from datetime import UTC, datetime
-
 import pytest
 
 from proxy.exchange import AttemptLog, Exchange
 from proxy.models import Attempt, RequestRecord
 from proxy.services import request_records_write
-from tests.factories import AssignmentFactory, GatewayKeyFactory, PoolFactory
+from tests.factories import AssignmentFactory, GatewayKeyFactory, PoolFactory, finished_exchange
 
 # Committed for real: a deferred constraint is only checked when its transaction commits.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _served_by(key_id: int, assignment_id: int) -> Exchange:
-    now = datetime.now(UTC)
-    return Exchange(
-        request_id=uuid.uuid4().hex,
-        key_id=key_id,
-        route="/v1/chat/completions",
-        transport="http",
-        requested_model="gpt-5",
-        started_at=now,
-        served_model="gpt-5",
-        outcome="ok",
-        status_code=200,
-        finished_at=now,
-        attempts=[
-            AttemptLog(
-                ordinal=1,
-                assignment_id=assignment_id,
-                model="gpt-5",
-                route_class="http",
-                status="succeeded",
-                dispatch_state="completed",
-                upstream_status=200,
-            )
-        ],
+    attempt = AttemptLog(
+        ordinal=1,
+        assignment_id=assignment_id,
+        model="gpt-5",
+        route_class="http",
+        status="succeeded",
+        dispatch_state="completed",
+        upstream_status=200,
     )
+    return finished_exchange(key_id, served_model="gpt-5", attempts=[attempt])
 
 
 def _deleted_meanwhile() -> Exchange:

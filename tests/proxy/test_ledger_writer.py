@@ -5,7 +5,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,25 +16,14 @@ from proxy.exchange import AttemptLog, Exchange
 from proxy.models import RequestRecord
 from routing import services
 from routing.models import Affinity, AffinityKind
-from tests.factories import GatewayKeyFactory, reserve
+from tests.factories import GatewayKeyFactory, finished_exchange, reserve
 from tests.gateway_fixtures import GATEWAY_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _exchange() -> Exchange:
-    now = datetime.now(UTC)
-    return Exchange(
-        request_id=uuid.uuid4().hex,
-        key_id=None,
-        route="/v1/chat/completions",
-        transport="http",
-        requested_model="gpt-5",
-        started_at=now,
-        outcome="ok",
-        status_code=200,
-        finished_at=now,
-    )
+    return finished_exchange()
 
 
 def test_flush_saves_a_lingering_batch_at_once(monkeypatch):

@@ -10,7 +10,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,7 @@ from proxy import ledger
 from proxy.exchange import Exchange
 from proxy.models import RequestRecord
 from proxy.services import request_records_write
-from tests.factories import GatewayKeyFactory, reserve
+from tests.factories import GatewayKeyFactory, finished_exchange, reserve
 from tests.proxy.fixtures_e2e import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,18 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _exchange(key_id: int | None = None) -> Exchange:
-    now = datetime.now(UTC)
-    return Exchange(
-        request_id=uuid.uuid4().hex,
-        key_id=key_id,
-        route="/v1/chat/completions",
-        transport="http",
-        requested_model="gpt-5",
-        started_at=now,
-        outcome="ok",
-        status_code=200,
-        finished_at=now,
-    )
+    return finished_exchange(key_id)
 
 
 def _other_connection(*, autocommit: bool = False) -> psycopg.Connection:
