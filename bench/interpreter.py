@@ -2,12 +2,13 @@
 
 Production runs an optimised interpreter (the official container images and the distributions build
 CPython with profile-guided optimisation; bench/README.md), and the gateway's CPU per request follows
-the build: pyenv's default build (a shared libpython, no profile-guided optimisation) ran the same
-code 10-20 % slower than Debian's on this machine class (bench/profile.md). So the bench looks at the
-CPythons installed here that the project supports (`python3` and `python3.N` on PATH, in /usr/bin and
-/usr/local/bin; each able to make a venv), times the same pure-Python probe as the report's
-"Interpreter" line in each, and takes the fastest: `python3` (what `make install` uses) unless another
-is at least `MARGIN` faster. `BENCH_PYTHON=/path/to/python make bench` chooses one by hand.
+the build: pyenv's default build (a shared libpython, no profile-guided optimisation) runs pure Python
+20-40 % slower than Debian's on this machine class, and the gateway 10-15 % (bench/profile.md). So the
+bench looks at the CPythons installed here that the project supports (`python3` and `python3.N` on
+PATH, in /usr/bin and /usr/local/bin; each able to make a venv, none a venv's own), times the same
+pure-Python probe as the report's "Interpreter" line in each, and takes the fastest: `python3` (what
+`make install` uses) unless another is at least `MARGIN` faster. `BENCH_PYTHON=/path/to/python make
+bench` chooses one by hand.
 
 With `--venv DIR`: a venv there made from another interpreter is removed, so that `make install`
 makes it again from the one chosen.

@@ -25,9 +25,10 @@ def test_without_python3_the_fastest_found_is_chosen():
     assert choose(None, []) is None
 
 
-def test_probe_reports_the_base_interpreter_behind_a_venv():
-    found = probe(sys.executable)  # this test's venv interpreter: run with -I, it is still the venv's
-    assert found is None or found.executable == BASE
+def test_a_venvs_interpreter_is_refused_and_its_base_is_reported():
+    # A venv made from another venv's interpreter would hide which build it runs on.
+    assert sys.prefix != sys.base_prefix, "the suite runs in the project's venv"
+    assert probe(sys.executable) is None
     base = probe(BASE)
     assert base is not None
     assert base.executable == BASE
