@@ -163,11 +163,19 @@ async def test_work_given_to_do_meanwhile_runs_while_the_statement_is_on_the_ser
     seen: list[object] = []
 
     def meanwhile() -> None:
-        with psycopg.connect(**loopdb._params()) as other:  # the loop is blocked: a sync look is fine
-            [(running,)] = other.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s",
-                ["%pg_sleep(0.3), 'meanwhile-marker'%"],
-            ).fetchall()
+        # The loop is blocked here: a sync look is fine, and it is the only way to see the statement
+        # running (the loop cannot send anything meanwhile). The server may take a moment to pick the
+        # statement up on a busy machine: looked at for up to 0.2 s, within the statement's 0.3 s.
+        running = 0
+        with psycopg.connect(**loopdb._params()) as other:  # autocommit: a fresh snapshot each look
+            for _ in range(20):
+                [(running,)] = other.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s",
+                    ["%pg_sleep(0.3), 'meanwhile-marker'%"],
+                ).fetchall()
+                if running:
+                    break
+                time.sleep(0.01)
         seen.append(running)
 
     rows = await loopdb.fetch_within(5, "SELECT pg_sleep(0.3), 'meanwhile-marker'", [], meanwhile)
