@@ -54,7 +54,7 @@ from pools.selectors import key_authenticate
 from proxy.edge import read_timeout_s
 from proxy.errors import TYPED_ERRORS
 from proxy.exchange import Exchange, Final, Stream, settle
-from proxy.ingress import RequestFailed, bearer, decode_json, prepare, validate_body
+from proxy.ingress import RequestFailed, answering, bearer, decode_json, prepare, validate_body
 from proxy.ledger import record
 from proxy.sse import Dialect
 from proxy.ws_relay import Conversations, UpstreamLink, WebsocketDispatch, error_frame
@@ -224,7 +224,8 @@ class ResponsesConsumer(DirectConsumer):
                 if self.link.dead:
                     break
                 item, arrived = self.pending.popleft()
-                await self._frame(item, started=max(arrived, self.free_at))
+                with answering():
+                    await self._frame(item, started=max(arrived, self.free_at))
                 self.free_at = time.monotonic()
             # Checked with no await before `worker` is cleared, so the watcher cannot miss it.
             if self.link.dead:

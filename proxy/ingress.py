@@ -351,16 +351,17 @@ class Known:
 _known: dict[str, Known] = {}
 KNOWN_LIMIT = 1024
 
-_answering = 0  # HTTP requests this process is answering (`answering`)
+_answering = 0  # requests (HTTP, websocket turns) this process is answering (`answering`)
 
 
 @contextlib.contextmanager
 def answering() -> Iterator[None]:
-    """Counts an HTTP request while the edge answers it (gatewaysite.asgi). A request is drafted only
-    when it is the one being answered: then the loop has nothing else to do while its read is out. With
-    others in flight the loop has their work for that time, and a draft would only put this request's
-    decision ahead of it (at c=50 against a 50 ms upstream, 3 % less throughput with every request
-    drafted, bench/profile.md)."""
+    """Counts a request while it is answered: an HTTP request at the edge (gatewaysite.asgi), a websocket
+    turn from its frame to its last event (proxy.consumers). A request is drafted only when it is the
+    one being answered: then the loop has nothing else to do while its read is out. With others in
+    flight the loop has their work for that time, and a draft would only put this request's decision
+    ahead of it (at c=50 against a 50 ms upstream, 3 % less throughput with every request drafted,
+    bench/profile.md)."""
     global _answering
     _answering += 1
     try:

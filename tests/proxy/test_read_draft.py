@@ -4,6 +4,7 @@ the very rows the draft came from, so what the database says now always decides.
 the loop, no draft) the same requests must be decided the same way."""
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from pools.models import GatewayKey
 from proxy import ingress, ledger
 from tests.factories import OpenCircuitFactory
 from tests.gateway_fixtures import GATEWAY_KEY
+from tests.proxy.test_websocket import create, open_ws
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
@@ -49,12 +51,13 @@ def _chat(gateway: str, **headers: str) -> httpx.Response:
     return httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, headers={**AUTH, **headers})
 
 
-def _steady(gateway: str, fake) -> None:
+def _steady(gateway: str, fake, *, then: int = 0) -> None:
     """Three answered requests: from the third on, the key's last two reads found the same rows, so its
-    requests are drafted (a key whose rows change with every request is not)."""
+    requests are drafted (a key whose rows change with every request is not). `then`: the gpt-5
+    requests `fake` had before."""
     for _ in range(3):
         assert _chat(gateway).status_code == 200
-    assert fake.hit_count(model="gpt-5") == 3
+    assert fake.hit_count(model="gpt-5") == then + 3
 
 
 def test_a_circuit_opened_since_the_keys_last_read_moves_its_next_request(gateway, two_assignments):
@@ -141,3 +144,52 @@ def test_a_request_is_not_drafted_while_another_is_being_answered(gateway, two_a
     assert _chat(gateway).status_code == 200  # while the first is held upstream
     held.join(10)
     assert decided == [False]
+
+
+def _held_upstream(fake, count: int) -> None:
+    """Until `fake` has been sent its `count`th gpt-5 request (HTTP or websocket)."""
+    deadline = time.monotonic() + 5
+    while fake.hit_count(model="gpt-5") < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake.hit_count(model="gpt-5") == count
+
+
+@POSTGRES
+def test_a_request_is_not_drafted_while_a_websocket_turn_is_being_answered(gateway, two_assignments, decided):
+    """A websocket turn in flight is a request being answered as much as an HTTP one: the loop has its
+    work to do while another request's read is out."""
+    a, _, _ = two_assignments
+    _steady(gateway, a)
+    a.script("gpt-5", hang(1.0), serve())
+    with open_ws(gateway) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "gpt-5", "input": "hi"}))
+        _held_upstream(a, 4)
+        decided.clear()
+        assert _chat(gateway).status_code == 200  # while the turn is held upstream
+        assert decided == [False]
+
+
+@POSTGRES
+def test_a_websocket_turn_is_drafted_alone_and_not_beside_another_request(gateway, two_assignments, decided):
+    """A steady key's websocket turn is decided while its read is out when it is the only request being
+    answered, and in its own task from its own read while an HTTP request is held upstream. (Each turn
+    on a new connection: a connection's next turn is pinned and continues the conversation, so its read
+    names the key's affinities and is not the one the draft is kept for.)"""
+    a, _, _ = two_assignments
+    _steady(gateway, a)
+    with open_ws(gateway) as ws:
+        decided.clear()
+        assert create(ws)[-1]["type"] == "response.completed"
+        assert decided == [True]
+
+    # The turn's ledger row, settled by `create`, changed the key's spend: its rows steady again first.
+    _steady(gateway, a, then=4)
+    a.script("gpt-5", hang(1.0), serve())
+    held = threading.Thread(target=_chat, args=(gateway,))
+    held.start()
+    _held_upstream(a, 8)
+    with open_ws(gateway) as ws:
+        decided.clear()
+        assert create(ws)[-1]["type"] == "response.completed"
+        assert decided == [False]
+    held.join(10)
