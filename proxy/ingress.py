@@ -253,7 +253,7 @@ class ReadArgs:
 
 
 def _load(args: ReadArgs) -> Loaded | None:
-    """The read on runtime.db's threads (SQLite)."""
+    """The read on runtime.db's threads, when the loop cannot make it (`_read`)."""
     state = request_state_load(
         args.raw_key, route_class=args.route_class, now=args.now, affinity=args.affinity_ids()
     )
@@ -404,10 +404,10 @@ def _draft(
 async def _read(
     args: ReadArgs, deadline: float, draft: Callable[[Loaded], Routed] | None = None
 ) -> tuple[Loaded | None, Routed | None]:
-    """The request's read by `deadline` (monotonic). On PostgreSQL its statement runs on the event loop
+    """The request's read by `deadline` (monotonic). Its statement runs on the event loop
     (runtime.loopdb), and so does the routing state built from it when the configuration is cached;
-    else what is left goes to runtime.db's threads, and all of it when the loop's pool has no
-    connection to give.
+    else what is left goes to runtime.db's threads, and all of it when the loop has no connection to
+    give (PostgreSQL) or its read would wait for a lock (SQLite).
 
     With `draft` (the request's decision from a Loaded, `route_request`), while the statement is on its
     way the loop decides the request from its key's last state; the draft comes back with the read only
@@ -417,8 +417,6 @@ async def _read(
     def left() -> float:
         return max(deadline - time.monotonic(), MIN_READ_S)
 
-    if not loopdb.available():
-        return await db.run_within(left(), _load, args), None
     query = request_state_query(
         args.raw_key, route_class=args.route_class, now=args.now, affinity=args.affinity_ids()
     )

@@ -1,6 +1,7 @@
 """Budgets (SPEC §5.3, §7.4): a reservation held before dispatch by one conditional UPDATE, settled to the
 actual cost (or kept when usage never arrives); periods; unknown prices never count."""
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -208,7 +209,11 @@ def request_path_queries(monkeypatch):
     from runtime import loopdb
 
     seen: list[str] = []
-    execute, on_loop = utils.CursorWrapper.execute, loopdb.ReadConnection.rows
+    execute, on_loop, on_loop_sqlite = (
+        utils.CursorWrapper.execute,
+        loopdb.ReadConnection.rows,
+        loopdb.SQLiteReadCursor.rows,
+    )
 
     def counting(self, sql, params=None):
         if threading.current_thread().name != "ledger-writer":
@@ -219,8 +224,13 @@ def request_path_queries(monkeypatch):
         seen.append(sql)
         return await on_loop(conn, sql, params)
 
+    def counting_on_loop_sqlite(cursor, sql, params):
+        seen.append(sql)
+        return on_loop_sqlite(cursor, sql, params)
+
     monkeypatch.setattr(utils.CursorWrapper, "execute", counting)
     monkeypatch.setattr(loopdb.ReadConnection, "rows", counting_on_loop)
+    monkeypatch.setattr(loopdb.SQLiteReadCursor, "rows", counting_on_loop_sqlite)
     return seen
 
 
@@ -235,7 +245,11 @@ def statement_places(monkeypatch):
     from runtime import loopdb
 
     seen: list[tuple[str, str]] = []
-    execute, on_loop = utils.CursorWrapper.execute, loopdb.ReadConnection.rows
+    execute, on_loop, on_loop_sqlite = (
+        utils.CursorWrapper.execute,
+        loopdb.ReadConnection.rows,
+        loopdb.SQLiteReadCursor.rows,
+    )
 
     def on_thread(self, sql, params=None):
         if threading.current_thread().name != "ledger-writer":
@@ -246,8 +260,17 @@ def statement_places(monkeypatch):
         seen.append(("loop", sql))
         return await on_loop(conn, sql, params)
 
+    def counted_on_loop_sqlite(cursor, sql, params):
+        try:
+            asyncio.get_running_loop()
+            seen.append(("loop", sql))
+        except RuntimeError:
+            seen.append((threading.current_thread().name, sql))
+        return on_loop_sqlite(cursor, sql, params)
+
     monkeypatch.setattr(utils.CursorWrapper, "execute", on_thread)
     monkeypatch.setattr(loopdb.ReadConnection, "rows", counted_on_loop)
+    monkeypatch.setattr(loopdb.SQLiteReadCursor, "rows", counted_on_loop_sqlite)
     return seen
 
 
@@ -255,8 +278,8 @@ def statement_places(monkeypatch):
 def test_a_healthy_requests_read_runs_on_the_event_loop_on_postgresql(
     gateway, two_assignments, statement_places, monkeypatch, kept
 ):
-    """No thread hop before dispatch on PostgreSQL: a read thread's hand-off costs the loop the GIL
-    (runtime.loopdb). SQLite has no asynchronous driver: its read stays on runtime.db's threads."""
+    """No thread hop before dispatch: a read thread's hand-off costs the loop the GIL (runtime.loopdb).
+    On PostgreSQL the statement goes out on the loop's pool; on SQLite it runs on the loop itself."""
     from runtime import loopdb
 
     if kept:  # as production keeps its connections (the suite's CONN_MAX_AGE is 0): the loop's pool
@@ -268,11 +291,8 @@ def test_a_healthy_requests_read_runs_on_the_event_loop_on_postgresql(
     assert _send(gateway).status_code == 200
     assert len(loopdb._pools) == (1 if kept and connection.vendor == "postgresql" else 0)
     places = [where for where, _ in statement_places]
-    assert len(places) == 2, statement_places  # one statement a request
-    if connection.vendor == "postgresql":
-        assert places == ["loop", "loop"], statement_places
-    else:
-        assert all(where.startswith("gateway-db_") for where in places), statement_places
+    assert places == ["loop", "loop"], statement_places  # one statement a request
+    assert len(loopdb._sqlite) == (1 if connection.vendor == "sqlite" else 0)
 
 
 @pytest.mark.parametrize("kept", [False, True])
@@ -280,7 +300,7 @@ def test_a_request_naming_a_session_reads_its_affinity_in_the_same_statement(
     gateway, two_assignments, statement_places, monkeypatch, kept
 ):
     """A request that names an affinity (here a session; a previous response or a file alike) reads it
-    with its key: one statement before dispatch, on the event loop on PostgreSQL, no thread hop."""
+    with its key: one statement before dispatch, on the event loop, no thread hop."""
     from runtime import loopdb
 
     if kept:
@@ -297,11 +317,7 @@ def test_a_request_naming_a_session_reads_its_affinity_in_the_same_statement(
         answer = send()
         assert answer.status_code == 200
     places = [where for where, _ in statement_places]
-    assert len(places) == 2, statement_places
-    if connection.vendor == "postgresql":
-        assert places == ["loop", "loop"], statement_places
-    else:
-        assert all(where.startswith("gateway-db_") for where in places), statement_places
+    assert places == ["loop", "loop"], statement_places
     assert all("routing_affinity" in sql for _, sql in statement_places)
 
 
@@ -333,18 +349,22 @@ def test_a_healthy_request_builds_no_database_wrapper_on_the_event_loop(
     assert built_on_loop == []
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="the event loop's read is PostgreSQL's")
 def test_a_read_the_loops_pool_cannot_take_goes_to_the_threads(
     gateway, two_assignments, statement_places, monkeypatch
 ):
+    """No connection to give on PostgreSQL, a lock the loop's SQLite connection would wait for."""
     from runtime import loopdb
 
     async def no_connection(conn, sql, params):
         raise loopdb.NoConnection
 
+    def locked(cursor, sql, params):
+        raise loopdb.NoConnection
+
     assert _send(gateway).status_code == 200  # the key known to the edge, the routing config cached
     writer.flush()
     monkeypatch.setattr(loopdb.ReadConnection, "rows", no_connection)
+    monkeypatch.setattr(loopdb.SQLiteReadCursor, "rows", locked)
     statement_places.clear()
     assert _send(gateway).status_code == 200
     [(where, _)] = statement_places  # the whole read, on a thread

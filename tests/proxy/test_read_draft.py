@@ -1,7 +1,8 @@
 """A request decided from its key's last read while its own read is on the wire (proxy.ingress `_read`,
 runtime.loopdb `fetch_within(meanwhile=...)`): the draft is kept only when the request's own read finds
-the very rows the draft came from, so what the database says now always decides. On SQLite (no read on
-the loop, no draft) the same requests must be decided the same way."""
+the very rows the draft came from, so what the database says now always decides. On SQLite (the read
+runs on the loop at once: nothing to wait for, no draft) the same requests must be decided the same
+way."""
 
 import asyncio
 import json
@@ -22,7 +23,7 @@ from tests.proxy.test_websocket import create, open_ws
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
-POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite reads on threads: no draft")
+POSTGRES = pytest.mark.skipif(connection.vendor != "postgresql", reason="no draft on SQLite")
 
 
 @pytest.fixture(autouse=True)
