@@ -79,14 +79,11 @@ def _period_sql(start: datetime | None) -> tuple[str, str, list[object]]:
     return current, stored, [at]
 
 
-def key_budget_reserve(*, key_id: int, request_id: str, amount: int, period: str, now: datetime) -> bool:
-    """Hold `amount` micros of the key's budget for the request `request_id` in flight, if this
-    period's spend plus what is held plus `amount` stays within the budget: one conditional UPDATE, so
-    requests on any number of nodes can together pass the budget by at most one reservation's
-    estimate error. The request's `BudgetHold` grows by `amount` with it, atomically: in the same
-    statement on PostgreSQL (a data-modifying WITH), in the same transaction on SQLite (which has
-    none). False: the budget cannot cover it (nothing changed)."""
-    table, holds = GatewayKey._meta.db_table, BudgetHold._meta.db_table
+def _budget_reserve_parts(
+    key_id: int, request_id: str, amount: int, period: str, now: datetime
+) -> tuple[str, list[object], str, list[object]]:
+    """The reservation's conditional UPDATE and the hold's upsert clause, with their parameters."""
+    table = GatewayKey._meta.db_table
     current, stored, at = _period_sql(period_start(period, now))
     reserve = (
         f"UPDATE {table} SET spent_micros = {current}, period_start = {stored}, "  # noqa: S608
@@ -94,17 +91,40 @@ def key_budget_reserve(*, key_id: int, request_id: str, amount: int, period: str
         f"WHERE id = %s AND budget_micros IS NOT NULL AND {current} + reserved_micros + %s <= budget_micros"
     )
     params = [*at, *(at * 2), amount, key_id, *at, amount]
+    holds = BudgetHold._meta.db_table
     upsert = f"ON CONFLICT (request_id) DO UPDATE SET micros = {holds}.micros + excluded.micros"
-    hold = [request_id, amount, rawsql.as_param(now)]
+    return reserve, params, upsert, [request_id, amount, rawsql.as_param(now)]
+
+
+def key_budget_reserve_statement(
+    *, key_id: int, request_id: str, amount: int, period: str, now: datetime
+) -> tuple[str, list[object]]:
+    """`key_budget_reserve` on PostgreSQL as one statement (a data-modifying WITH) and its parameters:
+    it changes one row (the hold's) when the reservation is granted, none when it is not. Run as it
+    is by the request path on the event loop (runtime.loopdb)."""
+    reserve, params, upsert, hold = _budget_reserve_parts(key_id, request_id, amount, period, now)
+    sql = (
+        f"WITH reserved AS ({reserve} RETURNING id) "  # noqa: S608
+        f"INSERT INTO {BudgetHold._meta.db_table} (request_id, key_id, micros, created_at) "
+        f"SELECT %s, id, %s, %s FROM reserved {upsert}"
+    )
+    return sql, [*params, *hold]
+
+
+def key_budget_reserve(*, key_id: int, request_id: str, amount: int, period: str, now: datetime) -> bool:
+    """Hold `amount` micros of the key's budget for the request `request_id` in flight, if this
+    period's spend plus what is held plus `amount` stays within the budget: one conditional UPDATE, so
+    requests on any number of nodes can together pass the budget by at most one reservation's
+    estimate error. The request's `BudgetHold` grows by `amount` with it, atomically: in the same
+    statement on PostgreSQL (a data-modifying WITH, `key_budget_reserve_statement`), in the same
+    transaction on SQLite (which has none). False: the budget cannot cover it (nothing changed)."""
+    request = {"key_id": key_id, "request_id": request_id, "amount": amount, "period": period, "now": now}
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(
-                f"WITH reserved AS ({reserve} RETURNING id) "  # noqa: S608
-                f"INSERT INTO {holds} (request_id, key_id, micros, created_at) "
-                f"SELECT %s, id, %s, %s FROM reserved {upsert}",
-                [*params, *hold],
-            )
+            cursor.execute(*key_budget_reserve_statement(**request))
             return cursor.rowcount == 1
+        reserve, params, upsert, hold = _budget_reserve_parts(key_id, request_id, amount, period, now)
+        holds = BudgetHold._meta.db_table
         with transaction.atomic():
             cursor.execute(reserve, params)
             if cursor.rowcount != 1:

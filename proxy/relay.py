@@ -26,7 +26,7 @@ from functools import partial
 from django.db import DatabaseError
 
 from pools.credentials import credential_of
-from pools.services import key_budget_give_back, key_budget_reserve
+from pools.services import key_budget_give_back, key_budget_reserve, key_budget_reserve_statement
 from proxy import ledger
 from proxy.adapters.translate import RequestTranslationError
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Lease, Memory, Stream, settle
@@ -46,7 +46,7 @@ from routing.route import RoutingView
 from routing.services import CircuitKey, Seen
 from routing.types import Candidate, Health, IneligibleReason, Requirements, RouteClass
 from routing.vocabulary import AttemptStatus, Outcome
-from runtime import db
+from runtime import db, loopdb
 
 logger = logging.getLogger("gateway")
 
@@ -242,12 +242,19 @@ class Relay:
                 ledger.writer.held(exchange, lasting=True)
                 raise
 
+        now = datetime.now(UTC)
         try:
-            held = await db.write_within(
-                db_wait_s(self.deadline),
-                partial(key_budget_reserve, **request, now=datetime.now(UTC)),
-                undo=give_back,
-            )
+            try:  # on the loop (PostgreSQL): no thread's hand-back to wait for
+                changed = await loopdb.write_within(
+                    db_wait_s(self.deadline),
+                    *key_budget_reserve_statement(**request, now=now),
+                    undo=lambda late: give_back(late == 1),
+                )
+                held = changed == 1
+            except loopdb.NoConnection:  # SQLite, or no connection to give: on a thread
+                held = await db.write_within(
+                    db_wait_s(self.deadline), partial(key_budget_reserve, **request, now=now), undo=give_back
+                )
         except DatabaseError as failed:  # no reservation, no dispatch
             if isinstance(failed, db.DatabaseTimeout):  # what it takes late is given back (undo)
                 logger.warning("budget reservation: no answer from the database by the deadline")

@@ -6,7 +6,8 @@ ledger's journal, a random id), waits for a read thread to give it back (bench/p
 against a 50 ms upstream, a fifth of the loop's time was spent waiting for the GIL, and requests that
 had their answer waited with it). On PostgreSQL the one statement every request runs
 (routing.selectors.request_state_query) is sent on an asynchronous psycopg connection instead, and
-its rows are turned into the routing state on the loop: no thread, no hand-off.
+its rows are turned into the routing state on the loop: no thread, no hand-off. So is the one write a
+request with a budget makes before dispatch, its reservation (`write_within`), on a pool of its own.
 
 SQLite has no asynchronous driver, and needs none: the database is a local file, and in WAL mode (the
 gateway's settings) a read never waits for the writer. There the statement runs on the loop itself, on
@@ -18,7 +19,8 @@ to take them, and the gateway served 70 % of the direct calls' rate against 93 %
 (bench/profile.md).
 
 The connections are psycopg_pool's `AsyncConnectionPool` (`ReadPool`: the connection returned last is
-handed out first), one per event loop (a server runs one loop; tests run several), opened on first use
+handed out first), one for reads and one for writes per event loop (a server runs one loop; tests run
+several), opened on first use
 with the parameters Django's own connections use (its adapters, so rows come back typed exactly as a
 Django cursor's, and its server-side binding with the same prepare threshold), autocommit as Django's,
 in Django's time zone, each kept for CONN_MAX_AGE (with 0, no pool: a new connection for every read,
@@ -43,9 +45,12 @@ placeholders converted); Python's `sqlite_errorcode` on a lock's OperationalErro
 """
 
 import asyncio
+import logging
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TypeVar
 
 import psycopg
 from django.db import DatabaseError
@@ -55,13 +60,18 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from runtime import db, rawsql
 from runtime.db import DatabaseTimeout, readable
 
+log = logging.getLogger("gateway")
+
 MAX_CONNECTIONS = 8  # per process: at most this many reads in flight; more wait for a connection
+MAX_WRITE_CONNECTIONS = 4  # and writes (as runtime.db's write threads): a budgeted key's reservations
 FOR_GOOD_S = 365 * 24 * 3600.0  # CONN_MAX_AGE None: a connection is kept as long as it works
 # How long a read waits for a pooled connection: a free one is back within a statement's time (well
 # under a millisecond), a new one within a connect's; longer, and the database is likely gone.
 CONNECTION_WAIT_S = 0.25
 
 _pools: dict[asyncio.AbstractEventLoop, "ReadPool"] = {}
+_write_pools: dict[asyncio.AbstractEventLoop, "ReadPool"] = {}
+T = TypeVar("T")
 
 
 def _max_age() -> int | None:
@@ -96,17 +106,28 @@ class NoConnection(Exception):
 
 
 class ReadConnection(psycopg.AsyncConnection):
-    """A connection that keeps one cursor for its reads: `execute` on the connection builds a cursor
-    (and its adapters' transformer) every time, about a fifth of a read's CPU on the loop."""
+    """A connection of the loop's pools that keeps one cursor for its statements: `execute` on the
+    connection builds a cursor (and its adapters' transformer) every time, about a fifth of a read's CPU
+    on the loop."""
 
     _reader: psycopg.AsyncCursor | None = None
 
-    async def rows(self, sql: str, params: Sequence[object]) -> list[tuple]:
+    def _cursor(self) -> psycopg.AsyncCursor:
         cursor = self._reader
         if cursor is None or cursor.closed:
             cursor = self._reader = self.cursor()
+        return cursor
+
+    async def rows(self, sql: str, params: Sequence[object]) -> list[tuple]:
+        cursor = self._cursor()
         await cursor.execute(sql, params)
         return await cursor.fetchall()
+
+    async def count(self, sql: str, params: Sequence[object]) -> int:
+        """The rows a statement that writes changed."""
+        cursor = self._cursor()
+        await cursor.execute(sql, params)
+        return cursor.rowcount
 
 
 class ReadPool(AsyncConnectionPool[ReadConnection]):
@@ -147,42 +168,56 @@ async def _connection(pool: ReadPool) -> ReadConnection:
         await pool.putconn(conn)  # a closed connection is dropped, and the pool connects another
 
 
-def _pool() -> ReadPool:
+def _pool(*, writes: bool = False) -> ReadPool:
+    """The running loop's read pool, or its write pool: a write can wait for a row lock, and in a shared
+    pool writes stuck behind one would leave the reads no connection (as runtime.db's pools)."""
     loop = asyncio.get_running_loop()
-    pool = _pools.get(loop)
+    pools = _write_pools if writes else _pools
+    pool = pools.get(loop)
     if pool is None:
-        for stale in [other for other in _pools if other.is_closed()]:
-            del _pools[stale]  # its loop is gone: its connections close as the pool is collected
+        for stale in [other for other in pools if other.is_closed()]:
+            del pools[stale]  # its loop is gone: its connections close as the pool is collected
         max_age = _max_age()
-        pool = _pools[loop] = ReadPool(
+        pool = pools[loop] = ReadPool(
             kwargs=_params(),
             min_size=1,
-            max_size=MAX_CONNECTIONS,
+            max_size=MAX_WRITE_CONNECTIONS if writes else MAX_CONNECTIONS,
             max_lifetime=float(max_age) if max_age else FOR_GOOD_S,
             open=False,
             configure=_configure,
-            name="gateway-request-read",
+            name="gateway-request-write" if writes else "gateway-request-read",
             connection_class=ReadConnection,
         )
     return pool
 
 
-async def _fetch(sql: str, params: Sequence[object]) -> list[tuple]:
+async def _on_connection(
+    use: Callable[[ReadConnection, str, Sequence[object]], Awaitable[T]],
+    sql: str,
+    params: Sequence[object],
+    *,
+    writes: bool = False,
+) -> T:
+    """`use(connection, sql, params)` on a connection of the loop's pool (a new one with CONN_MAX_AGE 0)."""
     if _max_age() == 0:  # a new connection for every use
         conn = await ReadConnection.connect(**_params())
         try:
             await _configure(conn)
-            return await conn.rows(sql, params)
+            return await use(conn, sql, params)
         finally:
             await conn.close()
-    pool = _pool()
-    if pool.closed:  # new: opened by its first read (a pool that was closed is no longer in `_pools`)
+    pool = _pool(writes=writes)
+    if pool.closed:  # new: opened by its first use (a pool that was closed is no longer in `_pools`)
         await pool.open()
     conn = await _connection(pool)
     try:
-        return await conn.rows(sql, params)
+        return await use(conn, sql, params)
     finally:
         await pool.putconn(conn)  # back to the pool, or discarded if the statement broke it
+
+
+async def _fetch(sql: str, params: Sequence[object]) -> list[tuple]:
+    return await _on_connection(ReadConnection.rows, sql, params)
 
 
 def _retrieve(task: asyncio.Task) -> None:
@@ -239,6 +274,58 @@ async def fetch_within(
         raise DatabaseTimeout
     try:
         return task.result()
+    except psycopg.Error as failed:  # the pool's own timeouts and refusals are psycopg errors too
+        raise DatabaseError(type(failed).__name__) from failed
+
+
+_late: set[asyncio.Future] = set()  # undos under way (`write_within`), kept until they are done
+
+
+def _undo_late(undo: Callable[[int], object], task: asyncio.Task) -> None:
+    """A write the caller stopped waiting for is done: what it took is given back (`undo`), on a thread."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    changed = task.result()
+
+    def run() -> None:
+        try:
+            undo(changed)
+        except DatabaseError:
+            log.exception("a late write could not be undone")
+
+    later = asyncio.ensure_future(db.write(run))
+    _late.add(later)
+    later.add_done_callback(_late.discard)
+
+
+async def write_within(
+    timeout_s: float, sql: str, params: Sequence[object], *, undo: Callable[[int], object] | None = None
+) -> int:
+    """The rows one statement that writes changed, run on the loop's write pool (PostgreSQL), in
+    autocommit; DatabaseTimeout after `timeout_s`, DatabaseError when the database refuses it,
+    NoConnection when the pool has none to give, or on SQLite (whose writes wait for its one writer's
+    lock: runtime.db's write threads take them).
+
+    As runtime.db.write_within: a caller that stops waiting (its bound passed, or it was cancelled) leaves
+    the statement to finish on its own, and `undo(rows changed)` then runs on runtime.db's write threads,
+    so what the write took for the caller (a budget reservation) is given back instead of held for good.
+    A write's answer handed back by a thread waited for the loop as a read's did: at c=16 a key with a
+    budget was served 780-910 requests a second with its reservation on a thread, the loop idle a
+    quarter of the time, and 915-1000 with it here (bench/profile.md)."""
+    if rawsql.backend().vendor != "postgresql":
+        raise NoConnection
+    task = asyncio.get_running_loop().create_task(
+        _on_connection(ReadConnection.count, sql, params, writes=True)
+    )
+    task.add_done_callback(_retrieve)
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+    except (TimeoutError, asyncio.CancelledError) as stopped:
+        if undo is not None and not task.done():  # one done by then: the caller's record settles it
+            task.add_done_callback(partial(_undo_late, undo))
+        if isinstance(stopped, TimeoutError):
+            raise DatabaseTimeout from None
+        raise
     except psycopg.Error as failed:  # the pool's own timeouts and refusals are psycopg errors too
         raise DatabaseError(type(failed).__name__) from failed
 
@@ -300,11 +387,12 @@ async def _sqlite_rows(sql: str, params: Sequence[object]) -> list[tuple]:
 
 
 async def close() -> None:
-    """Close the running loop's pool and SQLite connection, if it has them (its loop is stopping)."""
+    """Close the running loop's pools and SQLite connection, if it has them (its loop is stopping)."""
     loop = asyncio.get_running_loop()
     cursor = _sqlite.pop(loop, None)
     if cursor is not None:
         cursor.connection.close()
-    pool = _pools.pop(loop, None)
-    if pool is not None:
-        await pool.close()
+    for pools in (_pools, _write_pools):
+        pool = pools.pop(loop, None)
+        if pool is not None:
+            await pool.close()

@@ -209,9 +209,10 @@ def request_path_queries(monkeypatch):
     from runtime import loopdb
 
     seen: list[str] = []
-    execute, on_loop, on_loop_sqlite = (
+    execute, on_loop, on_loop_write, on_loop_sqlite = (
         utils.CursorWrapper.execute,
         loopdb.ReadConnection.rows,
+        loopdb.ReadConnection.count,
         loopdb.SQLiteReadCursor.rows,
     )
 
@@ -224,12 +225,17 @@ def request_path_queries(monkeypatch):
         seen.append(sql)
         return await on_loop(conn, sql, params)
 
+    async def counting_on_loop_write(conn, sql, params):
+        seen.append(sql)
+        return await on_loop_write(conn, sql, params)
+
     def counting_on_loop_sqlite(cursor, sql, params):
         seen.append(sql)
         return on_loop_sqlite(cursor, sql, params)
 
     monkeypatch.setattr(utils.CursorWrapper, "execute", counting)
     monkeypatch.setattr(loopdb.ReadConnection, "rows", counting_on_loop)
+    monkeypatch.setattr(loopdb.ReadConnection, "count", counting_on_loop_write)
     monkeypatch.setattr(loopdb.SQLiteReadCursor, "rows", counting_on_loop_sqlite)
     return seen
 
@@ -245,9 +251,10 @@ def statement_places(monkeypatch):
     from runtime import loopdb
 
     seen: list[tuple[str, str]] = []
-    execute, on_loop, on_loop_sqlite = (
+    execute, on_loop, on_loop_write, on_loop_sqlite = (
         utils.CursorWrapper.execute,
         loopdb.ReadConnection.rows,
+        loopdb.ReadConnection.count,
         loopdb.SQLiteReadCursor.rows,
     )
 
@@ -260,6 +267,10 @@ def statement_places(monkeypatch):
         seen.append(("loop", sql))
         return await on_loop(conn, sql, params)
 
+    async def counted_on_loop_write(conn, sql, params):
+        seen.append(("loop", sql))
+        return await on_loop_write(conn, sql, params)
+
     def counted_on_loop_sqlite(cursor, sql, params):
         try:
             asyncio.get_running_loop()
@@ -270,6 +281,7 @@ def statement_places(monkeypatch):
 
     monkeypatch.setattr(utils.CursorWrapper, "execute", on_thread)
     monkeypatch.setattr(loopdb.ReadConnection, "rows", counted_on_loop)
+    monkeypatch.setattr(loopdb.ReadConnection, "count", counted_on_loop_write)
     monkeypatch.setattr(loopdb.SQLiteReadCursor, "rows", counted_on_loop_sqlite)
     return seen
 
@@ -396,27 +408,96 @@ def test_a_healthy_request_makes_no_extra_round_trip_and_a_budget_costs_one_stat
         assert [sql.split()[0] for sql in budgeted[1:]] == ["BEGIN", "UPDATE", "INSERT"], budgeted
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's writes wait for its writer's lock")
+def test_a_reservation_runs_on_the_event_loop_and_on_a_thread_when_the_loop_has_no_connection(
+    gateway, two_assignments, statement_places, monkeypatch
+):
+    """A thread's hand-back of the reservation's answer waits for the loop as a read's did (runtime.loopdb
+    `write_within`): on PostgreSQL the reservation goes out on the loop's write pool; with no connection
+    to give there, it goes to runtime.db's write threads, granted all the same."""
+    from runtime import loopdb
+
+    _price(1_000_000, 1_000_000)
+    GatewayKey.objects.update(budget_micros=1_000_000)
+    assert _send(gateway).status_code == 200  # the config cached, the loop's pools opened
+    writer.flush()
+    statement_places.clear()
+    assert _send(gateway).status_code == 200
+    writer.flush()
+    assert [where for where, _ in statement_places] == ["loop", "loop"], statement_places
+    assert statement_places[-1][1].lstrip().upper().startswith("WITH RESERVED AS (UPDATE")
+
+    async def no_connection(conn, sql, params):
+        raise loopdb.NoConnection
+
+    monkeypatch.setattr(loopdb.ReadConnection, "count", no_connection)
+    statement_places.clear()
+    assert _send(gateway).status_code == 200
+    writer.flush()
+    places = [where for where, _ in statement_places]
+    assert places[0] == "loop" and all(where.startswith("gateway-db-write_") for where in places[1:]), places
+    key = _key()
+    assert key.spent_micros > 0 and key.reserved_micros == 0  # three requests charged, nothing held
+    assert not BudgetHold.objects.exists()
+
+
+@pytest.fixture(params=["loop", "threads"])
+def reserve_on(request, monkeypatch) -> str:
+    """Where the request's reservation runs: on the loop's write pool (PostgreSQL), or on runtime.db's
+    write threads (SQLite; PostgreSQL when the loop has no connection to give)."""
+    from runtime import loopdb
+
+    if request.param == "loop" and connection.vendor != "postgresql":
+        pytest.skip("SQLite's reservations run on threads")
+    if request.param == "threads" and connection.vendor == "postgresql":
+
+        async def no_connection(conn, sql, params):
+            raise loopdb.NoConnection
+
+        monkeypatch.setattr(loopdb.ReadConnection, "count", no_connection)
+    return request.param
+
+
+def _break_reservation(where: str, monkeypatch, *, committed: bool) -> None:
+    """The reservation's connection breaks: after its commit (the answer lost), or before it is sent."""
+    import psycopg
+    from django.db import OperationalError
+
+    from proxy import relay
+    from runtime import loopdb
+
+    message = "server closed the connection unexpectedly" if committed else "connection refused"
+    if where == "loop":
+        count = loopdb.ReadConnection.count
+
+        async def broken_on_loop(conn, sql, params):
+            if committed:
+                assert await count(conn, sql, params) == 1
+            raise psycopg.OperationalError(message)
+
+        monkeypatch.setattr(loopdb.ReadConnection, "count", broken_on_loop)
+        return
+    reserve = relay.key_budget_reserve
+
+    def broken(**kwargs):
+        if committed:
+            assert reserve(**kwargs)
+        raise OperationalError(message)
+
+    monkeypatch.setattr(relay, "key_budget_reserve", broken)
+
+
 def test_a_reservation_that_committed_though_its_answer_was_lost_is_released_by_the_record(
-    gateway, two_assignments, monkeypatch
+    gateway, two_assignments, monkeypatch, reserve_on
 ):
     """Window 2 of budget_reservations: the reservation's UPDATE committed, but its answer never
     reached the request (the connection broke after the commit, as when the database goes down). The
     request answers 503 believing it holds nothing; its ledger record settles what the database holds
     for it (its hold), so nothing stays reserved."""
-    from django.db import OperationalError
-
-    from proxy import relay
-
     a, b, _ = two_assignments
     _price(1_000_000, 1_000_000)
     GatewayKey.objects.update(budget_micros=1_000_000)
-    reserve = relay.key_budget_reserve
-
-    def answer_lost(**kwargs):
-        assert reserve(**kwargs)
-        raise OperationalError("server closed the connection unexpectedly")
-
-    monkeypatch.setattr(relay, "key_budget_reserve", answer_lost)
+    _break_reservation(reserve_on, monkeypatch, committed=True)
     response = _send(gateway)
     assert (response.status_code, response.json()["error"]["code"]) == (503, "gateway_unavailable")
     assert a.hits == [] and b.hits == []
@@ -426,20 +507,12 @@ def test_a_reservation_that_committed_though_its_answer_was_lost_is_released_by_
 
 
 def test_a_reservation_the_database_cannot_take_is_a_typed_503_not_a_budget_refusal(
-    gateway, two_assignments, monkeypatch
+    gateway, two_assignments, monkeypatch, reserve_on
 ):
-    from django.db import OperationalError
-
-    from proxy import relay
-
     a, b, _ = two_assignments
     _price(1_000_000, 1_000_000)
     GatewayKey.objects.update(budget_micros=1_000_000)
-
-    def unreachable(**kwargs):
-        raise OperationalError("connection refused")
-
-    monkeypatch.setattr(relay, "key_budget_reserve", unreachable)
+    _break_reservation(reserve_on, monkeypatch, committed=False)
     response = _send(gateway)
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "gateway_unavailable"

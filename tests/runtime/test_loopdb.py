@@ -279,3 +279,45 @@ def test_django_connection_parameters_are_what_the_pool_is_built_from():
     assert isinstance(params.get("context"), psycopg.adapt.AdaptersMap)  # Django's adapters, kept
     assert "cursor_factory" in params  # Django's sync cursor class, dropped for the async connection
     assert params["dbname"] == connections["default"].settings_dict["NAME"]
+
+
+async def test_a_write_runs_on_a_pool_of_its_own_and_answers_the_rows_it_changed(kept):
+    """A write can wait for a row lock: on the read pool, writes stuck behind one would leave the reads
+    no connection. Its own pool is at most MAX_WRITE_CONNECTIONS."""
+    await loopdb.fetch_within(5, "SELECT 1", [])
+    await loopdb.write_within(5, "CREATE TEMP TABLE IF NOT EXISTS t (v int)", [])
+    assert await loopdb.write_within(5, "INSERT INTO t SELECT generate_series(1, %s)", [3]) == 3
+    loop = asyncio.get_running_loop()
+    reads, writes = loopdb._pools[loop], loopdb._write_pools[loop]
+    assert reads is not writes
+    assert writes.max_size == loopdb.MAX_WRITE_CONNECTIONS
+    read_pids = {await backend_pid() for _ in range(3)}
+    assert not read_pids & set(await _write_backends())
+    with pytest.raises(DatabaseError):
+        await loopdb.write_within(5, "INSERT INTO no_such_table VALUES (1)", [])
+    await loopdb.close()
+    assert loop not in loopdb._write_pools
+
+
+async def _write_backends() -> list[int]:
+    pool = loopdb._write_pools[asyncio.get_running_loop()]
+    conn = await pool.getconn()
+    try:
+        return [conn.info.backend_pid]
+    finally:
+        await pool.putconn(conn)
+
+
+async def test_a_write_the_caller_stops_waiting_for_finishes_and_is_undone(kept):
+    """The statement is left to finish (a cancelled statement waits for the server's word), and what it
+    changed is handed to `undo` on a write thread."""
+    undone: list[int] = []
+    with pytest.raises(DatabaseTimeout):
+        await loopdb.write_within(
+            0.05, "SELECT pg_sleep(0.3) FROM generate_series(1, 2)", [], undo=undone.append
+        )
+    for _ in range(100):
+        if undone:
+            break
+        await asyncio.sleep(0.02)
+    assert undone == [2]

@@ -161,3 +161,9 @@ async def test_close_ends_the_loops_connection(key_query):
     assert asyncio.get_running_loop() not in loopdb._sqlite
     with pytest.raises(sqlite3.ProgrammingError):  # a closed connection
         cursor.connection.execute("SELECT 1")
+
+
+async def test_writes_are_left_to_the_threads():
+    """SQLite has one writer at a time: a write on the loop would wait for the ledger writer's lock."""
+    with pytest.raises(loopdb.NoConnection):
+        await loopdb.write_within(5, "UPDATE pools_gatewaykey SET name = name", [])
