@@ -116,6 +116,15 @@ async def run_within(timeout_s: float, fn: Callable[P, T], *args: P.args, **kwar
         raise DatabaseTimeout from None
 
 
+def undo_late(undo: Callable[[T], object], result: T) -> None:
+    """`undo(result)` for a write its caller stopped waiting for (`write_within`, runtime.loopdb's): nobody
+    waits for it, so a failure is logged."""
+    try:
+        undo(result)
+    except DatabaseError:
+        log.exception("a late write could not be undone")
+
+
 async def write_within(
     timeout_s: float, fn: Callable[[], T], *, undo: Callable[[T], object] | None = None
 ) -> T:
@@ -137,10 +146,7 @@ async def write_within(
             box.append(result)
             abandoned = state["abandoned"]
         if abandoned and undo is not None:
-            try:
-                undo(result)
-            except DatabaseError:
-                log.exception("a late write could not be undone")
+            undo_late(undo, result)
         return result
 
     task = asyncio.ensure_future(write(call))

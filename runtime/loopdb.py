@@ -45,7 +45,6 @@ placeholders converted); Python's `sqlite_errorcode` on a lock's OperationalErro
 """
 
 import asyncio
-import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -59,8 +58,6 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from runtime import db, rawsql
 from runtime.db import DatabaseTimeout, readable
-
-log = logging.getLogger("gateway")
 
 MAX_CONNECTIONS = 8  # per process: at most this many reads in flight; more wait for a connection
 MAX_WRITE_CONNECTIONS = 4  # and writes (as runtime.db's write threads): a budgeted key's reservations
@@ -285,15 +282,7 @@ def _undo_late(undo: Callable[[int], object], task: asyncio.Task) -> None:
     """A write the caller stopped waiting for is done: what it took is given back (`undo`), on a thread."""
     if task.cancelled() or task.exception() is not None:
         return
-    changed = task.result()
-
-    def run() -> None:
-        try:
-            undo(changed)
-        except DatabaseError:
-            log.exception("a late write could not be undone")
-
-    later = asyncio.ensure_future(db.write(run))
+    later = asyncio.ensure_future(db.write(db.undo_late, undo, task.result()))
     _late.add(later)
     later.add_done_callback(_late.discard)
 
