@@ -339,11 +339,11 @@ _LOCKED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 def _sqlite_connect() -> SQLiteReadCursor:
     """A cursor on a new connection made as Django makes its own (its parameters, functions and init
     commands: rows come back typed as a Django cursor's, and `%s` placeholders are Django's cursor's
-    to convert), in autocommit, failing at once on a lock instead of waiting out the busy timeout.
+    to convert), failing at once on a lock instead of waiting out the busy timeout. It only reads, and
+    Python's sqlite3 opens no transaction for a SELECT: each read sees what is committed when it runs.
     Made on a runtime.db thread: Django refuses to connect on an event loop."""
     django = rawsql.backend()
     conn = django.get_new_connection(django.get_connection_params())
-    conn.isolation_level = None  # autocommit: each read sees what is committed when it runs
     conn.execute("PRAGMA busy_timeout = 0")
     return conn.cursor(factory=SQLiteReadCursor)
 
