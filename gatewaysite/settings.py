@@ -239,4 +239,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = GATEWAY_MAX_BODY_BYTES
 GATEWAY_LEDGER_RETENTION_DAYS = env.int("GATEWAY_LEDGER_RETENTION_DAYS", default=30)
 if GATEWAY_LEDGER_RETENTION_DAYS < 1:
     raise ImproperlyConfigured("GATEWAY_LEDGER_RETENTION_DAYS: must be at least 1")
+# The pool's load-sharing features (SPEC §5.4): the weighted draw among equal candidates, headroom
+# demotions from the upstreams' rate-limit headers and the cache affinity of the clients' own
+# conversation keys. `false` turns all three off (a priority list, as `make bench-pool` compares).
+GATEWAY_POOL_FEATURES = env.bool("GATEWAY_POOL_FEATURES", default=True)
 GATEWAY_CONFIG = env.str("GATEWAY_CONFIG", default=str(BASE_DIR / "gatewaysite" / "demo_config.yaml"))
