@@ -29,6 +29,9 @@ class CircuitReason(enum.StrEnum):
     TIMEOUT = "timeout"
     RATE_LIMITED = "rate_limited"  # a demotion's reason only: 429 and quota never touch a circuit
     CREDENTIAL_REJECTED = "credential_rejected"  # assignment-wide (every model and route class)
+    # A demotion's reason only: the upstream's rate-limit headers said less than `headroom_floor` of a
+    # limit is left, so the pool moves off the account before it answers 429 (SPEC §5.4).
+    HEADROOM = "headroom"
 
 
 class TriState(enum.StrEnum):
