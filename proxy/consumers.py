@@ -58,6 +58,7 @@ from proxy.ingress import RequestFailed, answering, bearer, decode_json, prepare
 from proxy.ledger import record
 from proxy.sse import Dialect
 from proxy.ws_relay import Conversations, UpstreamLink, WebsocketDispatch, error_frame
+from routing.conversation import SESSION_HEADERS
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
 from routing.vocabulary import ClientRoute, Outcome
@@ -71,7 +72,7 @@ MAX_PENDING = 8
 # The handshake headers a frame's routing reads; nothing else of the handshake is kept.
 KEPT_HEADERS = frozenset(
     {"authorization", "x-api-key", "x-gateway-requirements", "x-gateway-deadline-ms", "x-gateway-session"}
-)
+) | frozenset(SESSION_HEADERS)  # the agents' own session headers name a conversation too (§5.4)
 
 CLOSE_INVALID_KEY = (4401, "invalid gateway key")
 CLOSE_GATEWAY_UNAVAILABLE = (1013, "gateway unavailable")

@@ -25,6 +25,7 @@ or content.
 
 import json
 import logging
+import random
 import re
 import tempfile
 import time
@@ -32,6 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import IO
 
 from django.conf import settings
@@ -50,6 +52,7 @@ from proxy.ingress import (
     bearer,
     headers_requirements,
     request_id_headers,
+    take_lease,
     typed_response,
 )
 from proxy.ledger import record
@@ -65,7 +68,7 @@ from routing.models import Affinity, AffinityKind
 from routing.plan import HardPin, PinKind, PlanError
 from routing.route import RoutingView
 from routing.selectors import RouteSettings, affinity_get, routing_view_load
-from routing.types import Candidate, RouteClass
+from routing.types import Candidate, Health, RouteClass
 from routing.vocabulary import ClientRoute, Outcome
 from runtime import db
 
@@ -317,14 +320,30 @@ async def _relay(
         raise RequestFailed("file_not_found", "id")
     extra, deadline_ms = headers_requirements(headers, loaded.settings.default_deadline_ms)
     pin = HardPin(PinKind.FILE, loaded.affinity.assignment_id) if loaded.affinity is not None else None
-    plan = files_plan(
-        loaded.view, tighten(key.requirements, extra), adapters=carriers(FILES) or frozenset(), pin=pin
+    deadline = started + deadline_ms / 1000
+    requirements = tighten(key.requirements, extra)
+    plan_now = partial(
+        files_plan,
+        loaded.view,
+        replace(requirements, deadline_remaining_ms=deadline_ms),
+        adapters=carriers(FILES) or frozenset(),
+        pin=pin,
+        draw=random.random() if settings.GATEWAY_POOL_FEATURES else None,  # noqa: S311
     )
+    plan = plan_now()
+    # A cooled account is probed first, by the one request that takes its lease (SPEC §5.4, §7.1), as
+    # on every other route.
+    leased = None
+    if not isinstance(plan, PlanError):
+        probe = next((c for c in (*plan.order, *plan.beyond_shortlist) if c.health is Health.PROBE), None)
+        leased = await take_lease(loaded.view, RouteClass.HTTP, loaded.settings, probe, deadline)
+        if leased is not None:
+            plan = plan_now(held={leased.candidate})
     if isinstance(plan, PlanError):
         raise RequestFailed(str(plan.code))
     if replayable is not None:
         replayable.append(len(plan.order) > 1)
-    ticket = await admit_limits(loaded.authenticated, None)  # the key's limits, before any upload
+    ticket = await admit_limits(loaded.authenticated, leased)  # the key's limits, before any upload
     relay = Relay(
         exchange=exchange,
         view=loaded.view,
@@ -332,8 +351,8 @@ async def _relay(
         breaker_settings=loaded.settings.breaker,
         demotion_seconds=loaded.settings.demotion_seconds,
         backoff_base_ms=loaded.settings.backoff_base_ms,
-        requirements=tighten(key.requirements, extra),
-        deadline=started + deadline_ms / 1000,
+        requirements=requirements,
+        deadline=deadline,
         path=path,
         body={},
         route_class=RouteClass.HTTP,
@@ -341,6 +360,7 @@ async def _relay(
         on_finish=record if ticket is None else Finishing(record, ticket),
         memory=memory,
         dispatch=dispatch,
+        lease=leased,
     )
     return guarded(relay, ticket)
 

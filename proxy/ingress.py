@@ -10,6 +10,7 @@ imports this module, never another ingress.
 import contextlib
 import json
 import math
+import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +39,7 @@ from proxy.sse import Dialect
 from proxy.transport import Dispatch
 from routing import services
 from routing.auto import AutoError
+from routing.conversation import conversation_key
 from routing.eligibility import tighten
 from routing.files import TooManyFiles, file_ids_of
 from routing.plan import HardPin, PlanError
@@ -62,7 +64,6 @@ from routing.selectors import (
     request_state_load,
     request_state_query,
     routing_inputs_load,
-    session_named,
 )
 from routing.services import Seen
 from routing.types import Candidate, Requirements, RouteClass
@@ -305,7 +306,12 @@ def route_request(
     requirements = tighten(
         tighten(loaded.authenticated.key.requirements, extra),
         replace(
-            turn, adapters=carriers(path.removeprefix("/v1")), min_attempt_ms=route_settings.min_attempt_ms
+            turn,
+            adapters=carriers(path.removeprefix("/v1")),
+            min_attempt_ms=route_settings.min_attempt_ms,
+            # Gated with the rest before the shortlist is cut (§5.3); each attempt is gated again for
+            # what is left of it when its turn comes (proxy.relay).
+            deadline_remaining_ms=deadline_ms,
         ),
     )
     decide_now = partial(
@@ -317,6 +323,8 @@ def route_request(
         pins=[*pins, *inputs.pins],
         session_assignment_id=session.assignment_id if session else None,
         session_model=(session.model or None) if session else None,
+        # Equal candidates share the load: each request draws its own first one (§5.4).
+        draw=random.random() if settings.GATEWAY_POOL_FEATURES else None,  # noqa: S311
     )
     decision = decide_now()
     first_call = None
@@ -469,7 +477,7 @@ async def prepare(
     what was learnt before: the key, the requested model). `headers` are the request's (an HTTP
     request's, or a websocket handshake's); `pins` are the ingress's own hard pins (a live websocket);
     `raw` is the body as sent, if the ingress has it (it spares most bodies the search for file ids)."""
-    session_key = session_named(headers.get("x-gateway-session"))
+    session_key = conversation_key(headers, body, derived=settings.GATEWAY_POOL_FEATURES)
     now = datetime.now(UTC)
     try:
         file_ids = file_ids_of(body, raw) if body is not None else ()
@@ -503,7 +511,7 @@ async def prepare(
     view, route_settings, session = routed.inputs.view, routed.inputs.settings, routed.inputs.session
     decision = routed.decision
     deadline = started + routed.deadline_ms / 1000
-    leased = await _take_lease(view, route_class, route_settings, lease_candidate(decision), deadline)
+    leased = await take_lease(view, route_class, route_settings, lease_candidate(decision), deadline)
     if leased is not None:
         decision = routed.decide(held={leased.candidate})
     if isinstance(decision.error, ResolutionError | AutoError):
@@ -570,7 +578,7 @@ async def admit_limits(
         raise RequestFailed("gateway_unavailable") from None
 
 
-async def _take_lease(
+async def take_lease(
     view: RoutingView,
     route_class: RouteClass,
     route_settings: RouteSettings,

@@ -3,7 +3,8 @@
 Contract: a Files request names no model. `files_plan` plans over the view's accounts (one candidate
 per enabled assignment of the key's pools, model ""), through the same `plan.build_plan` as every
 other route: eligibility by adapter (`adapters`: the providers with a Files API), privacy, region,
-router, quality and health (the account's own circuits, kept apart from every model's); an upload
+router, quality and health (the account's own circuits, kept apart from every model's, and its
+assignment-wide credential circuit, which governs them while it is not closed); an upload
 has no token price, so a key's budget does not gate it. `pin` is the assignment that holds the file
 (GET, content, DELETE): the plan is that account or a `file_assignment_conflict`, never another.
 
@@ -14,13 +15,13 @@ file}` and `container_upload` blocks all name the file that way. Iterative, so a
 depth cannot exhaust the stack.
 """
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from routing.plan import HardPin, PinKind, Plan, PlanError, build_plan
 from routing.resolution import WILDCARD
 from routing.route import RoutingView
-from routing.types import Requirements
+from routing.types import Health, Requirements
 
 MAX_FILE_IDS = 64  # distinct file ids one request may reference (more is an invalid request)
 MAX_FILE_ID_LENGTH = 300  # as long as an affinity key may be
@@ -36,14 +37,21 @@ def files_plan(
     *,
     adapters: frozenset[str],
     pin: HardPin | None = None,
+    held: Collection[tuple[int, str]] = (),
+    draw: float | None = None,
 ) -> Plan | PlanError:
-    """`adapters`: the providers that have a Files API (`proxy.providers`)."""
+    """`adapters`: the providers that have a Files API (`proxy.providers`); `held` and `draw` as for
+    `routing.route.decide` (the account whose probe lease this request holds goes first)."""
+    accounts = view.accounts
+    if held:
+        accounts = tuple(replace(c, health=Health.HELD) if c.key in held else c for c in accounts)
     return build_plan(
-        primary=view.accounts,
+        primary=accounts,
         requirements=replace(requirements, adapters=adapters, budget_remaining_micros=None),
         allowed_models=(WILDCARD,),
         max_attempts=view.max_attempts,
         pins=(pin,) if pin is not None else (),
+        draw=draw,
     )
 
 

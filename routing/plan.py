@@ -17,9 +17,11 @@ Contract: `build_plan` runs these steps, in this order, and reports what each st
    primary model that is merely ineligible (context window, capability, privacy, region, budget,
    deadline) or transiently unhealthy is never swapped for another model: the plan is empty and
    `exclusion_reason` names the primary's condition (`no_eligible_backend`).
-5. soft session preference: the session's last assignment (primary model) moves to the front
-   when its circuit is closed and it is not demoted; everybody else keeps their place.
-6. shortlist: the first `max_attempts` candidates are the dispatch order.
+5. soft session preference (cache affinity): the session's last assignment (primary model) moves to
+   the front when its circuit is closed and it is not demoted (behind a probe this request holds:
+   the probe comes first); everybody else keeps their place.
+6. shortlist: the first `max_attempts` candidates are the dispatch order. Every gate (deadline
+   included) ran before it, so an eligible candidate is never cut in favour of an ineligible one.
 
 Why this order: the gate runs before any ordering so no preference or session signal can promote
 an ineligible route, and every excluded candidate is reported once with its reason; pins run before
@@ -39,7 +41,7 @@ from routing import preference
 from routing.eligibility import Verdict, gate
 from routing.failures import Disposition
 from routing.resolution import is_allowed
-from routing.types import Candidate, IneligibleReason, Requirements
+from routing.types import Candidate, Health, IneligibleReason, Requirements
 
 
 class PinKind(enum.StrEnum):
@@ -106,11 +108,12 @@ def _apply_pins(
 def _move_session(order: list[Candidate], session_assignment_id: int | None) -> bool:
     if session_assignment_id is None:
         return False
+    front = 1 if order and order[0].health is Health.HELD else 0  # a probe this request holds stays first
     for index, c in enumerate(order):
         if c.assignment_id == session_assignment_id and not c.cross_model:
-            if index == 0 or c.demoted or not c.health.closed:
+            if index <= front or c.demoted or not c.health.closed:
                 return False
-            order.insert(0, order.pop(index))
+            order.insert(front, order.pop(index))
             return True
     return False
 
@@ -124,7 +127,10 @@ def build_plan(
     max_attempts: int,
     pins: Sequence[HardPin] = (),
     session_assignment_id: int | None = None,
+    draw: float | None = None,
 ) -> Plan | PlanError:
+    """`draw`: a uniform number in [0, 1) that picks the first of equal candidates (`preference.order`);
+    None keeps the deterministic order."""
     # A candidate is a frozen dataclass of some twenty fields: copied only when its mark changes
     # (`replace` of every candidate was over 1 % of a request's CPU).
     marked = [c if not c.cross_model else replace(c, cross_model=False) for c in primary] + [
@@ -140,14 +146,14 @@ def build_plan(
     verdicts = gate(pinned, requirements)
     eligible = [v.candidate for v in verdicts if v.eligible]
     primary_verdicts = [v for v in verdicts if not v.candidate.cross_model]
-    primary_order = preference.order(c for c in eligible if not c.cross_model)
+    primary_order = preference.order((c for c in eligible if not c.cross_model), draw)
     cross_open = (
         not primary_order
         and bool(primary_verdicts)
         and all(v.reasons == (IneligibleReason.CIRCUIT_OPEN,) for v in primary_verdicts)
     )
     order = list(primary_order)
-    cross_order = preference.order(c for c in eligible if c.cross_model)
+    cross_order = preference.order((c for c in eligible if c.cross_model), draw)
     crossing = bool(primary_order) or cross_open
     if crossing:
         order += cross_order

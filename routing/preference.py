@@ -1,32 +1,40 @@
-"""Preference: the ordering of eligible candidates (SPEC §5.4, changed 2026-12-01).
+"""Preference: the ordering of eligible candidates (SPEC §5.4, changed 2026-12-05).
 
 Contract: `order` sorts candidates that already passed the eligibility gate; it never adds,
 drops or filters (the plan gates first). Health comes first, then tier:
 
-1. group (`group`): (1) a closed circuit (healthy, or failing below the threshold), or half-open
-   with THIS request holding the probe lease (`Health.HELD`); (2) demoted candidates (§7.1: a
-   demotion moves the assignment to the end of later plans, it never excludes it); (3) a circuit
-   open with its cooldown running, open past it without this request holding the lease
+1. the probe: a candidate whose half-open circuit THIS request holds the lease of (`Health.HELD`)
+   comes first, whatever its tier, weight or the size of the pool, so a cooled account is tried by
+   the next request that can use it and a recovered one gets traffic back within one cooldown;
+2. group (`group`): (1) a closed circuit (healthy, or failing below the threshold), or half-open
+   with this request holding the lease; (2) demoted candidates (§7.1: a demotion, a 429's or a
+   headroom one, moves the assignment to the end of later plans, it never excludes it); (3) a
+   circuit open with its cooldown running, open past it without this request holding the lease
    (`Health.PROBE`: the router first tries to take the lease and sets HELD when it wins), or
    half-open with the lease held by another request (`Health.COOLING`);
-2. tier (lower first);
-3. health rank inside the group (healthy before failing), as a tie-break only;
-4. weight (higher first), then recent latency (lower first, unknown after known).
-
-So an assignment whose circuit is open receives no traffic while any other candidate can take it,
-and in half-open exactly one request (the lease holder) tries it first, whatever the reason.
+3. tier (lower first);
+4. inside a group and tier, the deterministic order is healthy before failing, weight (higher first),
+   then recent latency (lower first, unknown after known); and when the caller gives a `draw` (a
+   uniform number in [0, 1), fresh for each request: stateless, so every node spreads alike), the
+   FIRST candidate is instead drawn from the leading group and tier in proportion to `share_weight`
+   (its weight, scaled down by its latency against the fastest of them). The rest keep the
+   deterministic order. Without a draw (`routing_explain`, a pool with the features off) the order is
+   the deterministic one, a priority list.
 
 The sort is stable, so candidates equal on every key keep the selector's order. Group (3) stays in
 the plan at the end for an explicit model (availability); `auto` uses the ready pool instead (§5.5,
 `routing.auto`).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from routing.types import Candidate, Health
 
 _HEALTH_RANK: dict[Health, int] = {health: rank for rank, health in enumerate(Health)}
 _GROUP_ONE = frozenset({Health.HEALTHY, Health.FAILING, Health.HELD})
+# The smallest share of its weight a slow candidate keeps, however slow: it still gets traffic now and
+# then, so its latency average moves when it recovers.
+LATENCY_FLOOR = 0.1
 
 
 def group(candidate: Candidate) -> int:
@@ -36,9 +44,10 @@ def group(candidate: Candidate) -> int:
     return 2 if candidate.demoted else 1
 
 
-def preference_key(candidate: Candidate) -> tuple[int, int, int, int, bool, float]:
+def preference_key(candidate: Candidate) -> tuple[bool, int, int, int, int, bool, float]:
     latency = candidate.latency_ms
     return (
+        candidate.health is not Health.HELD,
         group(candidate),
         candidate.tier,
         _HEALTH_RANK[candidate.health],
@@ -48,5 +57,71 @@ def preference_key(candidate: Candidate) -> tuple[int, int, int, int, bool, floa
     )
 
 
-def order(candidates: Iterable[Candidate]) -> tuple[Candidate, ...]:
-    return tuple(sorted(candidates, key=preference_key))
+def _leading(ranked: Sequence[Candidate]) -> Sequence[Candidate]:
+    """The candidates that share the first place: the first one's group and tier (none when the first
+    holds a probe: it goes first alone)."""
+    if not ranked or ranked[0].health is Health.HELD:
+        return ()
+    first = (group(ranked[0]), ranked[0].tier)
+    end = 1
+    while end < len(ranked) and (group(ranked[end]), ranked[end].tier) == first:
+        end += 1
+    return ranked[:end]
+
+
+def share_weights(candidates: Sequence[Candidate]) -> list[float]:
+    """Each candidate's weight in the draw: its `weight`, times the fastest known latency among them over
+    its own (at least LATENCY_FLOOR); a candidate without a latency yet counts as the fastest."""
+    known = [c.latency_ms for c in candidates if c.latency_ms is not None and c.latency_ms > 0]
+    fastest = min(known, default=None)
+    weights = []
+    for c in candidates:
+        factor = 1.0
+        if fastest is not None and c.latency_ms is not None and c.latency_ms > 0:
+            factor = max(fastest / c.latency_ms, LATENCY_FLOOR)
+        weights.append(max(c.weight, 0) * factor)
+    return weights
+
+
+def shares(candidates: Iterable[Candidate]) -> dict[tuple[int, str], float]:
+    """The chance each candidate of an ordered set has of being drawn first (`order` with a draw): what
+    `routing_explain` and the panel show. Candidates outside the leading group and tier have 0."""
+    ranked = sorted(candidates, key=preference_key)
+    result = dict.fromkeys((c.key for c in ranked), 0.0)
+    if ranked and ranked[0].health is Health.HELD:
+        result[ranked[0].key] = 1.0
+        return result
+    leading = _leading(ranked)
+    weights = share_weights(leading)
+    total = sum(weights)
+    for c, w in zip(leading, weights, strict=True):
+        result[c.key] = w / total if total > 0 else (1.0 if c is leading[0] else 0.0)
+    return result
+
+
+def _drawn(leading: Sequence[Candidate], draw: float) -> int:
+    """The index in `leading` that `draw` (uniform in [0, 1)) picks, in proportion to `share_weights`."""
+    weights = share_weights(leading)
+    total = sum(weights)
+    if total <= 0:
+        return 0
+    point = min(max(draw, 0.0), 1.0) * total
+    running = 0.0
+    for index, w in enumerate(weights):
+        running += w
+        if point < running:
+            return index
+    return max(i for i, w in enumerate(weights) if w > 0)  # draw == 1.0, or rounding at the end
+
+
+def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[Candidate, ...]:
+    ranked = sorted(candidates, key=preference_key)
+    if draw is None:
+        return tuple(ranked)
+    leading = _leading(ranked)
+    if len(leading) < 2:
+        return tuple(ranked)
+    chosen = _drawn(leading, draw)
+    if chosen:
+        ranked.insert(0, ranked.pop(chosen))
+    return tuple(ranked)

@@ -8,9 +8,9 @@ fallback, and the plan; or the typed error that ends the request before any disp
 
 Probe leases (§5.4): a candidate whose circuit admits a probe (`Health.PROBE`) sorts last until
 this request holds its lease. `lease_candidate(decision)` names the one candidate whose lease the
-caller should try to take (the first probe-admissible one of the plan); the caller takes it with one
-conditional UPDATE and, if it won, decides again with `held={candidate.key}`: the holder then
-orders it by tier among the closed candidates (group 1), and every other request orders it last.
+caller should try to take (the first probe-admissible one of the plan, beyond the shortlist too); the
+caller takes it with one conditional UPDATE and, if it won, decides again with `held={candidate.key}`:
+the holder then tries it first, whatever its tier or weight, and every other request orders it last.
 
 `parse_requirements_header` reads `x-gateway-requirements`, which can only tighten the key's
 contract (the caller merges with `eligibility.tighten`).
@@ -99,8 +99,11 @@ def decide(
     session_assignment_id: int | None = None,
     session_model: str | None = None,
     held: Collection[tuple[int, str]] = (),
+    draw: float | None = None,
 ) -> Decision:
-    """`held`: the (assignment, model) whose probe lease this request holds (Health.HELD)."""
+    """`held`: the (assignment, model) whose probe lease this request holds (Health.HELD); `draw`: the
+    request's uniform number in [0, 1) that spreads it among equal candidates (`preference.order`),
+    None for the deterministic order. A request decided again (after taking a lease) keeps its draw."""
     if held:
         view = replace(
             view,
@@ -140,6 +143,7 @@ def decide(
         max_attempts=view.max_attempts,
         pins=pins,
         session_assignment_id=session_assignment_id,
+        draw=draw,
     )
     if isinstance(plan, PlanError):
         return Decision(resolution=resolution, auto=auto, fallback=fallback, error=plan)
@@ -148,10 +152,13 @@ def decide(
 
 def lease_candidate(decision: Decision) -> Candidate | None:
     """The candidate whose probe lease this request should try to take: the first probe-admissible
-    one of the shortlist (at most one lease per request, so one request cannot hold every probe)."""
+    one of the plan, shortlisted or not (at most one lease per request, so one request cannot hold
+    every probe). Beyond the shortlist too: a cooled assignment of a pool larger than
+    `retry.max_attempts` is still probed (§5.4), since holding the lease puts it first."""
     if decision.plan is None:
         return None
-    return next((c for c in decision.plan.order if c.health is Health.PROBE), None)
+    plan = decision.plan
+    return next((c for c in (*plan.order, *plan.beyond_shortlist) if c.health is Health.PROBE), None)
 
 
 class RequirementsHeaderError(ValueError):

@@ -549,10 +549,9 @@ def routing_view_load(
     if circuits or demoted or wide:
         routes = GovernedRoutes(routes, govern)
     accounts = config.accounts
-    if circuits:
+    if circuits or wide:  # an account's own circuits, governed by its credential circuit (as every model's)
         accounts = tuple(
-            c if c.key not in circuits else replace(c, health=breaker.health(circuits[c.key], bs, now))
-            for c in accounts
+            c if c.key not in circuits and c.assignment_id not in wide else governed(c) for c in accounts
         )
     view = RoutingView(
         accounts=accounts,

@@ -230,8 +230,11 @@ def test_preference_is_a_sorted_permutation(cands):
     assert sorted(map(repr, result)) == sorted(map(repr, cands))
     keys = [preference_key(c) for c in result]
     assert keys == sorted(keys)
-    groups = [group(c) for c in result]
-    assert groups == sorted(groups)  # health groups first (SPEC §5.4)
+    held = [c.health is Health.HELD for c in result]
+    assert held == sorted(held, reverse=True)  # the probe this request holds first (SPEC §5.4)
+    rest = [c for c in result if c.health is not Health.HELD]
+    groups = [group(c) for c in rest]
+    assert groups == sorted(groups)  # then health groups (SPEC §5.4)
     for g in (1, 2, 3):
-        tiers = [c.tier for c in result if group(c) == g]
+        tiers = [c.tier for c in rest if group(c) == g]
         assert tiers == sorted(tiers)
