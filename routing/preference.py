@@ -16,10 +16,11 @@ drops or filters (the plan gates first). Health comes first, then tier:
 4. inside a group and tier, the deterministic order is healthy before failing, weight (higher first),
    then recent latency (lower first, unknown after known); and when the caller gives a `draw` (a
    uniform number in [0, 1), fresh for each request: stateless, so every node spreads alike), the
-   FIRST candidate is instead drawn from the leading group and tier in proportion to `share_weight`
-   (its weight, scaled down by its latency against the fastest of them). The rest keep the
-   deterministic order. Without a draw (`routing_explain`, a pool with the features off) the order is
-   the deterministic one, a priority list.
+   FIRST candidate is instead drawn from the leading group and tier in proportion to `share_weights`
+   (its weight, scaled down by its latency against the fastest of them; behind a held probe, the
+   draw picks who comes second). The rest keep the deterministic order. Without a draw
+   (`routing_explain`, a pool with the features off) the order is the deterministic one, a priority
+   list.
 
 The sort is stable, so candidates equal on every key keep the selector's order. Group (3) stays in
 the plan at the end for an explicit model (availability); `auto` uses the ready pool instead (§5.5,
@@ -57,10 +58,17 @@ def preference_key(candidate: Candidate) -> tuple[bool, int, int, int, int, bool
     )
 
 
+def _held(ranked: Sequence[Candidate]) -> int:
+    """How many candidates at the head of `ranked` hold this request's probe lease (they go first)."""
+    count = 0
+    while count < len(ranked) and ranked[count].health is Health.HELD:
+        count += 1
+    return count
+
+
 def _leading(ranked: Sequence[Candidate]) -> Sequence[Candidate]:
-    """The candidates that share the first place: the first one's group and tier (none when the first
-    holds a probe: it goes first alone)."""
-    if not ranked or ranked[0].health is Health.HELD:
+    """The candidates that share the first place: the first one's group and tier."""
+    if not ranked:
         return ()
     first = (group(ranked[0]), ranked[0].tier)
     end = 1
@@ -88,7 +96,7 @@ def shares(candidates: Iterable[Candidate]) -> dict[tuple[int, str], float]:
     `routing_explain` and the panel show. Candidates outside the leading group and tier have 0."""
     ranked = sorted(candidates, key=preference_key)
     result = dict.fromkeys((c.key for c in ranked), 0.0)
-    if ranked and ranked[0].health is Health.HELD:
+    if _held(ranked):
         result[ranked[0].key] = 1.0
         return result
     leading = _leading(ranked)
@@ -118,10 +126,11 @@ def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[C
     ranked = sorted(candidates, key=preference_key)
     if draw is None:
         return tuple(ranked)
-    leading = _leading(ranked)
+    held = _held(ranked)  # the probe first; the draw picks who comes next, should the probe fail
+    leading = _leading(ranked[held:])
     if len(leading) < 2:
         return tuple(ranked)
     chosen = _drawn(leading, draw)
     if chosen:
-        ranked.insert(0, ranked.pop(chosen))
+        ranked.insert(held, ranked.pop(held + chosen))
     return tuple(ranked)

@@ -282,3 +282,40 @@ def test_a_primary_blocked_and_another_too_small_does_not_open_the_fallback():
     )
     assert result.order == ()
     assert result.exclusion_reason is IneligibleReason.CONTEXT_WINDOW
+
+
+# -- SPEC §5.3/§5.4 as changed 2026-12-05 ----------------------------------------------------------
+
+
+def test_the_deadline_gate_runs_before_the_shortlist_cut():
+    # The reproduction: with max_attempts 1 a deadline that excludes the first account ended in
+    # no_eligible_backend: deadline, although an eligible account was next.
+    reqs = Requirements(deadline_remaining_ms=500, min_attempt_ms=100)
+    result = plan(primary=[c(1, min_deadline_ms=1_000), c(2, tier=1)], requirements=reqs, max_attempts=1)
+    assert keys(result.order) == [(2, "gpt-5")]
+    assert [v.reason for v in result.ineligible] == [IneligibleReason.DEADLINE]
+    assert result.exclusion_reason is None
+
+
+def test_a_session_keeps_its_account_behind_the_probe_this_request_holds():
+    result = plan(primary=[c(1), c(2), c(3, tier=2, health=Health.HELD)], session_assignment_id=2)
+    assert keys(result.order) == [(3, "gpt-5"), (2, "gpt-5"), (1, "gpt-5")]
+    assert result.session_moved
+
+
+def test_a_session_overrides_the_draw_but_never_health():
+    for draw in (0.0, 0.4, 0.6, 0.99):
+        result = plan(primary=[c(1), c(2)], session_assignment_id=2, draw=draw)
+        assert keys(result.order)[0] == (2, "gpt-5")
+        demoted = plan(primary=[c(1), c(2, demoted=True)], session_assignment_id=2, draw=draw)
+        assert keys(demoted.order)[0] == (1, "gpt-5")
+
+
+def test_the_draw_spreads_a_plan_and_its_shortlist_is_a_prefix_of_its_order():
+    firsts = set()
+    for draw in (0.1, 0.35, 0.6, 0.85):
+        full = plan(primary=[c(1), c(2), c(3), c(4)], draw=draw)
+        cut = plan(primary=[c(1), c(2), c(3), c(4)], draw=draw, max_attempts=2)
+        assert cut.order + cut.beyond_shortlist == full.order
+        firsts.add(full.order[0].assignment_id)
+    assert firsts == {1, 2, 3, 4}

@@ -1,8 +1,10 @@
 """SPEC §5.4: ordering of eligible candidates."""
 
+import random
+
 import pytest
 
-from routing.preference import group, order
+from routing.preference import LATENCY_FLOOR, group, order, shares
 from routing.types import Candidate, Health
 
 
@@ -113,3 +115,96 @@ def test_the_full_key():
         c(6, tier=0, health=Health.FAILING, weight=9),
     ]
     assert ids(order(candidates)) == [4, 5, 6, 1, 2, 3]
+
+
+# -- sharing the load (SPEC §5.4, changed 2026-12-05) ----------------------------------------------
+
+
+def _firsts(candidates, draws) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for draw in draws:
+        first = order(candidates, draw)[0].assignment_id
+        counts[first] = counts.get(first, 0) + 1
+    return counts
+
+
+def test_without_a_draw_the_order_is_the_deterministic_priority_list():
+    assert ids(order([c(1), c(2), c(3)])) == [1, 2, 3]
+    assert ids(order([c(1, weight=1), c(2, weight=3)])) == [2, 1]
+
+
+def test_equal_candidates_each_come_first_for_their_share_of_the_draws():
+    # A fixed seed: the same draws give the same firsts on every run and every node.
+    rng = random.Random(43)
+    draws = [rng.random() for _ in range(12)]
+    firsts = [order([c(1), c(2)], draw)[0].assignment_id for draw in draws]
+    # The issue's reproduction: 12 of 12 went to the first. Now the draw decides, the same on every node.
+    assert firsts == [1 if draw < 0.5 else 2 for draw in draws]
+    assert _firsts([c(1), c(2)], draws) == {1: 8, 2: 4}
+
+
+def test_the_draw_follows_weight_over_many_requests():
+    rng = random.Random(7)
+    counts = _firsts([c(1, weight=1), c(2, weight=3)], [rng.random() for _ in range(20_000)])
+    # Expected 5,000 and 15,000; a binomial's standard deviation here is about 61.
+    assert 4_700 < counts[1] < 5_300
+    assert counts[1] + counts[2] == 20_000
+
+
+def test_a_draw_picks_in_proportion_to_weight_at_its_boundaries():
+    cands = [c(1, weight=1), c(2, weight=3)]
+    assert order(cands, 0.0)[0].assignment_id == 2  # the deterministic first owns the start of the line
+    assert order(cands, 0.74)[0].assignment_id == 2
+    assert order(cands, 0.76)[0].assignment_id == 1
+    assert order(cands, 0.9999)[0].assignment_id == 1
+
+
+def test_only_the_first_is_drawn_the_rest_keep_the_deterministic_order():
+    cands = [c(1), c(2), c(3), c(4)]
+    result = order(cands, 0.6)  # the third of four equal shares
+    assert ids(result) == [3, 1, 2, 4]
+
+
+def test_the_draw_stays_inside_the_leading_group_and_tier():
+    cands = [c(1), c(2, tier=1), c(3, demoted=True), c(4, health=Health.COOLING)]
+    for draw in (0.0, 0.3, 0.6, 0.99):
+        assert ids(order(cands, draw)) == [1, 2, 3, 4]
+    # Two demoted equal candidates behind a healthy one: the healthy one still comes first.
+    assert order([c(1, demoted=True), c(2, demoted=True), c(3, tier=4)], 0.99)[0].assignment_id == 3
+
+
+def test_a_failing_but_closed_candidate_still_shares_the_draw():
+    # One failure below the threshold must not starve an account: only a success clears its count.
+    counts = _firsts([c(1), c(2, health=Health.FAILING)], [i / 100 for i in range(100)])
+    assert counts == {1: 50, 2: 50}
+
+
+def test_latency_scales_the_share_and_orders_the_rest():
+    fast, slow = c(1, latency_ms=100.0), c(2, latency_ms=300.0)
+    counts = _firsts([slow, fast], [i / 1000 for i in range(1000)])
+    assert counts == {1: 750, 2: 250}  # weights 1 and 100/300
+    assert ids(order([slow, fast])) == [1, 2]  # deterministic: lower latency first
+    # Unknown latency counts as the fastest (a new account gets its share), and a very slow one keeps
+    # the floor so its average can recover.
+    assert shares([c(1), c(2, latency_ms=50.0)]) == {(1, "gpt-5"): 0.5, (2, "gpt-5"): 0.5}
+    share = shares([c(1, latency_ms=10.0), c(2, latency_ms=10_000.0)])[(2, "gpt-5")]
+    assert share == pytest.approx(LATENCY_FLOOR / (1 + LATENCY_FLOOR))
+
+
+def test_the_probe_this_request_holds_comes_first_whatever_its_tier_weight_and_the_draw():
+    cands = [c(1, weight=10), c(2, weight=10), c(3, tier=5, weight=1, health=Health.HELD)]
+    for draw in (None, 0.0, 0.5, 0.99):
+        assert order(cands, draw)[0].assignment_id == 3
+    assert shares(cands)[(3, "gpt-5")] == 1.0
+
+
+def test_shares_are_the_draws_odds():
+    cands = [c(1, weight=2), c(2, weight=1), c(3, weight=1), c(4, tier=1)]
+    assert shares(cands) == {(1, "gpt-5"): 0.5, (2, "gpt-5"): 0.25, (3, "gpt-5"): 0.25, (4, "gpt-5"): 0.0}
+    counts = _firsts(cands, [i / 1000 for i in range(1000)])
+    assert counts == {1: 500, 2: 250, 3: 250}
+
+
+def test_a_zero_weight_candidate_is_never_drawn_while_another_has_weight():
+    counts = _firsts([c(1, weight=0), c(2, weight=1)], [i / 100 for i in range(100)])
+    assert counts == {2: 100}

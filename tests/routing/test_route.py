@@ -5,7 +5,14 @@ import pytest
 from routing.auto import AutoError, AutoErrorCode, AutoReason
 from routing.plan import HardPin, PinKind, PlanError
 from routing.resolution import FallbackReason, ModelPolicy, ResolutionError, ResolutionErrorCode
-from routing.route import KeyPolicy, RequirementsHeaderError, RoutingView, decide, parse_requirements_header
+from routing.route import (
+    KeyPolicy,
+    RequirementsHeaderError,
+    RoutingView,
+    decide,
+    lease_candidate,
+    parse_requirements_header,
+)
 from routing.types import Candidate, Health, Requirements, TriState
 
 KEY = KeyPolicy(key_id=1, name="k", pool_ids=(1,), allowed_models=("*",), requirements=Requirements())
@@ -111,3 +118,25 @@ def test_a_malformed_requirements_header_names_the_item(header):
     with pytest.raises(RequirementsHeaderError) as info:
         parse_requirements_header(header)
     assert info.value.item == header.strip()
+
+
+@pytest.mark.parametrize("size", [2, 5, 50])
+def test_a_cooled_assignment_is_probed_first_whatever_the_pool_size_and_the_shortlist(size):
+    # SPEC §5.4 (2026-12-05): with more accounts than max_attempts, a cooled account fell past the cut
+    # and no request ever took its lease. The last, lowest-priority account is the cooled one.
+    cands = [cand(i, "gpt-5") for i in range(1, size)] + [cand(size, "gpt-5", tier=3, health=Health.PROBE)]
+    v = view({"gpt-5": cands}, max_attempts=2)
+    d = decide(v, KEY, "gpt-5", Requirements(), draw=0.5)
+    assert lease_candidate(d).assignment_id == size
+    held = decide(v, KEY, "gpt-5", Requirements(), draw=0.5, held={(size, "gpt-5")})
+    assert held.plan.order[0].assignment_id == size  # the lease holder tries it first
+    assert held.plan.order[0].health is Health.HELD
+    assert len(held.plan.order) == 2
+
+
+def test_a_request_decided_again_keeps_its_draw():
+    v = view({"gpt-5": [cand(1, "gpt-5"), cand(2, "gpt-5"), cand(3, "gpt-5", health=Health.PROBE)]})
+    for draw in (0.1, 0.9):
+        first = decide(v, KEY, "gpt-5", Requirements(), draw=draw).plan.order[0].assignment_id
+        again = decide(v, KEY, "gpt-5", Requirements(), draw=draw, held={(3, "gpt-5")}).plan.order
+        assert [c.assignment_id for c in again][:2] == [3, first]
