@@ -99,3 +99,22 @@ class Affinity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.key}"
+
+
+class Latency(models.Model):
+    """A moving average of an (assignment, model)'s upstream time to first byte (SPEC §5.4), kept by the
+    ledger writer from the succeeded attempts of each batch it saves (`routing.latency`): shared by every
+    node, never written on a request's path. A pair that never succeeded has no row (latency unknown)."""
+
+    assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="+")
+    model = models.CharField(max_length=200)
+    ewma_ms = models.FloatField()
+    samples = models.PositiveBigIntegerField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "latencies"
+        constraints = [models.UniqueConstraint(fields=["assignment", "model"], name="latency_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.assignment_id}:{self.model} {self.ewma_ms:.0f} ms"
