@@ -22,6 +22,12 @@ class CatalogEntry(models.Model):
     vision = tri_state_field()
     input_per_mtok_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: unknown price.")
     output_per_mtok_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: unknown price.")
+    cached_input_per_mtok_micros = models.BigIntegerField(
+        null=True, blank=True, help_text="Input read from the prompt cache. Empty: priced at the input rate."
+    )
+    cache_write_per_mtok_micros = models.BigIntegerField(
+        null=True, blank=True, help_text="Input written to the prompt cache. Empty: priced at the input rate."
+    )
     observed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -39,6 +45,15 @@ class CatalogEntry(models.Model):
             models.CheckConstraint(
                 condition=Q(output_per_mtok_micros__isnull=True) | Q(output_per_mtok_micros__gte=0),
                 name="catalogentry_output_price_nonneg",
+            ),
+            models.CheckConstraint(
+                condition=Q(cached_input_per_mtok_micros__isnull=True)
+                | Q(cached_input_per_mtok_micros__gte=0),
+                name="catalogentry_cached_input_price_nonneg",
+            ),
+            models.CheckConstraint(
+                condition=Q(cache_write_per_mtok_micros__isnull=True) | Q(cache_write_per_mtok_micros__gte=0),
+                name="catalogentry_cache_write_price_nonneg",
             ),
         ]
 

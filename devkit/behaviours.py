@@ -25,8 +25,12 @@ class Serve(Behaviour):
     """A successful answer; on streams, one visible delta per word of `text`."""
 
     text: str | None = None  # None: "hello from <fake name>"
-    input_tokens: int = 10
+    input_tokens: int = 10  # every input token, cached ones included (as OpenAI counts them)
     output_tokens: int | None = None  # None: the number of streamed deltas
+    # Parts of input_tokens read from and written to the prompt cache, reported in each API's own
+    # fields (Anthropic's input_tokens then excludes them); 0: not mentioned, as before.
+    cached_read_tokens: int = 0
+    cached_write_tokens: int = 0
     delay_s: float = 0.0  # pause before each stream event, or before a JSON body
     linger_s: float = 0.0  # on streams: the connection stays open this long after the last event
 
@@ -112,8 +116,21 @@ class CloseWebsocket(Behaviour):
     code: int = 1011
 
 
-def serve(text: str | None = None, *, input_tokens: int = 10, output_tokens: int | None = None) -> Serve:
-    return Serve(text=text, input_tokens=input_tokens, output_tokens=output_tokens)
+def serve(
+    text: str | None = None,
+    *,
+    input_tokens: int = 10,
+    output_tokens: int | None = None,
+    cached_read_tokens: int = 0,
+    cached_write_tokens: int = 0,
+) -> Serve:
+    return Serve(
+        text=text,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_read_tokens=cached_read_tokens,
+        cached_write_tokens=cached_write_tokens,
+    )
 
 
 def large(size: int) -> Serve:

@@ -37,6 +37,20 @@ class Reply:
     input_tokens: int
     output_tokens: int
     refused: bool = False
+    cached_read_tokens: int = 0  # parts of input_tokens (Serve's)
+    cached_write_tokens: int = 0
+
+    @property
+    def anthropic_usage(self) -> JsonObject:
+        """Anthropic's input fields: its input_tokens exclude the cache reads and writes."""
+        uncached = self.input_tokens - self.cached_read_tokens - self.cached_write_tokens
+        if not (self.cached_read_tokens or self.cached_write_tokens):
+            return {"input_tokens": uncached}
+        return {
+            "input_tokens": uncached,
+            "cache_creation_input_tokens": self.cached_write_tokens,
+            "cache_read_input_tokens": self.cached_read_tokens,
+        }
 
     @property
     def text(self) -> str:
@@ -50,7 +64,13 @@ def reply_for(behaviour: Behaviour, fake_name: str) -> Reply:
     served = behaviour if isinstance(behaviour, Serve) else Serve()
     text = served.text if served.text is not None else f"hello from {fake_name}"
     deltas = tuple(re.findall(r"\s*\S+", text)) or (text,)
-    return Reply(deltas, served.input_tokens, served.output_tokens or len(deltas))
+    return Reply(
+        deltas,
+        served.input_tokens,
+        served.output_tokens or len(deltas),
+        cached_read_tokens=served.cached_read_tokens,
+        cached_write_tokens=served.cached_write_tokens,
+    )
 
 
 @dataclass(frozen=True)
@@ -110,11 +130,16 @@ class Chat:
     @staticmethod
     def _usage(reply: Reply) -> JsonObject:
         total = reply.input_tokens + reply.output_tokens
-        return {
+        usage: JsonObject = {
             "prompt_tokens": reply.input_tokens,
             "completion_tokens": reply.output_tokens,
             "total_tokens": total,
         }
+        if reply.cached_read_tokens or reply.cached_write_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_read_tokens}
+            if reply.cached_write_tokens:  # as OpenRouter reports them
+                usage["prompt_tokens_details"]["cache_write_tokens"] = reply.cached_write_tokens
+        return usage
 
     @staticmethod
     def _finish(reply: Reply) -> str:
@@ -191,7 +216,7 @@ class Responses:
     def _usage(reply: Reply) -> JsonObject:
         return {
             "input_tokens": reply.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": reply.cached_read_tokens},
             "output_tokens": reply.output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": reply.input_tokens + reply.output_tokens,
@@ -319,11 +344,14 @@ class Messages:
 
     def json_body(self, reply: Reply) -> JsonObject:
         content = [] if reply.refused else [{"type": "text", "text": reply.text}]
-        usage = {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens}
+        usage = {**reply.anthropic_usage, "output_tokens": reply.output_tokens}
         return self._message(content, self._stop_reason(reply), usage)
 
     def events(self, reply: Reply) -> list[Event]:
-        start = self._message([], None, {"input_tokens": reply.input_tokens, "output_tokens": 1})
+        start = self._message([], None, {**reply.anthropic_usage, "output_tokens": 1})
+        # Anthropic's message_delta usage is cumulative and, with caching, repeats the input fields.
+        cached = reply.cached_read_tokens or reply.cached_write_tokens
+        final = {**(reply.anthropic_usage if cached else {}), "output_tokens": reply.output_tokens}
         events = [_typed("message_start", message=start)]
         if not reply.refused:
             events.append(_typed("content_block_start", index=0, content_block={"type": "text", "text": ""}))
@@ -339,7 +367,7 @@ class Messages:
             _typed(
                 "message_delta",
                 delta={"stop_reason": self._stop_reason(reply), "stop_sequence": None},
-                usage={"output_tokens": reply.output_tokens},
+                usage=final,
             ),
             _typed("message_stop"),
         ]

@@ -270,6 +270,8 @@ MODEL: tuple[Entry, ...] = (
         (
             column(CatalogEntry, "input_per_mtok_micros", minimum=0),
             column(CatalogEntry, "output_per_mtok_micros", minimum=0),
+            column(CatalogEntry, "cached_input_per_mtok_micros", minimum=0),
+            column(CatalogEntry, "cache_write_per_mtok_micros", minimum=0),
         ),
     ),
 )

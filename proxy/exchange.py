@@ -39,8 +39,13 @@ class AttemptLog:
     upstream_status: int | None = None
     error_code: str = ""
     elapsed_ms: int = 0
-    input_tokens: int | None = None
+    # From dispatch to the upstream's response headers (HTTP, SSE) or its first event (websocket): what
+    # the ledger writer folds into the pair's latency average when the attempt succeeded (routing.latency).
+    ttfb_ms: int | None = None
+    input_tokens: int | None = None  # every input token, cached ones included (proxy.payloads.Usage)
     output_tokens: int | None = None
+    cached_read_tokens: int | None = None  # parts of input_tokens, where the provider reports them
+    cached_write_tokens: int | None = None
     cost_micros: int | None = None
     assignment: str = ""  # names, for the metrics' labels and traces (the ledger keeps the id)
     pool: str = ""

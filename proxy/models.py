@@ -73,8 +73,16 @@ class Attempt(models.Model):
         max_length=64, blank=True, help_text="Canonical code only (sanitized), never a message."
     )
     elapsed_ms = models.PositiveIntegerField(default=0)
-    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    input_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Every input token the provider counted, cached ones included."
+    )
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_read_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The part of the input read from the provider's prompt cache."
+    )
+    cached_write_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The part of the input written to the provider's prompt cache."
+    )
     cost_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: unknown price.")
     config_version = models.PositiveIntegerField(
         null=True, blank=True, help_text="The routing configuration version the route was chosen under."

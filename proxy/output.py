@@ -51,20 +51,31 @@ TERMINAL = frozenset({Visibility.TERMINAL_SUCCESS, Visibility.TERMINAL_FAILURE})
 
 
 def attempt_cost(c: Candidate, log: AttemptLog) -> int | None:
-    """What the attempt cost at `c`'s price, when the upstream reported both token counts."""
+    """What the attempt cost at `c`'s price (cached input at the cached rates), when the upstream
+    reported both token counts."""
     if log.input_tokens is None or log.output_tokens is None:
         return None
-    return cost_micros(c.price, input_tokens=log.input_tokens, output_tokens=log.output_tokens)
+    return cost_micros(
+        c.price,
+        input_tokens=log.input_tokens,
+        output_tokens=log.output_tokens,
+        cached_read_tokens=log.cached_read_tokens or 0,
+        cached_write_tokens=log.cached_write_tokens or 0,
+    )
 
 
 def note_usage(log: AttemptLog, payload: object) -> None:
     """Streams report usage in parts (Anthropic: input in message_start, output in message_delta): a
-    later event updates what it names and keeps the rest."""
-    prompt, completion = payloads.usage(payload)
-    if prompt is not None:
-        log.input_tokens = prompt
-    if completion is not None:
-        log.output_tokens = completion
+    later event updates what it names and keeps the rest. Counts are cumulative, never added up."""
+    found = payloads.usage(payload)
+    if found.input is not None:
+        log.input_tokens = found.input
+    if found.output is not None:
+        log.output_tokens = found.output
+    if found.cached_read is not None:
+        log.cached_read_tokens = found.cached_read
+    if found.cached_write is not None:
+        log.cached_write_tokens = found.cached_write
 
 
 def note_refusal(log: AttemptLog, exchange: Exchange, payload: object) -> None:
@@ -87,7 +98,7 @@ def plain_answer(
         parsed = None
     body = parsed if isinstance(parsed, dict) else None
     # A failed attempt is charged too when the upstream reported usage with its error.
-    log.input_tokens, log.output_tokens = payloads.usage(body)
+    note_usage(log, body)
     if not 200 <= status < 300:
         observation = Observation(
             status=status,

@@ -6,28 +6,70 @@ once; the provider registry is where they belong per provider.
 """
 
 import json
+from dataclasses import dataclass
 
 from proxy.sse import Block
 from routing.types import AFFINITY_KEY_MAX
 
+COUNT_MAX = 2**31 - 1  # the ledger's integer columns: an upstream's number never breaks its batch
 
-def usage(payload: object) -> tuple[int | None, int | None]:
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts an answer (or one stream event) reports; None where it names none.
+
+    `input` is every input token the provider counted, cached or not (OpenAI's `prompt_tokens`,
+    Responses' `input_tokens`, Gemini's `promptTokenCount` already include their cached part;
+    Anthropic's `input_tokens` excludes cache reads and writes, which are added here), so the column
+    means the same whatever the provider. `cached_read` and `cached_write` are parts of `input`."""
+
+    input: int | None = None
+    output: int | None = None
+    cached_read: int | None = None
+    cached_write: int | None = None
+
+
+NO_USAGE = Usage()
+
+
+def _count(value: object) -> int | None:
+    """An upstream's count, clamped to what the ledger stores: a negative one is 0, a huge one the
+    column's maximum; anything but an integer (a bool, a string, a float) is not a count."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return min(max(value, 0), COUNT_MAX)
+
+
+def _detail(found: dict, holder: str, name: str) -> int | None:
+    details = found.get(holder)
+    return _count(details.get(name)) if isinstance(details, dict) else None
+
+
+def usage(payload: object) -> Usage:
     if not isinstance(payload, dict):
-        return None, None
+        return NO_USAGE
     found = payload.get("usage")
     for holder in ("response", "message"):  # a Responses or Anthropic stream's opening event
         if not isinstance(found, dict) and isinstance(payload.get(holder), dict):
             found = payload[holder].get("usage")
     if not isinstance(found, dict):
-        return None, None
-    prompt = found.get("prompt_tokens", found.get("input_tokens"))
-    completion = found.get("completion_tokens", found.get("output_tokens"))
-    if completion is None and isinstance(prompt, int) and found.get("total_tokens") == prompt:
+        return NO_USAGE
+    if "prompt_tokens" in found or "completion_tokens" in found:  # Chat (and the Chat wire of others)
+        prompt, completion = _count(found.get("prompt_tokens")), _count(found.get("completion_tokens"))
+        read = _detail(found, "prompt_tokens_details", "cached_tokens")
+        write = _detail(found, "prompt_tokens_details", "cache_write_tokens")  # OpenRouter, Bedrock
+    else:
+        prompt, completion = _count(found.get("input_tokens")), _count(found.get("output_tokens"))
+        read = _count(found.get("cache_read_input_tokens"))  # Anthropic
+        write = _count(found.get("cache_creation_input_tokens"))
+        if read is None and write is None:  # Responses: its input_tokens include the cached part
+            read = _detail(found, "input_tokens_details", "cached_tokens")
+            write = _detail(found, "input_tokens_details", "cache_write_tokens")
+        elif prompt is not None:  # Anthropic's input_tokens exclude cache reads and writes
+            prompt = min(prompt + (read or 0) + (write or 0), COUNT_MAX)
+    if completion is None and prompt is not None and _count(found.get("total_tokens")) == prompt:
         completion = 0  # an embeddings answer: its whole usage is input, so its cost is known
-    return (
-        prompt if isinstance(prompt, int) else None,
-        completion if isinstance(completion, int) else None,
-    )
+    return Usage(prompt, completion, read, write)
 
 
 def usage_only_chunk(block: Block) -> bool:

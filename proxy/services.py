@@ -190,6 +190,8 @@ _ATTEMPT_COLUMNS = (
     "elapsed_ms",
     "input_tokens",
     "output_tokens",
+    "cached_read_tokens",
+    "cached_write_tokens",
     "cost_micros",
 )
 
@@ -212,6 +214,8 @@ def _attempt(record_id: int, x: Exchange, a: AttemptLog) -> tuple:
         a.elapsed_ms,
         a.input_tokens,
         a.output_tokens,
+        a.cached_read_tokens,
+        a.cached_write_tokens,
         a.cost_micros,
     )
 

@@ -113,7 +113,13 @@ def _candidate(entry: CatalogEntry, capabilities: dict[Capability, Effective]) -
         quality=a.quality,
         min_deadline_ms=a.min_deadline_ms,
         context_window=entry.context_window,
-        price=route_price(entry.model, entry.input_per_mtok_micros, entry.output_per_mtok_micros),
+        price=route_price(
+            entry.model,
+            entry.input_per_mtok_micros,
+            entry.output_per_mtok_micros,
+            cached_input=entry.cached_input_per_mtok_micros,
+            cache_write=entry.cache_write_per_mtok_micros,
+        ),
         provenance=entry.provenance or None,
     )
 

@@ -75,11 +75,15 @@ class PriceSource(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Price:
-    """Micros per million tokens; None is unknown (never zero). An explicit 0 is a real free price."""
+    """Micros per million tokens; None is unknown (never zero). An explicit 0 is a real free price.
+    The cached rates (input read from the provider's prompt cache, input written to it) are optional:
+    where they are unknown those tokens are priced at the input rate (`routing.pricing`)."""
 
     input_per_mtok_micros: int | None = None
     output_per_mtok_micros: int | None = None
     source: PriceSource = PriceSource.CONFIGURED
+    cached_input_per_mtok_micros: int | None = None
+    cache_write_per_mtok_micros: int | None = None
 
     @property
     def provenance(self) -> PriceSource:

@@ -394,7 +394,9 @@ def _usage(usage: object) -> dict[str, Any] | None:
     completion = _count(usage.get("completion_tokens")) or 0
     prompt_details = usage.get("prompt_tokens_details")
     completion_details = usage.get("completion_tokens_details")
-    cached = _count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, Mapping) else None
+    prompt_details = prompt_details if isinstance(prompt_details, Mapping) else {}
+    cached = _count(prompt_details.get("cached_tokens"))
+    written = _count(prompt_details.get("cache_write_tokens"))  # OpenRouter's and Bedrock's Chat wire
     reasoning = (
         _count(completion_details.get("reasoning_tokens"))
         if isinstance(completion_details, Mapping)
@@ -402,7 +404,7 @@ def _usage(usage: object) -> dict[str, Any] | None:
     )
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": written or 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning or 0},
         "total_tokens": prompt + completion,

@@ -355,14 +355,18 @@ def _anthropic_usage_from_chat(usage: object) -> dict[str, int]:
     usage = usage if isinstance(usage, Mapping) else {}
     prompt = _count(usage.get("prompt_tokens")) or 0
     details = usage.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
-    # Chat's prompt count includes cached tokens; Anthropic's input count excludes cache reads.
+    details = details if isinstance(details, Mapping) else {}
+    cached = _count(details.get("cached_tokens")) or 0
+    written = _count(details.get("cache_write_tokens")) or 0  # OpenRouter's and Bedrock's Chat wire
+    # Chat's prompt count includes cached tokens; Anthropic's input count excludes cache reads and writes.
     out = {
-        "input_tokens": max(prompt - (cached or 0), 0),
+        "input_tokens": max(prompt - cached - written, 0),
         "output_tokens": _count(usage.get("completion_tokens")) or 0,
     }
     if cached:
         out["cache_read_input_tokens"] = cached
+    if written:
+        out["cache_creation_input_tokens"] = written
     return out
 
 
@@ -376,8 +380,10 @@ def _chat_usage_from_anthropic(usage: Mapping[str, Any]) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-    if cache_read:
+    if cache_read or cache_write:  # writes named as OpenRouter names them, so a Responses client sees them
         out["prompt_tokens_details"] = {"cached_tokens": cache_read}
+        if cache_write:
+            out["prompt_tokens_details"]["cache_write_tokens"] = cache_write
     return out
 
 

@@ -216,13 +216,22 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _chat_usage(usage: object) -> dict[str, int]:
+def _chat_usage(usage: object) -> dict[str, Any]:
+    """Converse's usage on the Chat wire: `inputTokens` excludes the cache reads and writes, Chat's
+    prompt includes them; reads are `prompt_tokens_details.cached_tokens`, writes `cache_write_tokens`
+    (as OpenRouter reports them), so the ledger prices each at its rate."""
     usage = usage if isinstance(usage, Mapping) else {}
-    prompt = sum(
-        _count(usage.get(n)) for n in ("inputTokens", "cacheReadInputTokens", "cacheWriteInputTokens")
-    )
+    read, write = _count(usage.get("cacheReadInputTokens")), _count(usage.get("cacheWriteInputTokens"))
+    prompt = _count(usage.get("inputTokens")) + read + write
     completion = _count(usage.get("outputTokens"))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if read or write:
+        out["prompt_tokens_details"] = {"cached_tokens": read, "cache_write_tokens": write}
+    return out
 
 
 def _finish(stop: object) -> str:

@@ -19,7 +19,7 @@ PURE: standard library and `proxy.sse` only. The rules are `proxy.adapters.trans
   `thought` part (the model's reasoning summary) has no Chat field and is not relayed;
   MALFORMED_FUNCTION_CALL is a `ResponseTranslationError` (a guessed tool call is worse than a failure).
   Usage: `promptTokenCount` is Chat's prompt, `candidatesTokenCount` + `thoughtsTokenCount` its
-  completion (thinking is billed as output).
+  completion (thinking is billed as output), `cachedContentTokenCount` its `cached_tokens`.
 """
 
 from __future__ import annotations
@@ -238,13 +238,19 @@ def usage(payload: object) -> tuple[int | None, int | None]:
     )
 
 
-def _chat_usage(payload: Mapping[str, Any]) -> dict[str, int]:
+def _chat_usage(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """On the Chat wire; `cachedContentTokenCount` is part of `promptTokenCount` as `cached_tokens` is
+    of Chat's prompt, so it carries over as it is."""
     prompt, completion = usage(payload)
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": prompt or 0,
         "completion_tokens": completion or 0,
         "total_tokens": (prompt or 0) + (completion or 0),
     }
+    meta = payload.get("usageMetadata")
+    if isinstance(meta, Mapping) and (cached := _count(meta.get("cachedContentTokenCount"))):
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 def finish_reason(payload: object) -> str | None:

@@ -37,7 +37,7 @@ def test_the_table_states_its_date_and_sources_and_holds_integer_micros_per_mode
 
 def test_lookups_match_exactly_then_without_a_vendor_prefix_then_without_a_date_suffix():
     gpt5 = bundled_price("gpt-5")
-    assert gpt5 == Price(1_250_000, 10_000_000, PriceSource.BUNDLED)
+    assert gpt5 == Price(1_250_000, 10_000_000, PriceSource.BUNDLED, cached_input_per_mtok_micros=125_000)
     assert bundled_price("openai/gpt-5") == gpt5  # OpenRouter's id
     assert bundled_price("gpt-5-2025-08-07") == gpt5
     assert bundled_price("claude-haiku-4-5-20251001") == bundled_price("claude-haiku-4-5")
@@ -60,6 +60,30 @@ def test_a_configured_price_always_wins_and_an_unnamed_model_stays_unknown():
     assert cost_micros(unknown, input_tokens=10, output_tokens=10) is None  # never 0
 
 
+def test_the_table_has_the_cached_rates_each_provider_publishes():
+    for model, price in bundled_table().prices.items():
+        # Every model it lists has a cached-input rate, cheaper than its input rate.
+        assert price.cached_input_per_mtok_micros is not None, model
+        assert price.cached_input_per_mtok_micros < price.input_per_mtok_micros, model  # type: ignore[operator]
+    haiku = bundled_price("claude-haiku-4-5")
+    assert haiku is not None
+    # Anthropic: a cache read is 0.1x the input rate, a (5-minute) cache write 1.25x.
+    assert (haiku.cached_input_per_mtok_micros, haiku.cache_write_per_mtok_micros) == (100_000, 1_250_000)
+    assert bundled_price("gpt-4o-mini") == Price(150_000, 600_000, PriceSource.BUNDLED, 75_000)
+    assert bundled_price("gpt-5") is not None and bundled_price("gpt-5").cache_write_per_mtok_micros is None  # type: ignore[union-attr]
+
+
+def test_a_configured_price_never_borrows_the_bundled_cached_rate():
+    configured = route_price("gpt-5", 2_000_000, 8_000_000)
+    assert configured.cached_input_per_mtok_micros is None  # not gpt-5's bundled $0.125
+    # ... so its cached tokens are priced at its own input rate (routing.pricing).
+    assert cost_micros(configured, input_tokens=10**6, output_tokens=0, cached_read_tokens=10**6) == 2_000_000
+    full = route_price("gpt-5", 2_000_000, 8_000_000, cached_input=200_000, cache_write=2_500_000)
+    assert full == Price(2_000_000, 8_000_000, PriceSource.CONFIGURED, 200_000, 2_500_000)
+    # A cached rate alone is a configured price too, its input and output unknown: nothing is guessed.
+    assert route_price("gpt-5", None, None, cached_input=1).provenance is PriceSource.UNKNOWN
+
+
 def test_price_text_is_exact_and_says_unknown_rather_than_zero():
     assert dollars(1_250_000) == "$1.25"
     assert dollars(75_000) == "$0.075"
@@ -73,7 +97,14 @@ def test_price_text_is_exact_and_says_unknown_rather_than_zero():
 def priced_pool(db):
     pool = PoolFactory(name="main")
     a = AssignmentFactory(pool=pool, name="acct-a", tier=0)
-    CatalogEntryFactory(assignment=a, model="gpt-5", input_per_mtok_micros=1, output_per_mtok_micros=2)
+    CatalogEntryFactory(
+        assignment=a,
+        model="gpt-5",
+        input_per_mtok_micros=1,
+        output_per_mtok_micros=2,
+        cached_input_per_mtok_micros=3,
+        cache_write_per_mtok_micros=4,
+    )
     CatalogEntryFactory(assignment=a, model="gpt-5-mini", provenance=Provenance.OBSERVED)
     CatalogEntryFactory(assignment=a, model="house-model-1")
     GatewayKeyFactory(name="ci", raw_key=RAW, pools=[pool])
@@ -84,7 +115,7 @@ def priced_pool(db):
 def test_the_router_prices_each_candidate_with_its_provenance(priced_pool):
     view, _ = routing_view_load(pool_ids=(priced_pool.pk,), route_class=RouteClass.HTTP, now=timezone.now())
     price = {model: candidates[0].price for model, candidates in view.routes.items()}
-    assert price["gpt-5"] == Price(1, 2, PriceSource.CONFIGURED)
+    assert price["gpt-5"] == Price(1, 2, PriceSource.CONFIGURED, 3, 4)  # the entry's cached rates too
     assert price["gpt-5-mini"] == bundled_price("gpt-5-mini")
     assert price["house-model-1"].provenance is PriceSource.UNKNOWN
 

@@ -1253,7 +1253,7 @@ def test_anthropic_to_chat_response_shape_and_usage() -> None:
             "prompt_tokens": 45,
             "completion_tokens": 4,
             "total_tokens": 49,
-            "prompt_tokens_details": {"cached_tokens": 30},
+            "prompt_tokens_details": {"cached_tokens": 30, "cache_write_tokens": 5},
         },
     }
     parsed = ChatCompletion.model_validate(chat)
