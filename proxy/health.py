@@ -21,7 +21,7 @@ from django.db import DatabaseError
 from proxy.exchange import Memory
 from routing import breaker, preference, services
 from routing.breaker import BreakerSettings, CircuitSnapshot
-from routing.failures import FailureClass, circuit_reason, demotion_reason
+from routing.failures import FailureClass, circuit_reason, demotion_reason, proves_credential
 from routing.models import AffinityKind
 from routing.route import RoutingView
 from routing.services import CircuitKey, Seen
@@ -256,9 +256,14 @@ class HealthWrites:
             seen = Seen(self.view.wide.get(c.assignment_id))
         if probe is not None:
             seen = None  # the probe changed the row since it was read: the CAS reads it again
-            if reason is None or probe != key:
+            if probe.is_wide and probe != key and proves_credential(failure):
+                # The credential's probe got an answer only an accepted credential gets (the model is
+                # missing, a 400, a 429): the credential circuit closes, and the failure counts where it
+                # belongs. Freeing the slot instead let every next request probe the account again.
+                services.circuit_record_success(key=probe)
+            elif reason is None or probe != key:
                 # A verdict-free end for the circuit whose probe was held (a 400, a 429, the client's
-                # deadline; or a non-credential failure while probing the credential): free the slot.
+                # deadline; or a transient failure while probing the credential): free the slot.
                 services.circuit_release_probe(key=probe)
         demote = None
         if demotion is not None:

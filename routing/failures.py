@@ -268,6 +268,26 @@ def demotes(failure: FailureClass) -> bool:
     return failure in _DEMOTION_REASONS
 
 
+# Answers only an accepted credential gets: the upstream judged the request itself (its model, its
+# content, its size, the account's rate) after authenticating it. A probe of an assignment-wide
+# circuit (credential_rejected) that ends in one of them has proven the credential (SPEC §7.1).
+_CREDENTIAL_PROVEN = frozenset(
+    {
+        FailureClass.MODEL_UNAVAILABLE,
+        FailureClass.MODEL_NOT_FOUND_CROSS,
+        FailureClass.RATE_LIMITED,
+        FailureClass.QUOTA,
+        FailureClass.SAFETY_REFUSAL,
+        FailureClass.CONTEXT_OVERFLOW,
+        FailureClass.CLIENT_ERROR,
+    }
+)
+
+
+def proves_credential(failure: FailureClass) -> bool:
+    return failure in _CREDENTIAL_PROVEN
+
+
 def dispatch_state(transport: TransportEvent | None, status: int | None) -> DispatchState:
     """What we know of whether the upstream executed the request."""
     if transport in NOT_SENT_EVENTS:

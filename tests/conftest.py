@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from routing.selectors import config_cache_clear
@@ -43,3 +45,16 @@ def _no_background_affinity_prune():
     from proxy import ledger
 
     ledger.writer._next_prune = math.inf
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -> None:
+    """A test database of this run's own (its name ends with the runner's process id): two test runs in
+    one checkout at once (two engineers, an editor's runner beside `make test`) would otherwise build,
+    flush and drop the same database under each other. Dropped at the end as before."""
+    from django.conf import settings
+
+    for database in settings.DATABASES.values():
+        test = database.setdefault("TEST", {})
+        name = test.get("NAME") or f"test_{database['NAME']}"
+        test["NAME"] = f"{name}_p{os.getpid()}"

@@ -1,0 +1,270 @@
+"""A pool pools and heals (SPEC §5.4, §7.1 as changed 2026-12-05), end to end through the gateway:
+equal accounts share the load, a cooled account is probed first whatever the pool's size and the
+shortlist, one probe per assignment, a conversation keeps its account by the client's own keys, and
+`GATEWAY_POOL_FEATURES=false` turns the pool back into a priority list."""
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from catalog.models import Provenance
+from devkit.behaviours import model_not_found, serve, slow_stream
+from pools.models import Assignment, GatewaySettings
+from proxy.models import Attempt
+from routing.models import Affinity, Circuit
+from routing.types import ASSIGNMENT_WIDE
+from tests.factories import AssignmentFactory, CatalogEntryFactory
+from tests.gateway_fixtures import UPSTREAM_KEY_ENV
+from tests.proxy.fixtures_e2e import CHAT, RESPONSES, ledger_settled, post, record_of
+
+REQUESTS = 40
+
+
+def _equal_tiers() -> None:
+    Assignment.objects.update(tier=0)
+
+
+def _served_by(response) -> int:
+    assert response.status_code == 200, response.text
+    return record_of(response).attempts.get(status="succeeded").assignment_id
+
+
+def _cooled(assignment: Assignment, *, model: str = ASSIGNMENT_WIDE, reason="credential_rejected", **fields):
+    """A circuit whose cooldown ended a second ago: the next request that can use it probes it."""
+    return Circuit.objects.create(
+        pool=assignment.pool,
+        assignment=assignment,
+        model=model,
+        route_class=fields.pop("route_class", ASSIGNMENT_WIDE if model == ASSIGNMENT_WIDE else "http"),
+        state="open",
+        reason=reason,
+        consecutive_failures=1,
+        cooldown_seconds=60,
+        open_until=timezone.now() - timedelta(seconds=1),
+        **fields,
+    )
+
+
+def test_two_equal_accounts_share_the_load(gateway, two_assignments):
+    # The issue's reproduction: two tier-0 accounts of weight 1, 12 of 12 requests to the first.
+    a, b, _ = two_assignments
+    _equal_tiers()
+    for _ in range(REQUESTS):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    # Each is drawn with chance 1/2: fewer than 8 of 40 happens once in 10^5 runs.
+    assert a.hit_count() + b.hit_count() == REQUESTS
+    assert a.hit_count() >= 8 and b.hit_count() >= 8
+
+
+def test_weight_shares_the_load_in_proportion(gateway, two_assignments):
+    a, b, (_acct_a, acct_b) = two_assignments
+    _equal_tiers()
+    Assignment.objects.filter(pk=acct_b.pk).update(weight=9)
+    for _ in range(REQUESTS):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    # b is drawn with chance 0.9: more than 12 of 40 to a happens once in 10^5 runs.
+    assert a.hit_count() <= 12 and b.hit_count() >= 28
+
+
+def test_with_the_pool_features_off_equal_accounts_are_a_priority_list(gateway, two_assignments, settings):
+    settings.GATEWAY_POOL_FEATURES = False
+    a, b, _ = two_assignments
+    _equal_tiers()
+    for _ in range(12):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    assert (a.hit_count(), b.hit_count()) == (12, 0)
+
+
+def _pool_of(size: int, healthy_fake, cooled_fake) -> Assignment:
+    """Pool `main` of `size` equal accounts: size - 1 on `healthy_fake`, the last on `cooled_fake`."""
+    first = Assignment.objects.get(name="acct-a")
+    for index in range(1, size - 1):
+        extra = AssignmentFactory(
+            pool=first.pool,
+            name=f"acct-{index:02d}",
+            base_url=healthy_fake.base_url,
+            tier=0,
+            api_key_env=UPSTREAM_KEY_ENV,
+        )
+        CatalogEntryFactory(assignment=extra, model="gpt-5", provenance=Provenance.CONFIGURED)
+    last = Assignment.objects.get(name="acct-b")
+    Assignment.objects.filter(pk=last.pk).update(base_url=cooled_fake.base_url, tier=0)
+    Assignment.objects.filter(pk=first.pk).update(tier=0)
+    return last
+
+
+@pytest.mark.parametrize("size", [2, 5, 50])
+def test_a_healed_account_is_probed_first_and_gets_its_traffic_back(
+    gateway, two_assignments, fake_upstream_factory, size
+):
+    # The issue's reproduction: a fixed credential sat half-open for ten minutes beside an equal-tier
+    # sibling, and with more accounts than max_attempts it was never probed at all (5 accounts: 0 of 5).
+    a, b, _ = two_assignments
+    GatewaySettings.objects.filter(pk=1).update(max_attempts=2)
+    healed = _pool_of(size, a, b)
+    circuit = _cooled(healed)
+
+    first = post(gateway, "/v1/chat/completions", CHAT)
+    assert _served_by(first) == healed.pk  # the probe went first, whatever the draw
+    assert b.hit_count() == 1
+    circuit.refresh_from_db()
+    assert circuit.state == "closed"
+    # Closed again: from now on it takes its share like any other account.
+    for _ in range(REQUESTS):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    if size == 2:
+        assert b.hit_count() >= 8
+
+
+def test_a_model_circuit_beyond_the_shortlist_is_probed_too(gateway, build_assignments):
+    _fakes, rows = build_assignments(5)
+    _equal_tiers()
+    GatewaySettings.objects.filter(pk=1).update(max_attempts=1)
+    _cooled(rows[4], model="gpt-5", reason="upstream_unavailable", route_class="http")
+    assert _served_by(post(gateway, "/v1/chat/completions", CHAT)) == rows[4].pk
+    assert Circuit.objects.get(assignment=rows[4]).state == "closed"
+
+
+def test_an_assignment_is_probed_by_one_request_when_its_credential_and_model_circuits_are_both_cooled(
+    gateway, two_assignments
+):
+    # The issue's reproduction: after a credential failure and a model failure on one account, 3 of 10
+    # concurrent requests tried it once both circuits were half-open (a lease per circuit).
+    a, b, (acct_a, _) = two_assignments
+    _equal_tiers()
+    a.script("gpt-5", slow_stream(1.0, "probe"))  # the probe is still in flight as the others arrive
+    _cooled(acct_a)
+    _cooled(acct_a, model="gpt-5", reason="upstream_model_unavailable", route_class="http")
+
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda _: post(gateway, "/v1/chat/completions", CHAT), range(10)))
+    assert [r.status_code for r in answers] == [200] * 10
+    assert a.hit_count() == 1
+    assert b.hit_count() == 9
+
+
+def _session_turns(gateway, conversations: int, turns: int, *, path="/v1/chat/completions", key_of):
+    """{conversation: [assignment id of each turn]}: `key_of(n)` gives the request's (headers, body)."""
+    served: dict[int, list[int]] = {}
+    for _turn in range(turns):
+        for n in range(conversations):
+            headers, body = key_of(n)
+            served.setdefault(n, []).append(_served_by(post(gateway, path, body, headers=headers)))
+    return served
+
+
+@pytest.mark.parametrize(
+    ("path", "key_of"),
+    [
+        ("/v1/chat/completions", lambda n: ({"session-id": f"codex-{n}"}, CHAT)),
+        ("/v1/chat/completions", lambda n: ({"x-claude-code-session-id": f"cc-{n}"}, CHAT)),
+        ("/v1/chat/completions", lambda n: ({"x-session-affinity": f"oc-{n}"}, CHAT)),
+        ("/v1/responses", lambda n: ({}, {**RESPONSES, "prompt_cache_key": f"pck-{n}"})),
+        (
+            "/v1/chat/completions",
+            lambda n: (
+                {},
+                {
+                    **CHAT,
+                    "metadata": {"user_id": "u-1"},
+                    "messages": [{"role": "user", "content": f"task {n}"}],
+                },
+            ),
+        ),
+    ],
+    ids=["session-id", "claude-code", "opencode", "prompt_cache_key", "metadata-user-and-first-turn"],
+)
+def test_a_conversation_keeps_its_account_by_the_clients_own_key(gateway, two_assignments, path, key_of):
+    a, b, _ = two_assignments
+    _equal_tiers()
+    served = _session_turns(gateway, 8, 4, path=path, key_of=key_of)
+    for turns in served.values():
+        assert len(set(turns)) == 1, served  # every turn on its first turn's account
+    # And the conversations themselves were spread (all 8 on one account: once in 128 runs per side).
+    assert len({turns[0] for turns in served.values()}) == 2 or a.hit_count() + b.hit_count() == 32
+    # Remembered as digests: no client id and no prompt word in the affinity table.
+    keys = list(Affinity.objects.filter(kind="session").values_list("key", flat=True))
+    assert len(keys) == 8
+    assert not any(("codex-" in k or "cc-" in k or "oc-" in k or "pck-" in k or "task" in k) for k in keys)
+
+
+def test_a_conversation_leaves_an_unhealthy_account_and_never_outranks_health(gateway, two_assignments):
+    _a, _b, (acct_a, acct_b) = two_assignments
+    _equal_tiers()
+    headers = {"x-claude-code-session-id": "one"}
+    home = _served_by(post(gateway, "/v1/chat/completions", CHAT, headers=headers))
+    home_row = acct_a if home == acct_a.pk else acct_b
+    Circuit.objects.create(
+        pool=home_row.pool,
+        assignment=home_row,
+        model="gpt-5",
+        route_class="http",
+        state="open",
+        reason="upstream_unavailable",
+        consecutive_failures=3,
+        cooldown_seconds=300,
+        open_until=timezone.now() + timedelta(minutes=5),
+    )
+    assert _served_by(post(gateway, "/v1/chat/completions", CHAT, headers=headers)) != home
+
+
+def test_without_the_pool_features_only_x_gateway_session_names_a_conversation(
+    gateway, two_assignments, settings
+):
+    settings.GATEWAY_POOL_FEATURES = False
+    two_assignments  # noqa: B018
+    for header in ({"session-id": "s"}, {"x-claude-code-session-id": "c"}):
+        assert post(gateway, "/v1/chat/completions", CHAT, headers=header).status_code == 200
+    ledger_settled()
+    assert not Affinity.objects.filter(kind="session").exists()
+    assert post(gateway, "/v1/chat/completions", CHAT, headers={"x-gateway-session": "g"}).status_code == 200
+    assert Affinity.objects.filter(kind="session", key="g").exists()
+
+
+def test_a_deadline_that_excludes_the_first_account_leaves_the_shortlist_to_the_next(
+    gateway, two_assignments
+):
+    # The issue's reproduction: with max_attempts 1 the deadline gate ran after the cut, and the client
+    # got no_eligible_backend: deadline although an eligible account was next.
+    a, _b, (acct_a, acct_b) = two_assignments
+    GatewaySettings.objects.filter(pk=1).update(max_attempts=1)
+    Assignment.objects.filter(pk=acct_a.pk).update(min_deadline_ms=5_000)
+    response = post(gateway, "/v1/chat/completions", CHAT, headers={"x-gateway-deadline-ms": "2000"})
+    assert _served_by(response) == acct_b.pk
+    assert a.hit_count() == 0
+    reasons = set(Attempt.objects.filter(assignment_id=acct_a.pk).values_list("ineligible_reason", flat=True))
+    assert reasons == {"deadline"}
+
+
+def test_the_served_answer_is_a_real_one(gateway, two_assignments):
+    a, b, _ = two_assignments
+    a.script("gpt-5", serve("from a"))
+    b.script("gpt-5", serve("from b"))
+    _equal_tiers()
+    texts = {
+        post(gateway, "/v1/chat/completions", CHAT).json()["choices"][0]["message"]["content"]
+        for _ in range(20)
+    }
+    assert texts == {"from a", "from b"}
+
+
+def test_a_probe_that_proves_the_credential_closes_the_credential_circuit_and_no_second_probe_follows(
+    gateway, two_assignments
+):
+    # The account's credential works again but it still lacks the model: its answer (404
+    # model_not_found) proves the credential, so the credential circuit closes and the model's reopens;
+    # it used to free the credential probe's slot for the next request, and the next, and the next.
+    a, _b, (acct_a, _) = two_assignments
+    _equal_tiers()
+    a.script("gpt-5", model_not_found())
+    _cooled(acct_a)
+    _cooled(acct_a, model="gpt-5", reason="upstream_model_unavailable", route_class="http")
+
+    for _ in range(10):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    assert a.hit_count() == 1
+    wide = Circuit.objects.get(assignment=acct_a, model=ASSIGNMENT_WIDE)
+    model = Circuit.objects.get(assignment=acct_a, model="gpt-5")
+    assert (wide.state, model.state, model.reason) == ("closed", "open", "upstream_model_unavailable")
