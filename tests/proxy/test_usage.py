@@ -108,3 +108,100 @@ def test_anthropic_usage_is_read_natively_and_for_a_chat_client(gateway, anthrop
         # Input tokens come in message_start and output tokens in message_delta: both are kept.
         assert _charged(response) == (11, 4, COST), path
     assert all("stream_options" not in json.dumps(hit.body) for hit in anthropic_upstream.hits)
+
+
+# -- cached input (SPEC §7.3) ------------------------------------------------------------------------
+
+# Per million tokens: input $1, output $3, cache read $0.10, cache write $1.25 (micros).
+CACHED_PRICE = {**PRICE, "cached_input_per_mtok_micros": 100_000, "cache_write_per_mtok_micros": 1_250_000}
+# 130 input tokens of which 100 read from the cache (and, where the API reports writes, 20 written).
+CACHED = serve("one two three four five", input_tokens=130, output_tokens=5, cached_read_tokens=100)
+WRITTEN = serve(
+    "one two three four five",
+    input_tokens=130,
+    output_tokens=5,
+    cached_read_tokens=100,
+    cached_write_tokens=20,
+)
+OPENAI_COST = 30 + 10 + 15  # 30 uncached at $1, 100 read at $0.10, 5 out at $3
+ANTHROPIC_COST = 10 + 10 + 25 + 15  # 10 uncached, 100 read, 20 written at $1.25, 5 out
+
+
+def _ledger(response) -> tuple:
+    [attempt] = [a for a in attempts_of(record_of(response)) if a.status == "succeeded"]
+    return (
+        attempt.input_tokens,
+        attempt.output_tokens,
+        attempt.cached_read_tokens,
+        attempt.cached_write_tokens,
+        attempt.cost_micros,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT), ("/v1/responses", RESPONSES)])
+def test_openai_cached_tokens_are_recorded_and_priced_at_the_cached_rate(gateway, priced, path, body, stream):
+    a, _ = priced
+    CatalogEntry.objects.update(**CACHED_PRICE)
+    a.script("gpt-5", CACHED)
+    options = {"stream_options": {"include_usage": True}} if stream and path.endswith("completions") else {}
+    response = post(gateway, path, {**body, "stream": stream, **options})
+    assert response.status_code == 200, response.text
+    # OpenAI's input count includes its cached part: 130 input, 100 of them read, nothing written.
+    assert _ledger(response) == (130, 5, 100, None, OPENAI_COST)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_cache_reads_and_writes_are_recorded_once_and_priced_at_their_rates(
+    gateway, anthropic_upstream, stream
+):
+    CatalogEntry.objects.update(**CACHED_PRICE)
+    anthropic_upstream.script("gpt-5", WRITTEN)
+    response = post(gateway, "/v1/messages", {**MESSAGES, "stream": stream})
+    assert response.status_code == 200, response.text
+    # The upstream said input_tokens 10 (uncached), cache reads 100, writes 20 (streamed: in
+    # message_start and again, cumulatively, in message_delta): recorded as 130 input, never 230.
+    assert _ledger(response) == (130, 5, 100, 20, ANTHROPIC_COST)
+    usage = (
+        response.json()["usage"]
+        if not stream
+        else next(e.data for e in sse_events(response.text) if e.type == "message_start")["message"]["usage"]
+    )
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"]) == (10, 100)  # relayed as it came
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_client_of_an_anthropic_account_sees_its_cached_tokens_and_pays_the_cached_rates(
+    gateway, anthropic_upstream, stream
+):
+    CatalogEntry.objects.update(**CACHED_PRICE)
+    anthropic_upstream.script("gpt-5", WRITTEN)
+    options = {"stream_options": {"include_usage": True}} if stream else {}
+    response = post(gateway, "/v1/chat/completions", {**CHAT, "stream": stream, **options})
+    assert response.status_code == 200, response.text
+    if stream:
+        [usage] = [
+            e.data["usage"] for e in sse_events(response.text) if isinstance(e.data, dict) and e.data["usage"]
+        ]
+    else:
+        usage = response.json()["usage"]
+    assert (usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]) == (130, 100)
+    assert _ledger(response) == (130, 5, 100, 20, ANTHROPIC_COST)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_messages_client_of_an_openai_account_sees_cache_reads_apart_from_its_input(
+    gateway, priced, stream
+):
+    a, _ = priced
+    CatalogEntry.objects.update(**CACHED_PRICE)
+    a.script("gpt-5", CACHED)
+    response = post(gateway, "/v1/messages", {**MESSAGES, "stream": stream})
+    assert response.status_code == 200, response.text
+    if stream:
+        [delta] = [e.data for e in sse_events(response.text) if e.type == "message_delta"]
+        usage = delta["usage"]
+    else:
+        usage = response.json()["usage"]
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"]) == (30, 100)
+    assert _ledger(response) == (130, 5, 100, None, OPENAI_COST)
