@@ -6,6 +6,7 @@ shortlist, one probe per assignment, a conversation keeps its account by the cli
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import openai
 import pytest
 from django.utils import timezone
 
@@ -16,7 +17,7 @@ from proxy.models import Attempt
 from routing.models import Affinity, Circuit
 from routing.types import ASSIGNMENT_WIDE
 from tests.factories import AssignmentFactory, CatalogEntryFactory
-from tests.gateway_fixtures import UPSTREAM_KEY_ENV
+from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import CHAT, RESPONSES, ledger_settled, post, record_of
 
 REQUESTS = 40
@@ -268,3 +269,28 @@ def test_a_probe_that_proves_the_credential_closes_the_credential_circuit_and_no
     wide = Circuit.objects.get(assignment=acct_a, model=ASSIGNMENT_WIDE)
     model = Circuit.objects.get(assignment=acct_a, model="gpt-5")
     assert (wide.state, model.state, model.reason) == ("closed", "open", "upstream_model_unavailable")
+
+
+def _upload(gateway):
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key=GATEWAY_KEY, max_retries=0, timeout=15) as client:
+        return client.files.create(file=("train.jsonl", b'{"prompt": "a"}\n'), purpose="user_data")
+
+
+def test_the_files_plan_honours_the_credential_circuit(gateway, two_assignments):
+    # The reproduction: the Files plan ignored the whole-assignment circuit and its lease.
+    a, b, (acct_a, _) = two_assignments
+    circuit = _cooled(acct_a)
+    Circuit.objects.filter(pk=circuit.pk).update(open_until=timezone.now() + timedelta(minutes=5))
+    created = _upload(gateway)
+    assert list(b.files) == [created.id] and a.hit_count() == 0
+
+
+def test_the_files_plan_probes_a_cooled_account_first(gateway, two_assignments):
+    a, b, (acct_a, acct_b) = two_assignments
+    Assignment.objects.filter(pk=acct_a.pk).update(tier=1)
+    Assignment.objects.filter(pk=acct_b.pk).update(tier=0)  # the cooled account is the less preferred
+    circuit = _cooled(acct_a)
+    created = _upload(gateway)
+    assert list(a.files) == [created.id] and b.hit_count() == 0
+    circuit.refresh_from_db()
+    assert circuit.state == "closed"
