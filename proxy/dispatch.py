@@ -25,6 +25,7 @@ class SSESource:
 
     ends_at_terminal = False
     status = 200
+    first_event_at = None  # its headers were its first byte
 
     def __init__(self, response: upstream.Response) -> None:
         self.response = response

@@ -30,6 +30,7 @@ class EventStreamSource:
 
     ends_at_terminal = False
     status = 200
+    first_event_at = None  # its headers were its first byte
 
     def __init__(self, response: upstream.Response) -> None:
         self.response = response
@@ -69,6 +70,7 @@ class Rewritten:
 
     ends_at_terminal = False
     status = 200
+    first_event_at = None  # its headers were its first byte
 
     def __init__(self, inner: Any, rewrite: StreamTranslator) -> None:
         self.inner = inner

@@ -43,6 +43,8 @@ from proxy import tracing
 from proxy.exchange import Exchange
 from proxy.metrics import observe_exchange
 from proxy.spool import Journal, Spool
+from routing import latency
+from routing.vocabulary import AttemptStatus
 from runtime import db
 
 log = logging.getLogger("gateway")
@@ -128,6 +130,8 @@ class LedgerWriter:
             batch = [exchange for exchange, _ in entries]
             try:
                 reached = self._save(batch, request_records_write) if batch else False
+                if reached:
+                    self._fold_latencies(batch)
                 if reached and self.spool_pending:  # the database is back: empty the spool
                     self._replay()
                 self._prune()
@@ -140,6 +144,29 @@ class LedgerWriter:
                     close_old_connections()  # an idle writer holds no connection past CONN_MAX_AGE
                 for _ in taken:
                     self._queue.task_done()
+
+    @staticmethod
+    def _fold_latencies(batch: list[Exchange]) -> None:
+        """The batch's succeeded attempts' times to first byte, folded into each (assignment, model)'s
+        moving average (SPEC §5.4, `routing.latency`): one statement for the batch, after its records
+        are saved, none when no attempt has a sample. A request pays nothing for it, and every node's
+        router reads the same average. A failure here costs the batch's samples, never its records.
+        A spooled batch's samples are not folded when it is replayed: they are old news by then."""
+        from routing.services import latencies_record
+
+        samples = [
+            (a.assignment_id, a.model[:200], a.ttfb_ms)
+            for x in batch
+            for a in x.attempts
+            # A route's model only: an account-wide attempt (the Files API, model "") is no model's latency.
+            if a.ttfb_ms is not None and a.status == AttemptStatus.SUCCEEDED and a.model
+        ]
+        if not samples:
+            return
+        try:
+            latencies_record(folds=latency.folds(samples), now=datetime.now(UTC))
+        except DatabaseError:
+            log.exception("ledger: %d latency samples could not be saved", len(samples))
 
     def _prune(self) -> None:
         """Expired affinities are deleted here, off every request's path: at most one bounded batch

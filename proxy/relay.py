@@ -381,10 +381,14 @@ class Relay:
     # -- one attempt -------------------------------------------------------------------------
 
     async def _attempt(self, c: Candidate, log: AttemptLog, call: UpstreamCall) -> Failure | Final | Stream:
+        sent = time.monotonic()
         opened = await self.dispatch.open(c, call, stream=self.dialect is not None)
         if isinstance(opened, Failure):
             return opened
         log.upstream_status = opened.status
+        # Its time to first byte (routing.latency): to its headers over HTTP, which an LLM upstream sends
+        # once a plain answer is generated (so its short body, read with them, adds next to nothing).
+        log.ttfb_ms = int((time.monotonic() - sent) * 1000)
         if isinstance(opened, Answer):
             result, response_id = plain_answer(opened, call, candidate=c, log=log, exchange=self.exchange)
             if isinstance(result, Final):
@@ -405,7 +409,10 @@ class Relay:
             response_ids=self.memory.response_ids,
             ended=lambda outcome, status: self._end_output(c, log, stream, outcome, status),
         )
-        return await stream.first_output()
+        result = await stream.first_output()
+        if opened.first_event_at is not None:  # a websocket's first byte is its first event
+            log.ttfb_ms = int((opened.first_event_at - sent) * 1000)
+        return result
 
     async def _end_output(
         self, c: Candidate, log: AttemptLog, stream: AttemptStream | None, outcome: str, status: int

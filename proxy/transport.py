@@ -51,6 +51,9 @@ class EventSource(Protocol):
     # one; an SSE response ends at EOF.
     ends_at_terminal: bool
     status: int | None  # the HTTP status the stream came with (None: a websocket's frames)
+    # When its first event came (time.monotonic()), for a source whose opening is not its first byte (a
+    # websocket's: the frame is sent, then the upstream answers); None: its opening was (HTTP headers).
+    first_event_at: float | None
 
     def batches(self) -> AsyncGenerator[list[Block], None]: ...
 

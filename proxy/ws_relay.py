@@ -29,6 +29,7 @@ Contract:
 """
 
 import json
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -83,10 +84,13 @@ class WebsocketSource:
         self.socket = socket
         self.link = link
         self.fresh = fresh  # opened for this attempt (not the client's live connection)
+        self.first_event_at: float | None = None  # the turn's first upstream event: its first byte
 
     async def batches(self) -> AsyncGenerator[list[Block], None]:
         while True:
             text = await self.socket.recv(settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
+            if self.first_event_at is None:
+                self.first_event_at = time.monotonic()
             yield [Block(raw=text.encode(), event=None, data=text, comment_only=False)]
 
     def released(self) -> None:

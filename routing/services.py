@@ -13,10 +13,11 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from pools.models import GatewaySettings
+from pools.models import Assignment, GatewaySettings
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
-from routing.models import Affinity, AffinityKind, Circuit, Demotion
+from routing.latency import ALPHA, Fold
+from routing.models import Affinity, AffinityKind, Circuit, Demotion, Latency
 from routing.types import ASSIGNMENT_WIDE, CircuitReason, CircuitState
 from runtime import rawsql
 
@@ -294,6 +295,36 @@ def failure_record(
         (written, _) = cursor.fetchone()
     if reason is not None and written != 1:
         circuit_record_failure(key=key, reason=reason, settings=settings, now=now)
+
+
+def latencies_record(*, folds: list[Fold], now: datetime) -> None:
+    """Fold a ledger batch's time-to-first-byte samples into each pair's moving average (`routing.latency`),
+    in ONE statement whatever the number of pairs: an upsert whose update computes `Fold.applied` on the
+    stored average, so two nodes' writers folding the same pair at once each add their samples (the row
+    lock orders them) and no read-then-write can lose one. Pairs are written in key order, so two such
+    statements lock their rows in the same order and cannot deadlock. A sample of an assignment deleted
+    meanwhile is dropped by the statement itself rather than failing the others. No fold: no statement."""
+    if not folds:
+        return
+    q = connection.ops.quote_name
+    table, assignments = q(Latency._meta.db_table), q(Assignment._meta.db_table)
+    rows = sorted(folds, key=lambda f: (f.assignment_id, f.model))
+    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+    stamp = rawsql.as_param(now)
+    # VALUES columns are column1..column5 on both backends; `WHERE` lets SQLite parse the upsert of a SELECT.
+    sql = (
+        f"INSERT INTO {table} ({q('assignment_id')}, {q('model')}, {q('ewma_ms')}, {q('samples')}, "  # noqa: S608
+        f"{q('updated_at')}) SELECT v.column1, v.column2, v.column3, v.column4, v.column5 "
+        f"FROM (VALUES {values}) v WHERE v.column1 IN (SELECT {q('id')} FROM {assignments}) "
+        f"ON CONFLICT ({q('assignment_id')}, {q('model')}) DO UPDATE SET "
+        f"{q('ewma_ms')} = {table}.{q('ewma_ms')} * POWER(%s, excluded.{q('samples')}) "
+        f"+ excluded.{q('ewma_ms')} * (1 - POWER(%s, excluded.{q('samples')})), "
+        f"{q('samples')} = {table}.{q('samples')} + excluded.{q('samples')}, "
+        f"{q('updated_at')} = excluded.{q('updated_at')}"
+    )
+    params: list[object] = [v for f in rows for v in (f.assignment_id, f.model, f.mean, f.count, stamp)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, 1 - ALPHA, 1 - ALPHA])
 
 
 def demotion_resolve(*, assignment_id: int, model: str) -> None:

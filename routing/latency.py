@@ -1,0 +1,53 @@
+"""Latency: the moving average of an (assignment, model)'s upstream time to first byte (SPEC §5.4).
+
+Contract: every sample moves the average ALPHA of the way towards itself (an exponentially weighted
+moving average: the latest sample weighs ALPHA, the one before ALPHA * (1 - ALPHA), and so on), so an
+account that slows down is seen within a handful of answers and one slow answer does not swing it.
+The ledger writer folds a whole batch's samples of a pair in one step (`Fold`), which is the same as
+folding them one by one in the order they came; a pair's first batch starts the average at its
+samples' weighted mean (one sample: that sample). A sample is the time from dispatch to the upstream's
+response headers (HTTP, SSE) or to its first event (websocket), of a succeeded attempt only: a failure's
+timing says nothing about how fast the account serves.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+ALPHA = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    """One pair's samples of one batch, folded: `mean` (their mean weighted as the average weighs them:
+    the latest most) moves a previous average `previous` to `previous * keep + mean * (1 - keep)`."""
+
+    assignment_id: int
+    model: str
+    mean: float
+    count: int
+
+    @property
+    def keep(self) -> float:
+        """The share of the previous average left after `count` samples."""
+        return float((1 - ALPHA) ** self.count)
+
+    def applied(self, previous: float | None) -> float:
+        """The average after this batch (what the writer's upsert computes in SQL)."""
+        if previous is None:
+            return self.mean
+        return previous * self.keep + self.mean * (1 - self.keep)
+
+
+def folds(samples: Iterable[tuple[int, str, int]]) -> list[Fold]:
+    """The folds of a batch's samples, (assignment id, model, ttfb ms) in the order they came; one per
+    pair, in order of each pair's first sample."""
+    by_pair: dict[tuple[int, str], list[int]] = {}
+    for assignment_id, model, ttfb_ms in samples:
+        by_pair.setdefault((assignment_id, model), []).append(ttfb_ms)
+    result = []
+    for (assignment_id, model), values in by_pair.items():
+        # The i-th of n samples weighs (1 - ALPHA) ** (n - 1 - i) against the latest.
+        weights = [(1 - ALPHA) ** (len(values) - 1 - i) for i in range(len(values))]
+        mean = sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
+        result.append(Fold(assignment_id, model, mean, len(values)))
+    return result
