@@ -27,6 +27,8 @@ class AttemptInline(PoolScopedInline):
         "elapsed_ms",
         "input_tokens",
         "output_tokens",
+        "cached_read_tokens",
+        "cached_write_tokens",
         "cost_micros",
         "config_version",
     )

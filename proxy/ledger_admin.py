@@ -194,6 +194,21 @@ class TimelineBar:
         return "unknown" if self.cost_micros is None else dollars(self.cost_micros)
 
 
+def tokens_text(a) -> str:
+    """`130 in (100 cached read, 20 cached write), 5 out`: the cached parts where the provider
+    reported them (they are part of the input, SPEC §7.3)."""
+    if a.input_tokens is None and a.output_tokens is None:
+        return "usage not reported"
+    cached = [
+        f"{count} cached {what}"
+        for count, what in ((a.cached_read_tokens, "read"), (a.cached_write_tokens, "write"))
+        if count is not None
+    ]
+    tokens = f"{a.input_tokens if a.input_tokens is not None else '?'} in"
+    tokens += f" ({', '.join(cached)}), " if cached else ", "
+    return tokens + f"{a.output_tokens if a.output_tokens is not None else '?'} out"
+
+
 def timeline(attempts) -> list[TimelineBar]:
     """One bar per attempt, in order, laid end to end on one axis: each starts where the previous
     ended and is as wide as its elapsed time, relative to the sum (backoff between hops is not
@@ -208,11 +223,7 @@ def timeline(attempts) -> list[TimelineBar]:
             cause = f"not eligible: {words(a.ineligible_reason)}" if a.ineligible_reason else ""
         else:
             cause = words(a.failure_class) if a.failure_class else ""
-        if a.input_tokens is None and a.output_tokens is None:
-            tokens = "usage not reported"
-        else:
-            tokens = f"{a.input_tokens if a.input_tokens is not None else '?'} in, "
-            tokens += f"{a.output_tokens if a.output_tokens is not None else '?'} out"
+        tokens = tokens_text(a)
         bars.append(
             TimelineBar(
                 ordinal=a.ordinal,

@@ -4,6 +4,9 @@ days, as charts people look at and tables people can read.
 Spend is the ledger's attempts' `cost_micros` (what each dispatched attempt cost at its route's price,
 configured or bundled; a failed attempt that reported usage included), by the day its request started.
 An attempt whose price was unknown has no cost (NULL): it is counted apart as "unpriced", never as $0.
+Beside the spend, each key and model shows its input tokens and the share of them read from the
+providers' prompt caches (SPEC §7.3: cached reads are part of the input and priced at the cached rate),
+from the same aggregate.
 
 Scoping is the request list's: the page reads the request records through the RequestRecord
 ModelAdmin's own `get_queryset` (the one admin scoping mechanism, `pools.scoping.PoolScopedAdmin`),
@@ -54,10 +57,20 @@ class Series:
     attempts: int
     unpriced: int  # attempts whose cost is unknown (no price): not counted as zero
     by_day: tuple[int, ...]  # micros per day, oldest first
+    input_tokens: int = 0  # every input token its attempts reported, cached ones included
+    cached_read_tokens: int = 0  # the part of them read from a prompt cache
 
     @property
     def total_text(self) -> str:
         return dollars(self.total_micros)
+
+    @property
+    def cached_text(self) -> str:
+        """`1,200 of 4,000 input tokens (30%)`: its prompt caches' share of its input."""
+        if not self.input_tokens:
+            return "no input reported"
+        share = 100 * self.cached_read_tokens // self.input_tokens
+        return f"{self.cached_read_tokens:,} of {self.input_tokens:,} input tokens ({share}%)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +138,9 @@ def _series(cells: dict[str, dict[date, list[int]]], days: tuple[date, ...]) -> 
     """Every name's daily micros, most expensive first (then by name)."""
     out = []
     for name, per_day in cells.items():
-        by_day = tuple(per_day.get(d, [0, 0, 0])[0] for d in days)
-        attempts = sum(v[1] for v in per_day.values())
-        unpriced = sum(v[2] for v in per_day.values())
-        out.append(Series(name, "", sum(by_day), attempts, unpriced, by_day))
+        by_day = tuple(per_day[d][0] if d in per_day else 0 for d in days)
+        attempts, unpriced, tokens, cached = (sum(v[i] for v in per_day.values()) for i in range(1, 5))
+        out.append(Series(name, "", sum(by_day), attempts, unpriced, by_day, tokens, cached))
     out.sort(key=lambda s: (-s.total_micros, s.name))
     return [
         Series(s.name, PALETTE[i] if i < TOP_SERIES else OTHER_COLOUR, *_rest(s)) for i, s in enumerate(out)
@@ -136,7 +148,7 @@ def _series(cells: dict[str, dict[date, list[int]]], days: tuple[date, ...]) -> 
 
 
 def _rest(s: Series) -> tuple:
-    return (s.total_micros, s.attempts, s.unpriced, s.by_day)
+    return (s.total_micros, s.attempts, s.unpriced, s.by_day, s.input_tokens, s.cached_read_tokens)
 
 
 def _top(rows: list[Series], days: tuple[date, ...]) -> list[Series]:
@@ -152,6 +164,8 @@ def _top(rows: list[Series], days: tuple[date, ...]) -> list[Series]:
                 sum(s.attempts for s in rest),
                 sum(s.unpriced for s in rest),
                 by_day,
+                sum(s.input_tokens for s in rest),
+                sum(s.cached_read_tokens for s in rest),
             )
         )
     return top
@@ -232,6 +246,8 @@ def spend_report(records, *, now: datetime) -> SpendReport:
             cost=Sum("cost_micros"),
             attempts=Count("pk"),
             unpriced=Count("pk", filter=UNKNOWN_COST),
+            tokens=Sum("input_tokens"),
+            cached=Sum("cached_read_tokens"),
         )
         .order_by()
     )
@@ -243,14 +259,13 @@ def spend_report(records, *, now: datetime) -> SpendReport:
         day = row["day"]
         if day not in daily:  # a request started in the future of `now` (clock skew between nodes)
             continue
-        cost, attempts, missing = row["cost"] or 0, row["attempts"], row["unpriced"]
-        daily[day] += cost
-        unpriced += missing
+        counts = (row["cost"] or 0, row["attempts"], row["unpriced"], row["tokens"] or 0, row["cached"] or 0)
+        daily[day] += counts[0]
+        unpriced += counts[2]
         for cells, name in ((by_key, row["request__key__name"] or NO_KEY), (by_model, row["model"])):
-            cell = cells[name].setdefault(day, [0, 0, 0])
-            cell[0] += cost
-            cell[1] += attempts
-            cell[2] += missing
+            cell = cells[name].setdefault(day, [0] * len(counts))
+            for i, count in enumerate(counts):
+                cell[i] += count
     total = sum(daily.values())
     breakdowns = []
     for what, cells in (("key", by_key), ("model", by_model)):

@@ -222,6 +222,19 @@ def test_a_requests_page_draws_one_bar_per_attempt_scaled_and_in_words(admin_cli
     )
 
 
+def test_a_requests_page_shows_each_attempts_cached_input(admin_client, ledger):
+    """Cached reads and writes are parts of the input (SPEC §7.3), shown where the provider reported
+    them; an attempt without them reads as before."""
+    cached = _ok(ledger.acct_a, 60, input_tokens=130, cached_read_tokens=100, cached_write_tokens=20)
+    record = _record("req-cached", ledger.key_a, ledger.now, _ok(ledger.acct_a, 15), cached)
+    html = admin_client.get(reverse("admin:proxy_requestrecord_change", args=[record.pk])).content.decode()
+    assert "130 in (100 cached read, 20 cached write), 5 out; cost $0.00006." in html
+    assert "10 in, 5 out; cost $0.000015." in html
+    read_only = _ok(ledger.acct_a, 55, input_tokens=130, cached_read_tokens=100)
+    [bar] = timeline([Attempt(ordinal=1, **{k: v for k, v in read_only.items() if k != "assignment"})])
+    assert bar.tokens_text == "130 in (100 cached read), 5 out"
+
+
 def test_the_timeline_gives_an_ineligible_candidate_a_sliver_and_its_reason_in_words():
     pool = PoolFactory()
     acct = AssignmentFactory(pool=pool, name="acct-x")
@@ -264,6 +277,21 @@ def test_spend_adds_known_costs_per_key_and_model_per_utc_day_and_counts_unprice
     assert models == {"b-only-model": 21_000, "gpt-5": 3_000}
     assert report.total_micros == 24_000 == sum(report.daily_totals)
     assert report.unpriced == 1
+
+
+def test_spend_shows_each_key_and_models_cached_share_of_its_input(admin_client, ledger):
+    cached = _ok(ledger.acct_a, 60, input_tokens=130, cached_read_tokens=100, cached_write_tokens=20)
+    _record("req-cached", ledger.key_a, ledger.now, cached, model="claude-x")
+    report = spend_report(RequestRecord.objects.all(), now=ledger.now)
+    models = {s.name: s for s in report.by_model.all_rows}
+    assert (models["claude-x"].input_tokens, models["claude-x"].cached_read_tokens) == (130, 100)
+    assert models["claude-x"].cached_text == "100 of 130 input tokens (76%)"
+    assert (models["gpt-5"].input_tokens, models["gpt-5"].cached_read_tokens) == (30, 0)  # 3 days x 10
+    keys = {s.name: s for s in report.by_key.all_rows}
+    assert (keys["team-a-key"].input_tokens, keys["team-a-key"].cached_read_tokens) == (160, 100)
+    html = admin_client.get(SPEND).content.decode()
+    assert 'data-cached-read="100" data-input-tokens="130">100 of 130 input tokens (76%)</td>' in html
+    assert 'data-cached-read="0" data-input-tokens="30">0 of 30 input tokens (0%)</td>' in html
 
 
 def test_the_spend_chart_stacks_each_days_series_to_its_total(ledger):
