@@ -1131,3 +1131,28 @@ def test_an_openai_compatible_servers_stream_options_is_declared_loaded_and_dump
     assert load_fails(tmp_path, document) == [
         "pools[0].assignments[0].capabilities.stream_options: must be true, false or unknown"
     ]
+
+
+@pytest.mark.django_db
+def test_a_models_price_takes_its_cached_rates_and_dumps_them_back(tmp_path):
+    """`price:` accepts the cached-input and cache-write rates beside input and output (SPEC §7.3);
+    a rate left out stays unknown (NULL: those tokens are then priced at the input rate)."""
+    doc = base()
+    gpt5 = doc["pools"][0]["assignments"][0]["models"][0]
+    gpt5["price"] = {
+        **gpt5["price"],
+        "cached_input_per_mtok_micros": 125000,
+        "cache_write_per_mtok_micros": 0,
+    }
+    load(tmp_path, doc)
+    entry = CatalogEntry.objects.get(model="gpt-5")
+    assert (entry.cached_input_per_mtok_micros, entry.cache_write_per_mtok_micros) == (125000, 0)
+    mini = CatalogEntry.objects.get(model="gpt-5-mini")
+    assert (mini.cached_input_per_mtok_micros, mini.cache_write_per_mtok_micros) == (None, None)
+    dumped = yaml.safe_load(dump())["pools"][0]["assignments"][0]["models"][0]["price"]
+    assert dumped == gpt5["price"]
+    gpt5["price"]["cached_input_per_mtok_micros"] = -1
+    assert (
+        "pools[0].assignments[0].models[0].price.cached_input_per_mtok_micros: must be an integer >= 0"
+        in "\n".join(load_fails(tmp_path, doc))
+    )

@@ -5,10 +5,12 @@ for it (`stream_options.include_usage`), as OpenAI does, so an unasked stream wo
 import json
 
 import pytest
+from django.urls import reverse
 
 from catalog.models import CatalogEntry, Provenance
 from devkit.behaviours import serve
 from pools.models import Assignment
+from routing.pricing import dollars
 from tests.factories import AssignmentFactory, CatalogEntryFactory
 from tests.gateway_fixtures import UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import (
@@ -205,3 +207,17 @@ def test_a_messages_client_of_an_openai_account_sees_cache_reads_apart_from_its_
         usage = response.json()["usage"]
     assert (usage["input_tokens"], usage["cache_read_input_tokens"]) == (30, 100)
     assert _ledger(response) == (130, 5, 100, None, OPENAI_COST)
+
+
+def test_the_request_page_and_the_spend_page_show_a_served_requests_cached_input(
+    gateway, anthropic_upstream, admin_client
+):
+    CatalogEntry.objects.update(**CACHED_PRICE)
+    anthropic_upstream.script("gpt-5", WRITTEN)
+    response = post(gateway, "/v1/messages", {**MESSAGES, "stream": True})
+    assert response.status_code == 200, response.text
+    record = record_of(response)
+    page = admin_client.get(reverse("admin:proxy_requestrecord_change", args=[record.pk])).content.decode()
+    assert f"130 in (100 cached read, 20 cached write), 5 out; cost {dollars(ANTHROPIC_COST)}." in page
+    spend = admin_client.get("/admin/spend/").content.decode()
+    assert 'data-cached-read="100" data-input-tokens="130">100 of 130 input tokens (76%)</td>' in spend
