@@ -221,3 +221,13 @@ def test_the_request_page_and_the_spend_page_show_a_served_requests_cached_input
     assert f"130 in (100 cached read, 20 cached write), 5 out; cost {dollars(ANTHROPIC_COST)}." in page
     spend = admin_client.get("/admin/spend/").content.decode()
     assert 'data-cached-read="100" data-input-tokens="130">100 of 130 input tokens (76%)</td>' in spend
+
+
+def test_an_upstreams_absurd_counts_are_clamped_and_never_break_the_ledger(gateway, priced):
+    """A count past the ledger's integer columns (or below zero) would fail the batch that writes it,
+    and every other request's record with it: it is stored clamped."""
+    a, _ = priced
+    a.script("gpt-5", serve("one two", input_tokens=2**40, output_tokens=5, cached_read_tokens=-5))
+    response = post(gateway, "/v1/chat/completions", CHAT)
+    assert response.status_code == 200, response.text
+    assert _ledger(response)[:4] == (2**31 - 1, 5, 0, None)
