@@ -40,7 +40,7 @@ def _count(value: object) -> int | None:
     return min(max(value, 0), COUNT_MAX)
 
 
-def _detail(found: dict, holder: str, name: str) -> int | None:
+def _detail(found: dict[str, object], holder: str, name: str) -> int | None:
     details = found.get(holder)
     return _count(details.get(name)) if isinstance(details, dict) else None
 
