@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: install run test lint format bench clean soak
+.PHONY: install run test lint format bench bench-pool clean soak
 
 RUNTIME := $(VENV)/.runtime-stamp
 
@@ -55,6 +55,14 @@ bench:
 	py=$$($(PYTHON) bench/interpreter.py --venv $(BENCH_VENV) $(if $(BENCH_PYTHON),--use $(BENCH_PYTHON))) && \
 	$(MAKE) --no-print-directory install PYTHON="$$py" VENV=$(BENCH_VENV)
 	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
+
+# Does a pool pool? 23 rate-limited fake accounts (some failing, healing, hung) and agent-like conversations,
+# the gateway with its pool features on and off in one run; writes bench/pool.md and its section of
+# bench/results.md (bench/README.md). BENCH_POOL_ARGS="--quick" for a ~1 minute smoke run.
+bench-pool:
+	py=$$($(PYTHON) bench/interpreter.py --venv $(BENCH_VENV) $(if $(BENCH_PYTHON),--use $(BENCH_PYTHON))) && \
+	$(MAKE) --no-print-directory install PYTHON="$$py" VENV=$(BENCH_VENV)
+	$(BENCH_VENV)/bin/python bench/pool/run.py $(BENCH_POOL_ARGS)
 
 # A bounded soak on loopback: the gateway as a real process against chaotic upstreams, then the ledger,
 # circuit, leak and memory invariants (soak/README.md). SOAK_ARGS="--requests 2000" for a shorter run;

@@ -20,7 +20,7 @@ from bench.figures import (
     ws_memory_figure,
     ws_report,
 )
-from bench.targets import GATEWAY_KEY, PROFILE_MD, SLOW_DELAY_MS, SOAK_MD, Scenario, Target
+from bench.targets import GATEWAY_KEY, POOL_MD, PROFILE_MD, SLOW_DELAY_MS, SOAK_MD, Scenario, Target
 
 
 def interpreter_line(info: dict | None, end_ms: float | None = None) -> str:
@@ -253,9 +253,10 @@ def build_report(
         # What the profiles show for the targets still missed: kept by hand next to this report.
         L.append(PROFILE_MD.read_text().strip())
         L.append("")
-    if SOAK_MD.exists():
-        L.append(SOAK_MD.read_text().strip())
-        L.append("")
+    for kept in (SOAK_MD, POOL_MD):  # written by `make soak` and `make bench-pool`, kept as they are
+        if kept.exists():
+            L.append(kept.read_text().strip())
+            L.append("")
 
     # --- latency
     L.append("## Added latency, c=1, non-streaming (ms)")

@@ -37,6 +37,7 @@ GATEWAY_CONFIG = BENCH / "gateway_config.yaml"
 RESULTS_MD = BENCH / "results.md"
 PROFILE_MD = BENCH / "profile.md"
 SOAK_MD = BENCH / "soak.md"  # written by the last full `make soak`
+POOL_MD = BENCH / "pool.md"  # written by the last `make bench-pool`
 
 DEFAULT_UPSTREAM_PORTS = (19101, 19102)  # as written in bench/gateway_config.yaml
 GATEWAY_KEY = "sk-gw-bench-0000000000000000"

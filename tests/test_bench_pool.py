@@ -1,0 +1,79 @@
+"""`make bench-pool`'s figures from the fake accounts' records (pure), and where its section goes."""
+
+import pytest
+
+from bench.pool import report, workload
+from bench.pool.figures import Turn, affinity, busiest_share, client_outcomes, heal_times
+from devkit.pool_upstream import AccountSpec, Outage
+
+SPECS = [
+    AccountSpec("a", "openai", 60, 1000),
+    AccountSpec("b", "openai", 60, 1000),
+    AccountSpec("c", "openai", 60, 1000, (Outage(10, 20, "unavailable"),)),
+]
+
+
+def event(t, account, conversation, turn, status=200):
+    return (t, account, conversation, turn, status, 100, 50)
+
+
+def test_a_turn_hits_when_the_previous_turns_account_serves_it_and_counts_only_if_that_one_was_healthy():
+    events = [
+        event(1, "a", "x", 1),
+        event(2, "a", "x", 2),  # hit
+        event(3, "b", "x", 3),  # miss: a was healthy
+        event(4, "b", "y", 1),
+        event(5, "b", "y", 2, status=429),  # b answered 429 between y's turns: y's turn 2 is not counted
+        event(5.1, "a", "y", 2),
+        event(9, "c", "z", 1),
+        event(12, "a", "z", 2),  # c in its outage at t=12: not counted
+    ]
+    found = affinity(events, SPECS, {"x": "gs", "y": "pck", "z": "gs"})
+    assert found["counted"] == 2
+    assert found["rate"] == 0.5
+    assert found["by_kind"] == {"gs": (0.5, 2)}
+
+
+def test_busiest_share_is_over_the_steady_accounts_mean_and_heal_time_from_the_first_serve_after_it():
+    events = [event(1, "a", "", 0), event(2, "a", "", 0), event(3, "a", "", 0), event(4, "b", "", 0)]
+    events += [event(15, "c", "", 0, status=503), event(24, "c", "", 0), event(26, "c", "", 0)]
+    found = busiest_share(events, SPECS)
+    assert (found["busiest"], found["share"], found["idle"]) == ("a", 1.5, 0)
+    assert heal_times(events, {"c": 20.0, "b": 30.0}) == {"c": 4.0, "b": None}
+
+
+def test_client_outcomes_count_429s_and_no_eligible_backend_apart():
+    turns = [
+        Turn(0, "gs", "x", 1, 200, ""),
+        Turn(1, "gs", "x", 2, 429, "rate_limit_exceeded"),
+        Turn(2, "gs", "x", 3, 503, "no_eligible_backend"),
+        Turn(3, "gs", "x", 4, 0, "ServerDisconnectedError"),
+    ]
+    found = client_outcomes(turns)
+    assert (found["sent"], found["ok"], found["rate_limited"], found["no_eligible_backend"]) == (4, 1, 1, 1)
+    assert found["failures"]["0 ServerDisconnectedError"] == 1
+
+
+def test_the_pace_stays_under_the_steady_accounts_capacity():
+    for quick in (True, False):
+        s = workload.settings(quick)
+        pace = workload.pace(s, workload.accounts(s))
+        assert max(pace.share_of_tokens, pace.share_of_requests) == pytest.approx(s.load)
+        assert len(workload.steady(workload.accounts(s))) == 20
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_the_section_replaces_its_own_in_results_md_or_goes_before_the_latency_tables(
+    tmp_path, monkeypatch, present
+):
+    results = tmp_path / "results.md"
+    old = "## Pool (make bench-pool)\n\nold figures\n\n" if present else ""
+    results.write_text(f"# Benchmark results\n\n## Soak\n\nsoak\n\n{old}## Added latency\n\ntable\n")
+    monkeypatch.setattr(report, "RESULTS_MD", results)
+    monkeypatch.setattr(report, "POOL_MD", tmp_path / "pool.md")
+    report.write("## Pool (make bench-pool)\n\nnew figures\n")
+    text = results.read_text()
+    assert "old figures" not in text
+    assert text.index("## Soak") < text.index("new figures") < text.index("## Added latency")
+    assert text.count("## Pool") == 1
+    assert (tmp_path / "pool.md").read_text() == "## Pool (make bench-pool)\n\nnew figures\n"
