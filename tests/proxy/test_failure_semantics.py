@@ -376,14 +376,16 @@ def test_a_probe_ending_in_a_failure_without_circuit_effect_frees_its_slot(gatew
     assert probe.state == "closed"
 
 
-def test_an_unused_lease_is_freed_when_an_earlier_candidate_serves(gateway, three_assignments):
+def test_the_lease_holder_probes_the_cooled_assignment_before_a_better_tier(gateway, three_assignments):
+    # SPEC §5.4 as changed 2026-12-05: the probe comes first, whatever its tier (it used to wait behind
+    # tier 0, and a healthy tier-0 account kept a recovered tier-1 one half-open for good).
     (a, b, c), (_, acct_b, _) = three_assignments
     probe = _cooled_circuit(acct_b, reason="upstream_unavailable")
     response = _chat(gateway, stream=False)
-    assert _served_text(response, False).startswith("hello from a")
+    assert _served_text(response, False).startswith("hello from b")
     probe.refresh_from_db()
-    assert probe.probes_in_flight == 0
-    assert_hits((a, 1), (b, 0), (c, 0))
+    assert (probe.state, probe.probes_in_flight) == ("closed", 0)
+    assert_hits((a, 0), (b, 1), (c, 0))
 
 
 def test_a_reset_after_the_request_was_sent_is_never_replayed(gateway, two_assignments):
