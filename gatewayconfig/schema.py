@@ -185,6 +185,7 @@ TOP_LEVEL: tuple[Entry, ...] = (
             _settings("half_open_probes", 1),
             _settings("probe_lease_seconds", 1),
             _settings("demotion_seconds"),
+            _settings("headroom_floor", kind=FRACTION),
         ),
     ),
     Block(
@@ -255,6 +256,7 @@ ASSIGNMENT: tuple[Entry, ...] = (
         ),
     ),
     _a("quality", kind=Kind(_nullable(Checker.fraction))),
+    _a("headroom_floor", kind=Kind(_nullable(Checker.fraction))),  # null: the gateway-wide one
     _a("min_deadline_ms", always=True),
     _a("discovery", always=True),
     _a("enabled"),

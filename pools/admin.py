@@ -51,7 +51,7 @@ ASSIGNMENT_FIELDSETS = (
         "Credential",
         {"fields": ("credential_status", "new_credential", "remove_credential", "api_key_env")},
     ),
-    ("Preference", {"fields": ("tier", "weight", "min_deadline_ms", "quality")}),
+    ("Preference", {"fields": ("tier", "weight", "min_deadline_ms", "quality", "headroom_floor")}),
     ("Placement and privacy", {"fields": ("region", "router", "zero_retention", "data_collection")}),
     (
         "Capabilities",

@@ -7,11 +7,12 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
 from pools import credentials, destinations
+from routing.headroom import DEFAULT_FLOOR
 from routing.vocabulary import BudgetPeriod, DataCollection, Router, ToolRepresentation, TriState
 
 
@@ -27,6 +28,10 @@ def choices(vocabulary: type[enum.StrEnum], **labels: str) -> list[tuple[str, st
 
 def values(vocabulary: Iterable[str]) -> list[str]:
     return [str(member) for member in vocabulary]
+
+
+def share_validators() -> list:
+    return [MinValueValidator(0.0), MaxValueValidator(1.0)]
 
 
 def tri_state_field(**kwargs) -> models.CharField:
@@ -65,6 +70,12 @@ class GatewaySettings(models.Model):
     half_open_probes = models.PositiveIntegerField(default=1)
     probe_lease_seconds = models.PositiveIntegerField(default=60)
     demotion_seconds = models.PositiveIntegerField(default=60)
+    headroom_floor = models.FloatField(
+        default=DEFAULT_FLOOR,
+        validators=share_validators(),
+        help_text="An account whose rate-limit headers report less than this share of a limit left is "
+        "demoted until that limit resets (0 to 1; 0 never demotes).",
+    )
     max_attempts = models.PositiveIntegerField(default=4)
     backoff_base_ms = models.PositiveIntegerField(default=50)
     min_attempt_ms = models.PositiveIntegerField(
@@ -93,6 +104,10 @@ class GatewaySettings(models.Model):
             models.CheckConstraint(
                 condition=Q(max_cooldown_seconds__gte=models.F("cooldown_seconds")),
                 name="gatewaysettings_cooldown_bounded",
+            ),
+            models.CheckConstraint(
+                condition=Q(headroom_floor__gte=0, headroom_floor__lte=1),
+                name="gatewaysettings_headroom_floor_range",
             ),
         ]
 
@@ -248,6 +263,12 @@ class Assignment(models.Model):
     )
     quality = models.FloatField(null=True, blank=True, help_text="Empty: unknown.")
     min_deadline_ms = models.PositiveIntegerField(default=0)
+    headroom_floor = models.FloatField(
+        null=True,
+        blank=True,
+        validators=share_validators(),
+        help_text="Empty: the gateway-wide headroom floor.",
+    )
     discovery = models.BooleanField(
         default=False,
         help_text="sync_catalog asks the provider's model listing: GET {base_url}/models, or Azure's "
@@ -276,6 +297,10 @@ class Assignment(models.Model):
             models.CheckConstraint(
                 condition=Q(quality__isnull=True) | Q(quality__gte=0, quality__lte=1),
                 name="assignment_quality_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(headroom_floor__isnull=True) | Q(headroom_floor__gte=0, headroom_floor__lte=1),
+                name="assignment_headroom_floor_range",
             ),
         ]
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from routing.auto import AutoChoice, AutoError, choose_model
 from routing.breaker import CircuitSnapshot
+from routing.headroom import DEFAULT_FLOOR
 from routing.plan import HardPin, Plan, PlanError, build_plan
 from routing.resolution import (
     Fallback,
@@ -59,6 +60,9 @@ class Target:
     credential: str = field(default="", repr=False)
     region: str = ""  # where the account's data is processed (Bedrock signs requests for it)
     stream_options: TriState = TriState.UNKNOWN  # whether the server accepts Chat's `stream_options`
+    # The share of a rate limit below which the account's answers demote it (`routing.headroom`): its own
+    # `headroom_floor`, else the gateway-wide one.
+    headroom_floor: float = DEFAULT_FLOOR
 
 
 @dataclass(frozen=True, slots=True)

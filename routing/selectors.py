@@ -172,6 +172,7 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
             a.credential,
             a.region,
             TriState(a.stream_options),
+            settings.headroom_floor if a.headroom_floor is None else a.headroom_floor,
         )
         if a.pool_id not in pools_seen:
             pools_seen.add(a.pool_id)
