@@ -353,6 +353,7 @@ async def _relay(
         backoff_base_ms=loaded.settings.backoff_base_ms,
         requirements=requirements,
         deadline=deadline,
+        client_deadline=deadline_ms < loaded.settings.default_deadline_ms,
         path=path,
         body={},
         route_class=RouteClass.HTTP,

@@ -274,6 +274,7 @@ class Routed:
     inputs: RoutingInputs
     requirements: Requirements
     deadline_ms: int
+    client_deadline: bool  # the client's x-gateway-deadline-ms set it (a cut is neutral), not the default
     decide: Callable[..., Decision]  # the decision again, for a request that took a probe lease
     decision: Decision
     # The request the plan's first candidate is sent (its key, its call): none when there is no plan,
@@ -340,7 +341,8 @@ def route_request(
                 anthropic_beta(headers, path),
             )
             first_call = (first.key, call)
-    return Routed(loaded, inputs, requirements, deadline_ms, decide_now, decision, first_call)
+    client_deadline = deadline_ms < route_settings.default_deadline_ms
+    return Routed(loaded, inputs, requirements, deadline_ms, client_deadline, decide_now, decision, first_call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,6 +540,7 @@ async def prepare(
         backoff_base_ms=route_settings.backoff_base_ms,
         requirements=routed.requirements,
         deadline=deadline,
+        client_deadline=routed.client_deadline,
         path=path.removeprefix("/v1"),
         body=body,
         route_class=route_class,

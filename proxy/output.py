@@ -103,7 +103,7 @@ def plain_answer(
         observation = Observation(
             status=status,
             body=body,
-            has_provenance=candidate.provenance is not None,
+            provenance=candidate.provenance,
             errors=provider(candidate.adapter).errors,
         )
         return Failure.observed(observation, retry_after=answer.retry_after), None
@@ -184,7 +184,7 @@ class AttemptStream:
             status=status if status and status >= 400 else 200,
             body=cls.payload if isinstance(cls.payload, dict) else None,
             transport=TransportEvent.STREAM_ERROR_EVENT,
-            has_provenance=self.candidate.provenance is not None,
+            provenance=self.candidate.provenance,
             errors=provider(self.candidate.adapter).errors,
         )
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from catalog.models import Provenance
 from catalog.qualification import (
     MALFORMED,
     OK,
@@ -91,7 +92,9 @@ CONTENT_REJECTIONS = frozenset({400, 413, 415, 422})
 def _inconclusive_reason(status: int, body: Mapping[str, Any] | None, errors: ErrorShape) -> str | None:
     """None when a non-2xx answer is the route refusing the probe itself (a verdict: not qualified);
     else why the route cannot be judged now, in the gateway's words. `errors`: the provider's shape."""
-    failure = classify(Observation(status=status, body=body, has_provenance=True, errors=errors))
+    # Every route qualified is in the catalog: a model 404 is the account's, not the probe's content.
+    observation = Observation(status=status, body=body, provenance=Provenance.CONFIGURED, errors=errors)
+    failure = classify(observation)
     if status in CONTENT_REJECTIONS and failure in (FailureClass.CLIENT_ERROR, FailureClass.CONTEXT_OVERFLOW):
         return None
     return f"{failure or FailureClass.UPSTREAM_ERROR} (HTTP {status})"

@@ -86,6 +86,7 @@ class Relay:
         backoff_base_ms: int,
         requirements: Requirements,
         deadline: float,
+        client_deadline: bool,
         path: str,
         body: dict,
         route_class: RouteClass,
@@ -105,6 +106,9 @@ class Relay:
         self.backoff_base_ms = backoff_base_ms
         self.requirements = requirements
         self.deadline = deadline
+        # The client set `deadline` (x-gateway-deadline-ms, shorter than the gateway's default): its cut
+        # is the client's, neutral for health; else it is the gateway's own timeout (SPEC §5.6, §6.0).
+        self.client_deadline = client_deadline
         self.path = path
         self.body = body
         self.route_class = route_class
@@ -304,12 +308,14 @@ class Relay:
             log = self._log(c, AttemptStatus.FAILED)
             try:
                 # One wall-clock bound over connect, send and read (§6.0): the whole plain answer, or a
-                # stream's first visible event. A dripping upstream is cut like a hanging one. Its end
-                # is the client's deadline, so the attempt is neutral for the circuit.
+                # stream's first visible event. A dripping upstream is cut like a hanging one.
                 async with asyncio.timeout(max(self.deadline - time.monotonic(), 0)):
                     result = await self._attempt(c, log, call)
             except TimeoutError:
-                result = Failure.observed(Observation(transport=TransportEvent.DEADLINE))
+                # The client's own deadline is neutral for the circuit; the gateway's default one is its
+                # own timeout and cools a hung account (else, with the shipped defaults, never cooled).
+                cut = TransportEvent.DEADLINE if self.client_deadline else TransportEvent.GATEWAY_DEADLINE
+                result = Failure.observed(Observation(transport=cut))
             except asyncio.CancelledError:
                 log.status, log.failure_class = AttemptStatus.CANCELLED, FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN

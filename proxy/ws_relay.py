@@ -152,7 +152,7 @@ class WebsocketDispatch:
                     Observation(
                         status=rejected.status,
                         body=rejected.body,
-                        has_provenance=c.provenance is not None,
+                        provenance=c.provenance,
                         errors=provider(c.adapter).errors,
                     )
                 )

@@ -9,10 +9,13 @@ Contract:
   none. Non-string values count as absent.
 - `classify(observation)` maps one attempt's typed observation (HTTP status, parsed body, transport
   event, finish/stop reason, catalog provenance for (assignment, model)) to a FailureClass, or None
-  when nothing failed. Decisions use exact enumerated values only: no message text, no substring.
-  The checks run in this order: refusal; transport event; `code` model_not_found (any status),
-  context_length_exceeded, insufficient_quota; then the HTTP status; then, for a stream error
-  event (no error status), the error's canonical type/code.
+  when nothing failed. A code-less model 404 is a model failure only with provenance; an Anthropic
+  `not_found_error` is one only when the provenance is `observed` (this assignment's own discovery
+  listed the model, so the account lost it: a sibling of the same model may serve), else it is the
+  bare 404 that crosses to another model. Decisions use exact enumerated values only: no message
+  text, no substring. The checks run in this order: refusal; transport event; `code` model_not_found
+  (any status), context_length_exceeded, insufficient_quota; then the HTTP status; then, for a stream
+  error event (no error status), the error's canonical type/code.
 - `disposition(failure, dispatch)` applies §5.6 in its order: safety refusal is terminal; a
   dispatch not known to be rejected (or not sent) is never replayed; model_unavailable,
   rate_limited, quota, unavailable and credential_rejected go to the next candidate;
@@ -20,8 +23,10 @@ Contract:
   the failure.
 - `circuit_reason(failure)` is the circuit failure an outcome records (None: it writes no circuit
   row; an attempt holding a probe then frees it with `breaker.on_neutral`). Only unavailable, the
-  gateway's own upstream timeout (dispatch_unknown), credential_rejected (assignment-wide) and
-  model_unavailable count. 429/quota never do; the client's own deadline (`deadline`) never does.
+  gateway's own timeouts (dispatch_unknown: its upstream read timeout, and its own deadline, the
+  `retry.default_deadline_ms` a client that sent none is given), credential_rejected
+  (assignment-wide) and model_unavailable count. 429/quota never do; the client's own deadline
+  (`deadline`) never does.
 - `demotion_reason(failure)`: model_unavailable demotes for `demotion_seconds`; rate_limited and
   quota demote until the upstream's `retry-after` (read bounded by the proxy), else
   `demotion_seconds`.
@@ -55,6 +60,8 @@ DISPATCH_UNKNOWN_STATUSES = frozenset({504})
 # Canonical type/code of errors reported inside a stream (whose HTTP status was 200).
 STREAM_RATE_LIMITED = frozenset({"rate_limit_error", "rate_limit_exceeded"})
 STREAM_UNAVAILABLE = frozenset({"overloaded_error", "api_error", "server_error"})
+# The catalog provenance of a model this very assignment's discovery listed (catalog.models.Provenance).
+OBSERVED = "observed"
 
 
 class TransportEvent(enum.StrEnum):
@@ -66,6 +73,10 @@ class TransportEvent(enum.StrEnum):
     # The client's deadline (x-gateway-deadline-ms) ran out while the attempt was in flight (§6.0):
     # the wall-clock bound cut it, not the gateway's own upstream timeout. Neutral for health.
     DEADLINE = "deadline"
+    # The gateway's own deadline (retry.default_deadline_ms: the client sent none, or a longer one)
+    # ran out while the attempt was in flight: the gateway's own timeout, so it counts for the circuit
+    # like a read timeout (§5.6, §6.0), and may have executed upstream like one.
+    GATEWAY_DEADLINE = "gateway_deadline"
     STREAM_ERROR_EVENT = "stream_error_event"  # an SSE/websocket terminal error event, pre-visible
     STREAM_TRUNCATED = "stream_truncated"  # the stream closed without a terminal event
     CANCELLED = "cancelled"  # the client disconnected
@@ -74,7 +85,9 @@ class TransportEvent(enum.StrEnum):
 NOT_SENT_EVENTS = frozenset(
     {TransportEvent.CONNECT_REFUSED, TransportEvent.CONNECT_TIMEOUT, TransportEvent.RESET_BEFORE_SEND}
 )
-SENT_EVENTS = frozenset({TransportEvent.READ_TIMEOUT, TransportEvent.RESET_AFTER_SEND})
+SENT_EVENTS = frozenset(
+    {TransportEvent.READ_TIMEOUT, TransportEvent.RESET_AFTER_SEND, TransportEvent.GATEWAY_DEADLINE}
+)
 # 403 whose canonical type or code names the assignment's credential or account, not the request.
 CREDENTIAL_403 = frozenset(
     {
@@ -113,7 +126,9 @@ class Observation:
     transport: TransportEvent | None = None
     finish_reason: str | None = None  # finish_reason / stop_reason / incomplete reason, verbatim
     safety_block: bool = False  # the adapter saw a structured provider safety block
-    has_provenance: bool = False  # the catalog holds an entry for (assignment, model)
+    # The catalog provenance of (assignment, model) (`configured`, `observed`, `preserved`); None when
+    # the catalog holds none (`routing.types.Candidate.provenance`).
+    provenance: str | None = None
     errors: ErrorShape = ErrorShape()  # where the upstream provider's error bodies keep their fields
 
 
@@ -154,7 +169,13 @@ def canonical_error(body: Mapping[str, object] | None, shape: ErrorShape = Error
     )
 
 
-def _by_status(status: int, error: CanonicalError, has_provenance: bool) -> FailureClass:
+def _lost_model(error: CanonicalError, provenance: str | None) -> bool:
+    """Anthropic's `not_found_error` for a model this assignment's own discovery listed: the account
+    lost a model it advertised, which a sibling of the same model may still serve (§5.6, 2026-12-05)."""
+    return error.code is None and error.type == "not_found_error" and provenance == OBSERVED
+
+
+def _by_status(status: int, error: CanonicalError, provenance: str | None) -> FailureClass:
     if status == 429:
         return FailureClass.RATE_LIMITED
     if status == 401 or (status == 403 and (error.type in CREDENTIAL_403 or error.code in CREDENTIAL_403)):
@@ -165,7 +186,9 @@ def _by_status(status: int, error: CanonicalError, has_provenance: bool) -> Fail
         return FailureClass.DISPATCH_UNKNOWN
     if status == 404:
         if error.code is None and error.type == "invalid_request_error" and error.param == "model":
-            return FailureClass.MODEL_UNAVAILABLE if has_provenance else FailureClass.CLIENT_ERROR
+            return FailureClass.MODEL_UNAVAILABLE if provenance is not None else FailureClass.CLIENT_ERROR
+        if _lost_model(error, provenance):
+            return FailureClass.MODEL_UNAVAILABLE
         if error.bare or (error.code is None and error.type == "not_found_error"):
             return FailureClass.MODEL_NOT_FOUND_CROSS
         return FailureClass.CLIENT_ERROR
@@ -176,7 +199,9 @@ def _by_status(status: int, error: CanonicalError, has_provenance: bool) -> Fail
     return FailureClass.UPSTREAM_ERROR
 
 
-def _by_stream_error(error: CanonicalError) -> FailureClass:
+def _by_stream_error(error: CanonicalError, provenance: str | None) -> FailureClass:
+    if _lost_model(error, provenance):
+        return FailureClass.MODEL_UNAVAILABLE
     if error.code is None and error.type == "not_found_error":
         # Anthropic's unknown-model error arriving as a stream event: the same bare 404 as over HTTP.
         return FailureClass.MODEL_NOT_FOUND_CROSS
@@ -210,9 +235,9 @@ def classify(observation: Observation) -> FailureClass | None:
     if "insufficient_quota" in (error.code, error.type):
         return FailureClass.QUOTA
     if obs.status is not None and not 200 <= obs.status < 300:
-        return _by_status(obs.status, error, obs.has_provenance)
+        return _by_status(obs.status, error, obs.provenance)
     if obs.transport is TransportEvent.STREAM_ERROR_EVENT or not error.bare:
-        return _by_stream_error(error)
+        return _by_stream_error(error, obs.provenance)
     return None
 
 

@@ -358,6 +358,72 @@ def test_the_client_deadline_is_a_typed_504_and_leaves_the_circuit_alone(gateway
     assert not Circuit.objects.exists()
 
 
+def _cut_by_its_deadline(gateway: str, stream: bool, headers: dict[str, str] | None = None):
+    """One request to the hung `acct-a`: the deadline cuts it, a typed 504, never replayed on acct-b."""
+    response = post(gateway, "/v1/chat/completions", {**CHAT, "stream": stream}, headers=headers)
+    assert response.status_code == 504
+    assert _sanitized(response, "served by b")["code"] == "upstream_dispatch_unknown"
+    (attempt,) = attempts_of(record_of(response))
+    return attempt
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "sse"])
+def test_the_gateway_default_deadline_is_its_own_timeout_and_cools_a_hung_account(
+    gateway, two_assignments, stream
+):
+    """No x-gateway-deadline-ms: the deadline is `retry.default_deadline_ms`, the gateway's own, so its
+    cut counts as `timeout` (SPEC §5.6, §6.0); after `failure_threshold` cuts the hung account is
+    cooled and the next request meets its healthy sibling first."""
+    a, b, (acct_a, _) = two_assignments
+    GatewaySettings.objects.filter(pk=1).update(default_deadline_ms=1000)
+    threshold = GatewaySettings.objects.get(pk=1).failure_threshold
+    a.script("gpt-5", hang(30))
+    b.script("gpt-5", serve("served by b"))
+    for _ in range(threshold):
+        attempt = _cut_by_its_deadline(gateway, stream)
+        assert (attempt.assignment_id, attempt.dispatch_state, attempt.failure_class) == (
+            acct_a.pk,
+            "unknown",
+            "dispatch_unknown",
+        )
+    circuit = Circuit.objects.get()
+    assert (circuit.assignment_id, circuit.state, circuit.reason) == (acct_a.pk, "open", "timeout")
+    response = post(gateway, "/v1/chat/completions", {**CHAT, "stream": stream})
+    assert response.status_code == 200
+    text = (
+        chat_text(sse_events(response.text))
+        if stream
+        else response.json()["choices"][0]["message"]["content"]
+    )
+    assert text == "served by b"
+    assert response.headers["x-gateway-attempts"] == "1"
+    assert_hits((a, threshold), (b, 1))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "sse"])
+def test_the_same_hang_cut_by_the_client_deadline_leaves_the_account_in_use(gateway, two_assignments, stream):
+    a, b, _ = two_assignments
+    threshold = GatewaySettings.objects.get(pk=1).failure_threshold
+    a.script("gpt-5", hang(30))
+    b.script("gpt-5", serve("served by b"))
+    for _ in range(threshold + 1):
+        attempt = _cut_by_its_deadline(gateway, stream, {"x-gateway-deadline-ms": "1000"})
+        assert attempt.failure_class == "deadline"
+    assert not Circuit.objects.exists()
+    assert_hits((a, threshold + 1), (b, 0))  # never cooled: every request still meets acct-a first
+
+
+def test_a_client_deadline_past_the_default_is_the_gateways_own(gateway, two_assignments):
+    """A client asking for more than `retry.default_deadline_ms` gets the default: the gateway's own."""
+    a, _, (acct_a, _) = two_assignments
+    GatewaySettings.objects.filter(pk=1).update(default_deadline_ms=1000)
+    a.script("gpt-5", hang(30))
+    attempt = _cut_by_its_deadline(gateway, False, {"x-gateway-deadline-ms": "60000"})
+    assert attempt.failure_class == "dispatch_unknown"
+    circuit = Circuit.objects.get()
+    assert (circuit.assignment_id, circuit.reason, circuit.consecutive_failures) == (acct_a.pk, "timeout", 1)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "sse"])
 def test_the_gateway_own_read_timeout_is_dispatch_unknown_counts_and_is_never_replayed(
     gateway, two_assignments, stream, settings

@@ -47,6 +47,7 @@ def _relay(*, deadline: float = 0.0, backoff_base_ms: int = 0, **given) -> Relay
         "backoff_base_ms": backoff_base_ms,
         "requirements": Requirements(),
         "deadline": deadline,
+        "client_deadline": False,
         "path": "/chat/completions",
         "body": {},
         "route_class": RouteClass.HTTP,

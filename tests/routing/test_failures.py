@@ -3,6 +3,7 @@ and without provenance, in every envelope; then the disposition order and the ci
 
 import pytest
 
+from routing import failures
 from routing.failures import (
     CanonicalError,
     DispatchState,
@@ -56,15 +57,18 @@ def anthropic(error_type):
 
 
 ENVELOPES = [openai, response_envelope, status_details]
+# A catalog provenance for (assignment, model) (`catalog.models.Provenance`), or none.
+PROVENANCES = ["configured", "observed", "preserved", None]
+KNOWN = ["configured", "observed", "preserved"]
 MODEL_PARAM_404 = {"type": "invalid_request_error", "param": "model"}
 
 
 @pytest.mark.parametrize("envelope", ENVELOPES)
 @pytest.mark.parametrize("status", [400, 403, 404, 422, 429, 500, None])
-@pytest.mark.parametrize("provenance", [True, False])
+@pytest.mark.parametrize("provenance", PROVENANCES)
 def test_structured_model_not_found_is_model_unavailable_at_any_status(envelope, status, provenance):
     body = envelope(code="model_not_found", type="invalid_request_error", param="model")
-    assert classify(Observation(status=status, body=body, has_provenance=provenance)) is FC.MODEL_UNAVAILABLE
+    assert classify(Observation(status=status, body=body, provenance=provenance)) is FC.MODEL_UNAVAILABLE
 
 
 def test_structured_model_not_found_in_a_stream_error_event():
@@ -75,9 +79,11 @@ def test_structured_model_not_found_in_a_stream_error_event():
 
 
 @pytest.mark.parametrize("envelope", ENVELOPES)
-@pytest.mark.parametrize(("provenance", "expected"), [(True, FC.MODEL_UNAVAILABLE), (False, FC.CLIENT_ERROR)])
+@pytest.mark.parametrize(
+    ("provenance", "expected"), [*((p, FC.MODEL_UNAVAILABLE) for p in KNOWN), (None, FC.CLIENT_ERROR)]
+)
 def test_codeless_404_param_model_needs_provenance(envelope, provenance, expected):
-    obs = Observation(status=404, body=envelope(**MODEL_PARAM_404), has_provenance=provenance)
+    obs = Observation(status=404, body=envelope(**MODEL_PARAM_404), provenance=provenance)
     assert classify(obs) is expected
 
 
@@ -92,16 +98,14 @@ def test_codeless_404_param_model_needs_provenance(envelope, provenance, expecte
         {"param": "model"},  # no type
     ],
 )
-@pytest.mark.parametrize("provenance", [True, False])
+@pytest.mark.parametrize("provenance", PROVENANCES)
 def test_other_404_shapes_are_client_errors_even_with_provenance(fields, provenance):
-    assert (
-        classify(Observation(status=404, body=openai(**fields), has_provenance=provenance)) is FC.CLIENT_ERROR
-    )
+    assert classify(Observation(status=404, body=openai(**fields), provenance=provenance)) is FC.CLIENT_ERROR
 
 
 @pytest.mark.parametrize("status", [400, 403, 422])
 def test_codeless_param_model_shape_only_counts_at_404(status):
-    obs = Observation(status=status, body=openai(**MODEL_PARAM_404), has_provenance=True)
+    obs = Observation(status=status, body=openai(**MODEL_PARAM_404), provenance="configured")
     assert classify(obs) is FC.CLIENT_ERROR
 
 
@@ -114,12 +118,44 @@ def test_codeless_param_model_shape_only_counts_at_404(status):
         {"detail": "Not Found"},
         {"error": "Not Found"},  # a string, not an error object
         {"error": {"code": 404, "message": "No endpoints found"}},  # non-string code counts as absent
-        anthropic("not_found_error"),
     ],
 )
-@pytest.mark.parametrize("provenance", [True, False])
-def test_bare_404_and_anthropic_not_found_are_model_not_found_cross(body, provenance):
-    assert classify(Observation(status=404, body=body, has_provenance=provenance)) is FC.MODEL_NOT_FOUND_CROSS
+@pytest.mark.parametrize("provenance", PROVENANCES)
+def test_bare_404_is_model_not_found_cross_whatever_the_provenance(body, provenance):
+    assert classify(Observation(status=404, body=body, provenance=provenance)) is FC.MODEL_NOT_FOUND_CROSS
+
+
+@pytest.mark.parametrize(
+    ("provenance", "expected"),
+    [
+        # The account's own discovery listed the model, and it now says not found: it lost the model,
+        # and a sibling of the same model is tried first (SPEC §5.6, exception of 2026-12-05).
+        ("observed", FC.MODEL_UNAVAILABLE),
+        # Configured or preserved says nothing about what this account serves today: the bare 404.
+        ("configured", FC.MODEL_NOT_FOUND_CROSS),
+        ("preserved", FC.MODEL_NOT_FOUND_CROSS),
+        (None, FC.MODEL_NOT_FOUND_CROSS),
+    ],
+)
+@pytest.mark.parametrize("transport", [None, TE.STREAM_ERROR_EVENT], ids=["http", "stream-event"])
+def test_anthropic_not_found_is_a_lost_model_only_with_observed_provenance(provenance, expected, transport):
+    status = 404 if transport is None else 200
+    obs = Observation(
+        status=status, body=anthropic("not_found_error"), transport=transport, provenance=provenance
+    )
+    assert classify(obs) is expected
+
+
+def test_anthropic_not_found_with_observed_provenance_goes_to_a_sibling_of_the_same_model():
+    failure = classify(Observation(status=404, body=anthropic("not_found_error"), provenance="observed"))
+    assert disposition(failure, dispatch_state(None, 404)) is Disposition.NEXT_CANDIDATE
+    assert circuit_reason(failure) is CircuitReason.UPSTREAM_MODEL_UNAVAILABLE
+
+
+def test_observed_is_the_catalogs_own_spelling():
+    from catalog.models import Provenance
+
+    assert failures.OBSERVED == Provenance.OBSERVED
 
 
 @pytest.mark.parametrize(
@@ -242,7 +278,7 @@ def test_context_length_exceeded_is_context_overflow(obs):
     "obs",
     [
         Observation(status=400, body=openai(code="invalid_model", param="model")),
-        Observation(status=404, body=openai(code="invalid_model", param="model"), has_provenance=True),
+        Observation(status=404, body=openai(code="invalid_model", param="model"), provenance="configured"),
         Observation(
             status=400, body=openai(code="previous_response_not_found", param="previous_response_id")
         ),
@@ -513,6 +549,16 @@ def test_the_client_deadline_is_neutral_and_never_replayed():
 def test_the_gateway_own_read_timeout_counts_as_timeout():
     failure = classify(Observation(transport=TE.READ_TIMEOUT))
     assert circuit_reason(failure) is CircuitReason.TIMEOUT
+
+
+def test_the_gateway_own_deadline_counts_as_timeout_and_is_never_replayed():
+    """A deadline the client did not send (`retry.default_deadline_ms`) is the gateway's own: its cut
+    cools a hung account (SPEC §5.6, §6.0), and the request, which may have executed, is not replayed."""
+    failure = classify(Observation(transport=TE.GATEWAY_DEADLINE))
+    assert failure is FC.DISPATCH_UNKNOWN
+    assert circuit_reason(failure) is CircuitReason.TIMEOUT
+    assert dispatch_state(TE.GATEWAY_DEADLINE, None) is DS.UNKNOWN
+    assert disposition(failure, DS.UNKNOWN) is Disposition.DISPATCH_UNKNOWN
 
 
 @pytest.mark.parametrize("failure", [FC.RATE_LIMITED, FC.QUOTA])
