@@ -1,0 +1,176 @@
+"""Latency (SPEC §5.4): the ledger writer folds each batch's times to first byte into a moving average
+per (assignment, model), and the request's one statement before dispatch reads it into the candidates.
+Never written on a request's path, never kept in a process: every node routes on the same average."""
+
+import json
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from devkit.behaviours import Serve
+from pools.models import Assignment
+from proxy.exchange import AttemptLog, Exchange
+from proxy.ledger import LedgerWriter
+from proxy.models import RequestRecord
+from routing.latency import Fold
+from routing.models import Demotion, Latency
+from routing.selectors import request_state_load, routing_view_load
+from routing.services import latencies_record
+from routing.types import RouteClass
+from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, finished_exchange
+from tests.gateway_fixtures import GATEWAY_KEY
+from tests.proxy.fixtures_e2e import CHAT, RESPONSES, ledger_settled, post
+from tests.proxy.test_websocket import open_ws, read_response
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _attempt(assignment_id: int, ttfb_ms: int | None, *, status="succeeded", model="gpt-5", ordinal=1):
+    return AttemptLog(
+        ordinal=ordinal,
+        assignment_id=assignment_id,
+        model=model,
+        route_class="http",
+        status=status,
+        ttfb_ms=ttfb_ms,
+    )
+
+
+def _exchange(*attempts: AttemptLog) -> Exchange:
+    return finished_exchange(attempts=list(attempts))
+
+
+def _saved(writer: LedgerWriter, *exchanges: Exchange) -> None:
+    for exchange in exchanges:
+        writer.submit(exchange)
+    assert writer.flush(timeout=10)
+
+
+def _average(assignment: Assignment, model: str = "gpt-5") -> tuple[float, int]:
+    row = Latency.objects.get(assignment=assignment, model=model)
+    return round(row.ewma_ms, 6), row.samples
+
+
+def test_the_writer_folds_each_batchs_samples_into_the_pairs_moving_average():
+    a = AssignmentFactory()
+    writer = LedgerWriter()
+    _saved(writer, _exchange(_attempt(a.pk, 100)))
+    assert _average(a) == (100.0, 1)
+    _saved(
+        writer,
+        _exchange(_attempt(a.pk, 200)),
+        # A failed attempt's timing is no sample, nor is an attempt that never had a first byte.
+        _exchange(_attempt(a.pk, 5000, status="retryable_failed"), _attempt(a.pk, 300, ordinal=2)),
+        _exchange(_attempt(a.pk, None)),
+    )
+    # Each sample moves the average a fifth of the way towards itself: 100 -> 120 -> 156.
+    assert _average(a) == (156.0, 3)
+    assert RequestRecord.objects.count() == 4
+
+
+def test_a_sample_of_an_assignment_deleted_meanwhile_costs_neither_the_records_nor_the_other_samples():
+    a, gone = AssignmentFactory(), AssignmentFactory()
+    gone_id = gone.pk
+    gone.delete()
+    x = _exchange(_attempt(gone_id, 100), _attempt(a.pk, 200, ordinal=2))
+    _saved(LedgerWriter(), x)
+    assert RequestRecord.objects.filter(request_id=x.request_id).exists()
+    assert _average(a) == (200.0, 1)
+    assert not Latency.objects.filter(assignment_id=gone_id).exists()
+
+
+def test_the_fold_is_one_statement_for_a_batch_and_none_for_a_batch_without_samples(
+    django_assert_num_queries,
+):
+    a, b = AssignmentFactory(), AssignmentFactory()
+    without = [_exchange(_attempt(a.pk, None)), _exchange(_attempt(a.pk, 90, status="failed"))]
+    with django_assert_num_queries(0):
+        LedgerWriter._fold_latencies(without)
+    pairs = [_exchange(_attempt(a.pk, 100)), _exchange(_attempt(b.pk, 200), _attempt(a.pk, 300, model="o3"))]
+    with django_assert_num_queries(1):
+        LedgerWriter._fold_latencies(pairs)
+    assert sorted(Latency.objects.values_list("assignment_id", "model", "ewma_ms")) == [
+        (a.pk, "gpt-5", 100.0),
+        (a.pk, "o3", 300.0),
+        (b.pk, "gpt-5", 200.0),
+    ]
+
+
+@pytest.fixture
+def pool_of_two():
+    a = AssignmentFactory(name="acct-a")
+    b = AssignmentFactory(name="acct-b", pool=a.pool)
+    for assignment in (a, b):
+        CatalogEntryFactory(assignment=assignment, model="gpt-5")
+    GatewayKeyFactory(raw_key=GATEWAY_KEY, pools=[a.pool])
+    return a, b
+
+
+@pytest.mark.parametrize("troubled", ["none", "demoted"])
+def test_the_requests_one_statement_reads_the_latency_into_its_candidates(
+    pool_of_two, troubled, django_assert_num_queries
+):
+    """Whether or not another candidate has a health row: a request with none (the fast path, which
+    hands the configuration's candidates on untouched) must carry the latency too."""
+    a, b = pool_of_two
+    now = timezone.now()
+    latencies_record(folds=[Fold(a.pk, "gpt-5", 250.4, 3)], now=now)
+    if troubled == "demoted":
+        Demotion.objects.create(
+            assignment=b, model="gpt-5", reason="headroom", until=now.replace(year=now.year + 1)
+        )
+    with django_assert_num_queries(1):
+        state = request_state_load(GATEWAY_KEY, route_class=RouteClass.HTTP, now=now)
+    assert state is not None
+    view, _ = routing_view_load(
+        pool_ids=state.authenticated.key.pool_ids, route_class=RouteClass.HTTP, now=now, health=state.health
+    )
+    assert {c.assignment: (c.latency_ms, c.demoted) for c in view.routes["gpt-5"]} == {
+        "acct-a": (250.0, False),
+        "acct-b": (None, troubled == "demoted"),
+    }
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+def test_a_served_requests_time_to_first_byte_becomes_its_accounts_latency(
+    gateway, two_assignments, transport
+):
+    """Over HTTP the first byte is the answer's headers; over a websocket, the turn's first event after
+    its frame was sent (the fake waits 0.3 s before each, so the average cannot be less)."""
+    a, _b, (acct_a, acct_b) = two_assignments
+    a.script("gpt-5", Serve(delay_s=0.3))
+    if transport == "http":
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    else:
+        with open_ws(gateway) as ws:
+            ws.send(json.dumps({"type": "response.create", **RESPONSES}))
+            assert read_response(ws)[-1]["type"] == "response.completed"
+    ledger_settled()
+    ewma, samples = _average(acct_a)
+    assert samples == 1 and ewma >= 300
+    assert not Latency.objects.filter(assignment=acct_b).exists()  # it served nothing
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="two processes need a shared server database")
+def test_two_gateway_processes_route_on_the_same_latency(gateway_nodes, two_assignments):
+    """With the pool features off the plan is a priority list (tier, weight, then latency): two equal
+    accounts go in name order until the average one node's writer kept says the second is faster; then
+    both nodes send to it."""
+    a, b, (acct_a, acct_b) = two_assignments
+    Assignment.objects.update(tier=0)
+    nodes = gateway_nodes.start(2, GATEWAY_POOL_FEATURES="false")
+    auth = {"authorization": f"Bearer {GATEWAY_KEY}"}
+
+    def served_by_each_node() -> list[str]:
+        answers = [httpx.post(f"{n}/v1/chat/completions", json=CHAT, headers=auth, timeout=10) for n in nodes]
+        return [answer.json()["choices"][0]["message"]["content"] for answer in answers]
+
+    assert served_by_each_node() == ["hello from a", "hello from a"]
+    latencies_record(
+        folds=[Fold(acct_a.pk, "gpt-5", 900.0, 5), Fold(acct_b.pk, "gpt-5", 100.0, 5)], now=datetime.now(UTC)
+    )
+    assert served_by_each_node() == ["hello from b", "hello from b"]
+    assert (a.hit_count(), b.hit_count()) == (2, 2)
