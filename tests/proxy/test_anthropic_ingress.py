@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from catalog.models import Provenance
+from catalog.models import CatalogEntry, Provenance
 from devkit.behaviours import (
     error,
     fail_after_visible,
@@ -22,6 +22,7 @@ from devkit.behaviours import (
 from devkit.upstream import FakeUpstream
 from pools.models import Adapter, Assignment, GatewaySettings, ModelFallback, Pool
 from proxy.unserved import UNTRANSLATABLE_MESSAGE
+from routing.models import Circuit
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY, UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import (
@@ -234,6 +235,44 @@ def test_a_cross_model_rejection_skips_the_same_models_other_candidates(
     assert response.status_code == 200
     assert response.headers["x-gateway-served-model"] == "claude-opus-4-1"
     assert twin.hits == []  # the rejection was about the model: not retried on the same model
+
+
+@pytest.mark.parametrize(
+    ("provenance", "served_by_twin"),
+    [(Provenance.OBSERVED, True), (Provenance.CONFIGURED, False), (Provenance.PRESERVED, False)],
+)
+def test_an_account_that_lost_an_observed_model_hands_it_to_a_sibling_of_the_same_model(
+    gateway, setup, fake_upstream_factory, provenance, served_by_twin
+):
+    """Anthropic's 404 not_found_error for a model this account's own discovery listed (provenance
+    `observed`): the account lost it, so a sibling serving the same model is tried first (SPEC §5.6,
+    2026-12-05). Configured or preserved says nothing about what the account serves today: the bare
+    404 of the old rule, which never tries the same model again."""
+    GatewaySettings.objects.filter(pk=1).update(model_fallback_family=False)
+    lost = setup.add(fake_upstream_factory, "acct-lost", Adapter.ANTHROPIC, ("claude-opus-4-8",), tier=0)
+    twin = setup.add(fake_upstream_factory, "acct-twin", Adapter.ANTHROPIC, ("claude-opus-4-8",), tier=1)
+    CatalogEntry.objects.update(provenance=provenance)  # as sync_catalog records what discovery listed
+    lost.script("claude-opus-4-8", model_not_found())
+    response = messages(gateway, {"model": "claude-opus-4-8"})
+    assert [h.model for h in lost.hits] == ["claude-opus-4-8"]
+    record = record_of(response)
+    if served_by_twin:
+        assert response.status_code == 200
+        assert response.json()["content"][0]["text"] == "hello from acct-twin"
+        assert [h.model for h in twin.hits] == ["claude-opus-4-8"]
+        assert attempt_statuses(record) == ["retryable_failed", "succeeded"]
+        assert attempts_of(record)[0].failure_class == "model_unavailable"
+        circuit = Circuit.objects.get()
+        assert (circuit.assignment_id, circuit.reason) == (
+            setup.accounts["acct-lost"].pk,
+            "upstream_model_unavailable",
+        )
+    else:
+        assert response.status_code == 404
+        assert response.json()["error"]["type"] == "not_found_error"
+        assert twin.hits == []
+        assert attempt_statuses(record) == ["failed"]
+        assert attempts_of(record)[0].failure_class == "model_not_found_cross"
 
 
 def test_a_pre_visible_not_found_error_in_a_stream_hands_off_across_models(gateway, claude):

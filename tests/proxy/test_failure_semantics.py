@@ -469,6 +469,27 @@ def test_a_websocket_response_is_cut_at_its_deadline_and_leaves_the_circuit_alon
     assert not Circuit.objects.exists()
 
 
+def test_a_websocket_response_cut_by_the_gateway_default_deadline_counts_as_timeout(gateway, two_assignments):
+    """No x-gateway-deadline-ms in the handshake: each frame's deadline is the gateway's own, and its cut
+    counts for the circuit (SPEC §5.6, §6.0), as over HTTP."""
+    a, b, (acct_a, _) = two_assignments
+    GatewaySettings.objects.filter(pk=1).update(default_deadline_ms=1000)
+    a.script("gpt-5", hang(30))
+    url = gateway.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, additional_headers=AUTH, open_timeout=5) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "gpt-5", "input": "hi"}))
+        event = json.loads(ws.recv(timeout=10))
+    assert (event["status"], event["error"]["code"]) == (504, "upstream_dispatch_unknown")
+    assert_hits((a, 1), (b, 0))
+    circuit = Circuit.objects.get()
+    assert (circuit.assignment_id, circuit.route_class, circuit.reason, circuit.consecutive_failures) == (
+        acct_a.pk,
+        "websocket",
+        "timeout",
+        1,
+    )
+
+
 def test_over_websockets_only_the_lease_holder_tries_the_half_open_account(gateway, two_assignments):
     a, b, (acct_a, _) = two_assignments
     _cooled_circuit(acct_a, reason="upstream_unavailable", route_class="websocket")
