@@ -1,12 +1,15 @@
 """Reads of capability evidence (SPEC §8.1) for the router's configuration snapshot and the panel.
 
 Both ask the same two things: the configuration hash of a route as it is configured now
-(`route_hash`) and the latest unexpired verdict per route and capability (`evidence_load`); both then
-call `routing.capabilities.effective`, so what the panel shows is what eligibility uses.
+(`route_hash`) and the latest verdict per route and capability while it has not expired
+(`evidence_load`); both then call `routing.capabilities.effective`, so what the panel shows is what
+eligibility uses.
 """
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+
+from django.db.models import Exists, OuterRef, Q
 
 from catalog.models import CapabilityEvidence, CatalogEntry
 from pools.models import Assignment
@@ -52,9 +55,18 @@ def route_capabilities(
 
 
 def evidence_load(*, pool_ids: Iterable[int], now: datetime) -> dict[RouteKey, dict[Capability, Evidence]]:
-    """The latest unexpired verdict of every route of these pools, per capability, in ONE query."""
+    """The latest verdict of every route of these pools, per capability, when it has not expired, in
+    ONE query. The latest is chosen among every verdict, expired or not: once it expires the route has
+    no evidence (its declared value, else unknown), never an older verdict it replaced."""
+    newer = CapabilityEvidence.objects.filter(
+        assignment_id=OuterRef("assignment_id"), model=OuterRef("model"), capability=OuterRef("capability")
+    ).filter(
+        Q(qualified_at__gt=OuterRef("qualified_at"))
+        | Q(qualified_at=OuterRef("qualified_at"), pk__gt=OuterRef("pk"))
+    )
     rows = (
         CapabilityEvidence.objects.filter(assignment__pool_id__in=list(pool_ids), expires_at__gt=now)
+        .filter(~Exists(newer))
         .order_by("qualified_at", "pk")
         .values_list(
             "assignment_id",

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import F
 from django.utils import timezone
 
 from catalog.models import CapabilityEvidence
@@ -311,3 +312,38 @@ def test_a_route_over_a_providers_own_api_is_not_judged_and_nothing_is_sent(adap
         assert fake.hits == []
     assert "not judged: the route speaks its provider's own API" in out.getvalue()
     assert CapabilityEvidence.objects.filter(assignment=assignment).count() == 0
+
+
+def test_an_expired_newer_verdict_never_resurrects_an_older_one():
+    """Qualified tools:true for 30 days, re-qualified tools:false for 2 after the route degraded; once
+    the newer verdict expires the route is back to declared (here unknown), never the older true."""
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        GatewayKeyFactory(name="ci", pools=[assignment.pool])
+        qualify()
+        CapabilityEvidence.objects.update(
+            qualified_at=F("qualified_at") - timedelta(days=4), expires_at=F("expires_at") - timedelta(days=4)
+        )
+        GatewaySettings.objects.update_or_create(pk=1, defaults={"qualification_days": 2})
+        fake.mode = "text_tool_calls"
+        qualify()
+    older = CapabilityEvidence.objects.get(assignment=assignment, capability="tools", qualified=True)
+    newer = CapabilityEvidence.objects.get(assignment=assignment, capability="tools", qualified=False)
+    assert older.qualified_at < newer.qualified_at and newer.expires_at < older.expires_at
+    now = timezone.now()
+    assert view_of(assignment, now, config_version()).tools == TriState.FALSE
+    # Time passes: the newer verdict expires, the older one has weeks left.
+    CapabilityEvidence.objects.filter(pk=newer.pk).update(
+        qualified_at=F("qualified_at") - timedelta(days=3), expires_at=F("expires_at") - timedelta(days=3)
+    )
+    CapabilityEvidence.objects.filter(pk=older.pk).update(
+        qualified_at=F("qualified_at") - timedelta(days=3), expires_at=F("expires_at") - timedelta(days=3)
+    )
+    aged = view_of(assignment, timezone.now(), config_version())
+    assert aged.tools == TriState.UNKNOWN
+    assert evaluate(aged, TOOL_TURN).reasons == (IneligibleReason.CAPABILITY,)
+    out = io.StringIO()
+    call_command("routing_explain", key="ci", model="gpt-5", tools=True, stdout=out)
+    text = out.getvalue()
+    assert "tools=unknown (unknown)" in text and "tools=true" not in text
+    assert "ineligible: acct-a / gpt-5 [tier 0, healthy]: capability" in text
