@@ -26,7 +26,7 @@ from pools.selectors import pools_visible_to
 from proxy.models import Attempt, AttemptStatus
 from routing import panel
 from routing.breaker import CircuitSnapshot
-from routing.models import Circuit, Demotion
+from routing.models import Circuit, Demotion, Latency
 from routing.services import breaker_settings, circuit_snapshot
 from routing.types import ASSIGNMENT_WIDE, CircuitReason, RouteClass, TriState
 
@@ -63,12 +63,30 @@ PANEL_CAPABILITIES = (
 )
 
 
-def _usage(*, pool_ids: list[int] | None, now: datetime) -> list[panel.UsageRow]:
-    """One aggregate over the ledger's attempts in the window. Ineligible candidates were never
-    dispatched, so they are not usage. `pool_ids` None: every attempt (superusers)."""
-    attempts = Attempt.objects.filter(
+def _dispatched(now: datetime):
+    """The ledger's attempts in the usage window. Ineligible candidates were never dispatched, so they
+    are not usage."""
+    return Attempt.objects.filter(
         request__started_at__gt=now - panel.USAGE_WINDOW, request__started_at__lte=now
     ).exclude(status=AttemptStatus.INELIGIBLE)
+
+
+def _attempts_by_assignment(*, pool_ids: list[int], now: datetime) -> dict[int, int]:
+    """One aggregate: each assignment of these pools -> its attempts in the window (none: absent)."""
+    rows = (
+        _dispatched(now)
+        .filter(assignment__pool_id__in=pool_ids)
+        .values_list("assignment_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    return dict(rows)
+
+
+def _usage(*, pool_ids: list[int] | None, now: datetime) -> list[panel.UsageRow]:
+    """One aggregate over the ledger's attempts in the window. `pool_ids` None: every attempt
+    (superusers)."""
+    attempts = _dispatched(now)
     if pool_ids is not None:
         attempts = attempts.filter(assignment__pool_id__in=pool_ids)
     rows = (
@@ -86,9 +104,11 @@ def _usage(*, pool_ids: list[int] | None, now: datetime) -> list[panel.UsageRow]
 
 
 def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
-    """Everything /admin/upstreams/ shows `user`, in eight queries whatever the number of pools,
+    """Everything /admin/upstreams/ shows `user`, in ten queries whatever the number of pools,
     assignments and models: settings, pools, assignments, capability evidence, catalog entries, circuits,
-    live demotions and one usage aggregate. Reads only: a missing settings row is not created on a GET."""
+    live demotions, latency averages, and two aggregates of the ledger's window (attempts per assignment,
+    for each one's share of its pool and whether it answered; usage per model). Reads only: a missing
+    settings row is not created on a GET."""
     stored = GatewaySettings.objects.filter(pk=1).first()
     bsettings = breaker_settings(stored if stored is not None else GatewaySettings())
     pools = list(pools_visible_to(user).order_by("name").values_list("pk", "name"))
@@ -152,6 +172,13 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
         assignment__pool_id__in=pool_ids, until__gt=now
     ).values_list("assignment_id", "model", "reason", "until"):
         demotions.setdefault(assignment_id, {})[model] = panel.DemotionFacts(CircuitReason(reason), until)
+    latencies: dict[int, dict[str, panel.LatencyFacts]] = {}
+    for assignment_id, model, ewma_ms, samples in Latency.objects.filter(
+        assignment__pool_id__in=pool_ids
+    ).values_list("assignment_id", "model", "ewma_ms", "samples"):
+        latencies.setdefault(assignment_id, {})[model] = panel.LatencyFacts(ewma_ms, samples)
+    attempts = _attempts_by_assignment(pool_ids=pool_ids, now=now)
+    shares = panel.shares(attempts, {a.pk: a.pool_id for a in assignments})
 
     by_pool: dict[int, list[panel.AssignmentRow]] = {pk: [] for pk in pool_ids}
     for a in assignments:
@@ -173,8 +200,12 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
                     bsettings,
                     now,
                     wide=wide.get(a.pk),
+                    latencies=latencies.get(a.pk),
                 ),
                 credential=panel.signal(None, wide.get(a.pk), bsettings, now) if a.pk in wide else None,
+                attempts=attempts.get(a.pk, 0),
+                share=shares[a.pk],
+                headroom=panel.headroom(demotions.get(a.pk, {}).values(), answered=a.pk in attempts, now=now),
             )
         )
     usage = _usage(pool_ids=None if user.is_superuser else pool_ids, now=now)

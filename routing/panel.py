@@ -1,14 +1,16 @@
 """What the operator Routing panel shows (SPEC §9), data in, data out.
 
 Contract: the loader (`proxy.upstreams.upstreams_panel_load`) reads rows and hands this module plain
-values (circuit snapshots, catalog facts, demotions, usage counts) and a fixed `now`; this module returns
-frozen values that the template renders. A serving signal comes from `breaker.health`, the function the
-router itself calls, so what an operator sees is what the router does. Nothing is inferred: a capability
-that was not declared stays UNKNOWN, a token count that was not reported stays None, and a model that is
-not in the catalog but still has circuit or demotion rows is shown with no provenance rather than hidden.
+values (circuit snapshots, catalog facts, demotions, latency averages, usage counts) and a fixed `now`;
+this module returns frozen values that the template renders. A serving signal comes from
+`breaker.health`, the function the router itself calls, so what an operator sees is what the router
+does. Nothing is inferred: a capability that was not declared stays UNKNOWN, a token count that was not
+reported stays None, and a model that is not in the catalog but still has circuit or demotion rows is
+shown with no provenance rather than hidden.
 No value here is a credential, a key or a provider message: none is ever passed in.
 """
 
+import enum
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -132,6 +134,18 @@ class DemotionFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class LatencyFacts:
+    """A route's moving average of upstream time to first byte (`routing.latency`), as the router reads it."""
+
+    ewma_ms: float
+    samples: int
+
+    @property
+    def text(self) -> str:
+        return f"{self.ewma_ms:.0f} ms, {_count(self.samples, 'answer')}"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRow:
     model: str
     provenance: str  # a catalog provenance, or NOT_ADVERTISED
@@ -142,6 +156,7 @@ class ModelRow:
     demotion: DemotionFacts | None
     capabilities: tuple[Effective, ...] = ()  # empty for a model that is not advertised
     price: Price = UNKNOWN_PRICE
+    latency: LatencyFacts | None = None  # None: it has not answered yet (the router ranks it unknown)
 
     @property
     def advertised(self) -> bool:
@@ -159,13 +174,15 @@ def model_rows(
     settings: BreakerSettings,
     now: datetime,
     wide: CircuitSnapshot | None = None,
+    latencies: Mapping[str, LatencyFacts] | None = None,
 ) -> tuple[ModelRow, ...]:
-    """Every advertised model of one assignment, plus any model that has circuit or live demotion rows
-    without being advertised (state outlives a catalog entry), sorted by model id. While the
+    """Every advertised model of one assignment, plus any model that has circuit, live demotion or
+    latency rows without being advertised (state outlives a catalog entry), sorted by model id. While the
     assignment-wide circuit (`wide`, credential_rejected) is not closed it governs every signal, as it
     does for the router (`breaker.governing`)."""
     facts = {e.model: e for e in entries}
-    models = set(facts) | {model for model, _ in circuits} | set(demotions)
+    latencies = latencies or {}
+    models = set(facts) | {model for model, _ in circuits} | set(demotions) | set(latencies)
     rows: list[ModelRow] = []
     for model in sorted(models):
         entry = facts.get(model)
@@ -184,6 +201,7 @@ def model_rows(
                 demotion=demotion if demotion is not None and demotion.until > now else None,
                 capabilities=entry.capabilities if entry else (),
                 price=entry.price if entry else UNKNOWN_PRICE,
+                latency=latencies.get(model),
             )
         )
     return tuple(rows)
@@ -199,6 +217,43 @@ class Capability:
         return self.value == TriState.UNKNOWN
 
 
+class HeadroomState(enum.StrEnum):
+    LOW = "low"  # a headroom demotion runs: the account said it is nearly spent
+    AMPLE = "ample"  # it answered in the usage window and none of its answers said so
+    UNKNOWN = "unknown"  # it did not answer in the window: nothing says either way
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """An account's rate-limit headroom as the router knows it (SPEC §5.4). An account whose answers
+    report less than `headroom_floor` of a limit left is demoted (reason `headroom`) until that limit's
+    reset, and nothing is written while headroom is ample: so a live headroom demotion of any of its
+    models is `low` until its end, an account that answered in the window without one is `ample`."""
+
+    state: HeadroomState
+    until: datetime | None = None  # while low: when the last of its headroom demotions ends
+
+
+def headroom(demotions: Iterable[DemotionFacts], *, answered: bool, now: datetime) -> Headroom:
+    """`demotions`: the account's demotions of every model; `answered`: it had attempts in the window."""
+    ends = [d.until for d in demotions if d.reason is CircuitReason.HEADROOM and d.until > now]
+    if ends:
+        return Headroom(HeadroomState.LOW, max(ends))
+    return Headroom(HeadroomState.AMPLE if answered else HeadroomState.UNKNOWN)
+
+
+def shares(attempts: Mapping[int, int], pool_of: Mapping[int, int]) -> dict[int, float | None]:
+    """Each assignment of `pool_of` (assignment -> pool): its attempts over all its pool's attempts in
+    the window (`attempts`: assignment -> attempts), None when its pool had none."""
+    totals: dict[int, int] = {}
+    for assignment_id, pool_id in pool_of.items():
+        totals[pool_id] = totals.get(pool_id, 0) + attempts.get(assignment_id, 0)
+    return {
+        assignment_id: attempts.get(assignment_id, 0) / totals[pool_id] if totals[pool_id] else None
+        for assignment_id, pool_id in pool_of.items()
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class AssignmentRow:
     assignment_id: int
@@ -212,10 +267,19 @@ class AssignmentRow:
     capabilities: tuple[Capability, ...]
     models: tuple[ModelRow, ...]
     credential: Signal | None = None  # the assignment-wide circuit (credential_rejected), when one exists
+    attempts: int = 0  # attempts sent to it in the usage window
+    share: float | None = None  # of its pool's attempts in the window (`shares`); None: the pool had none
+    headroom: Headroom = Headroom(HeadroomState.UNKNOWN)
 
     @property
     def troubled_models(self) -> int:
         return sum(1 for m in self.models if m.troubled)
+
+    @property
+    def share_text(self) -> str:
+        if self.share is None:
+            return "no traffic"
+        return f"{self.share:.0%} ({_count(self.attempts, 'attempt')})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from django import template
 from django.utils.safestring import SafeString, mark_safe
 
 from routing.capabilities import Effective
-from routing.panel import AssignmentRow, ModelRow, Signal
+from routing.panel import AssignmentRow, Headroom, HeadroomState, ModelRow, Signal
 from routing.pricing import price_text
 
 register = template.Library()
@@ -78,6 +78,23 @@ def _demotion(m: ModelRow) -> str:
     )
 
 
+def _latency(m: ModelRow) -> str:
+    """The route's time-to-first-byte average, as the router orders and draws by it."""
+    if m.latency is None:
+        return '<span class="muted" data-latency-ms="">none yet</span>'
+    return f'<span class="latency" data-latency-ms="{m.latency.ewma_ms:.0f}">{escape(m.latency.text)}</span>'
+
+
+@register.simple_tag
+def headroom(h: Headroom) -> SafeString:
+    """low (until its demotion ends), ample, or unknown (muted: nothing says either way)."""
+    if h.state is HeadroomState.LOW and h.until is not None:
+        return mark_safe(f"low until {_time(h.until)}")  # noqa: S308 - built from escaped values only
+    if h.state is HeadroomState.UNKNOWN:
+        return mark_safe('<span class="muted">unknown</span>')
+    return mark_safe(escape(h.state))  # noqa: S308 - escaped
+
+
 def _cap(key: str, label: str, value: str) -> str:
     return (
         f'<span class="cap-line" data-capability="{key}"><span class="cap-name">{label}</span>'
@@ -139,7 +156,8 @@ def _model_row(m: ModelRow) -> str:
         f'<span class="provenance provenance-{provenance.replace(" ", "-")}" data-provenance="{provenance}">'
         f"{provenance}</span>{_price(m)}</th>"
         f'<td data-label="Capabilities">{_capabilities(m)}</td>'
-        f'{signals}<td data-label="Demotion">{_demotion(m)}</td></tr>'
+        f'{signals}<td data-label="Demotion">{_demotion(m)}</td>'
+        f'<td data-label="Latency">{_latency(m)}</td></tr>'
     )
 
 

@@ -14,7 +14,7 @@ from catalog.models import CapabilityEvidence, CatalogEntry
 from catalog.selectors import route_hash
 from pools.models import Assignment, GatewaySettings, Pool
 from proxy.models import Attempt, RequestRecord
-from routing.models import Circuit, Demotion
+from routing.models import Circuit, Demotion, Latency
 from routing.panel import Panel
 from tests.admin.conftest import (
     CREDENTIAL,
@@ -282,9 +282,88 @@ def test_only_get_and_head_are_answered(admin_client, state, method):
     assert _every_row() == before
 
 
+def test_each_account_shows_its_share_of_the_window_its_headroom_and_its_latency_per_model(admin_client):
+    """Issue 43's panel line: share = its attempts over its pool's in the last 5 minutes (ineligible
+    candidates and older attempts are no traffic); headroom low while a `headroom` demotion runs, ample
+    when it answered without one, unknown when it did not answer; latency per model as the router reads it."""
+    now = timezone.now()
+    pool, other = Pool.objects.create(name="shared"), Pool.objects.create(name="other")
+    busy, spent, idle = (
+        Assignment.objects.create(pool=pool, name=name, adapter="openai", base_url="http://127.0.0.1:9/v1")
+        for name in ("busy", "spent", "idle")
+    )
+    elsewhere = Assignment.objects.create(
+        pool=other, name="elsewhere", adapter="openai", base_url="http://x/v1"
+    )
+    CatalogEntry.objects.create(assignment=busy, model="gpt-5", provenance="observed")
+    record = RequestRecord.objects.create(
+        request_id="now", route="/v1/chat/completions", transport="http", outcome="ok", started_at=now
+    )
+    old = RequestRecord.objects.create(
+        request_id="old",
+        route="/v1/chat/completions",
+        transport="http",
+        outcome="ok",
+        started_at=now - timedelta(minutes=6),
+    )
+    sent = [
+        (busy, "succeeded"),
+        (busy, "succeeded"),
+        (busy, "retryable_failed"),
+        (spent, "succeeded"),
+        (idle, "ineligible"),
+        (elsewhere, "succeeded"),
+    ]
+    Attempt.objects.bulk_create(
+        Attempt(
+            request=record,
+            ordinal=i,
+            assignment=a,
+            model="gpt-5",
+            route_class="http",
+            status=status,
+            dispatch_state="completed",
+        )
+        for i, (a, status) in enumerate(sent, 1)
+    )
+    Attempt.objects.create(
+        request=old,
+        ordinal=1,
+        assignment=idle,
+        model="gpt-5",
+        route_class="http",
+        status="succeeded",
+        dispatch_state="completed",
+    )
+    until = now + timedelta(minutes=3)
+    Demotion.objects.create(assignment=spent, model="gpt-5", reason="headroom", until=until)
+    Demotion.objects.create(assignment=busy, model="gpt-5", reason="timeout", until=until)  # not headroom
+    Latency.objects.create(assignment=busy, model="gpt-5", ewma_ms=123.4, samples=7, updated_at=now)
+
+    response = admin_client.get(upstreams_url())
+    shared = next(p for p in _panel(response).pools if p.name == "shared")
+    rows = {a.name: a for a in shared.assignments}
+    assert {name: (a.attempts, a.share) for name, a in rows.items()} == {
+        "busy": (3, 0.75),
+        "spent": (1, 0.25),
+        "idle": (0, 0.0),
+    }
+    assert {name: (a.headroom.state, a.headroom.until) for name, a in rows.items()} == {
+        "busy": ("ample", None),
+        "spent": ("low", until),
+        "idle": ("unknown", None),
+    }
+    (model,) = rows["busy"].models
+    assert (model.latency.ewma_ms, model.latency.samples) == (123.4, 7)
+    html = _content_main(response)
+    assert 'data-attempts="3"' in html and "75% (3 attempts)" in html
+    assert 'data-headroom="low"' in html and 'data-headroom="unknown"' in html
+    assert 'data-latency-ms="123">123 ms, 7 answers' in html
+
+
 def _populate(pools: int, assignments: int, models: int) -> list[Pool]:
-    """pools x assignments x models catalog entries, each model with a circuit on every route class
-    and a demotion, and a ledger entry per model, in a handful of bulk inserts."""
+    """pools x assignments x models catalog entries, each model with a circuit on every route class,
+    a demotion and a latency average, and a ledger entry per model, in a handful of bulk inserts."""
     now = timezone.now()
     created = [Pool.objects.create(name=f"load-{p}") for p in range(pools)]
     rows = Assignment.objects.bulk_create(
@@ -331,6 +410,11 @@ def _populate(pools: int, assignments: int, models: int) -> list[Pool]:
         for m in range(models)
         for capability in ("tools", "vision")
     )
+    Latency.objects.bulk_create(
+        Latency(assignment=a, model=f"m-{m}", ewma_ms=100.0, samples=1, updated_at=now)
+        for a in rows
+        for m in range(models)
+    )
     record = RequestRecord.objects.create(
         request_id="load", route="/v1/responses", transport="sse", outcome="ok", started_at=now
     )
@@ -351,11 +435,11 @@ def _populate(pools: int, assignments: int, models: int) -> list[Pool]:
     return created
 
 
-# Session, user, settings, pools, assignments, capability evidence, catalog entries, circuits, demotions
-# and usage; then the
+# Session, user, settings, pools, assignments, capability evidence, catalog entries, circuits, demotions,
+# latency averages, attempts per assignment and usage per model; then the
 # admin's sidebar: a superuser's asks whether the settings singleton exists (may it be added?), an
 # operator's loads their user and group permissions once (and, lacking the add permission, asks no more).
-QUERIES = {"superuser": 11, "operator": 12}
+QUERIES = {"superuser": 13, "operator": 14}
 
 
 @pytest.mark.parametrize("who", QUERIES)
@@ -381,6 +465,7 @@ def test_the_page_runs_the_same_number_of_queries_whatever_the_data(
     assert all(
         m.signals[0].state == "open"
         and m.demotion is not None
+        and m.latency is not None
         and [c.provenance for c in m.capabilities]
         == ["qualified", "unknown", "qualified", "unknown", "unknown"]
         for p in panel.pools

@@ -4,9 +4,11 @@ Never written on a request's path, never kept in a process: every node routes on
 
 import json
 from datetime import UTC, datetime
+from io import StringIO
 
 import httpx
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
@@ -105,7 +107,7 @@ def pool_of_two():
     b = AssignmentFactory(name="acct-b", pool=a.pool)
     for assignment in (a, b):
         CatalogEntryFactory(assignment=assignment, model="gpt-5")
-    GatewayKeyFactory(raw_key=GATEWAY_KEY, pools=[a.pool])
+    GatewayKeyFactory(name="lat", raw_key=GATEWAY_KEY, pools=[a.pool])
     return a, b
 
 
@@ -132,6 +134,23 @@ def test_the_requests_one_statement_reads_the_latency_into_its_candidates(
         "acct-a": (250.0, False),
         "acct-b": (None, troubled == "demoted"),
     }
+
+
+@pytest.mark.parametrize("features", [True, False])
+def test_routing_explain_prints_each_candidates_weight_and_latency_as_the_router_reads_them(
+    pool_of_two, settings, features
+):
+    settings.GATEWAY_POOL_FEATURES = features
+    a, b = pool_of_two
+    Assignment.objects.filter(pk=b.pk).update(weight=3)
+    latencies_record(folds=[Fold(a.pk, "gpt-5", 250.4, 3)], now=timezone.now())
+    out = StringIO()
+    call_command("routing_explain", key="lat", model="gpt-5", stdout=out)
+    # With the pool features on, b (weight 3, no average yet: counted as fast as the fastest) goes first
+    # three times in four; off, the plan is a priority list and nothing is drawn.
+    chances = (", first 25%", ", first 75%") if features else ("", "")
+    assert f"  acct-a / gpt-5: weight 1, latency 250 ms{chances[0]}\n" in out.getvalue()
+    assert f"  acct-b / gpt-5: weight 3, latency unknown (no answer yet){chances[1]}\n" in out.getvalue()
 
 
 @pytest.mark.parametrize("transport", ["http", "websocket"])

@@ -8,10 +8,14 @@ from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.panel import (
     NOT_ADVERTISED,
     DemotionFacts,
+    HeadroomState,
+    LatencyFacts,
     ModelFacts,
     UsageRow,
+    headroom,
     leaderboard,
     model_rows,
+    shares,
     signal,
 )
 from routing.types import CircuitReason, CircuitState, Health, RouteClass, TriState
@@ -139,3 +143,40 @@ def test_unreported_tokens_are_unknown_and_the_leaderboard_is_busiest_first():
     assert rows[1].tokens == 100
     assert [r.model for r in leaderboard(rows)] == ["busy", "tied-more-tokens", "quiet"]
     assert [r.model for r in leaderboard(rows, size=1)] == ["busy"]
+
+
+def test_a_share_is_of_its_own_pools_attempts_and_unknown_for_a_pool_without_traffic():
+    pool_of = {1: 10, 2: 10, 3: 10, 4: 20, 5: 30}
+    assert shares({1: 6, 2: 2, 4: 5}, pool_of) == {1: 0.75, 2: 0.25, 3: 0.0, 4: 1.0, 5: None}
+
+
+@pytest.mark.parametrize(
+    ("demotions", "answered", "expected"),
+    [
+        ((), False, (HeadroomState.UNKNOWN, None)),
+        ((), True, (HeadroomState.AMPLE, None)),
+        ((DemotionFacts(CircuitReason.RATE_LIMITED, LATER),), True, (HeadroomState.AMPLE, None)),
+        ((DemotionFacts(CircuitReason.HEADROOM, EARLIER),), True, (HeadroomState.AMPLE, None)),
+        (
+            (
+                DemotionFacts(CircuitReason.HEADROOM, LATER),
+                DemotionFacts(CircuitReason.HEADROOM, NOW + timedelta(1)),
+            ),
+            False,
+            (HeadroomState.LOW, NOW + timedelta(1)),
+        ),
+    ],
+)
+def test_headroom_is_low_while_a_headroom_demotion_runs_else_ample_if_it_answered(
+    demotions, answered, expected
+):
+    h = headroom(demotions, answered=answered, now=NOW)
+    assert (h.state, h.until) == expected
+
+
+def test_a_model_with_only_a_latency_average_is_still_shown_with_it():
+    rows = model_rows((), {}, {}, SETTINGS, NOW, latencies={"gone": LatencyFacts(80.0, 2)})
+    assert [(m.model, m.provenance, m.latency) for m in rows] == [
+        ("gone", NOT_ADVERTISED, LatencyFacts(80.0, 2))
+    ]
+    assert rows[0].latency is not None and rows[0].latency.text == "80 ms, 2 answers"

@@ -1,12 +1,14 @@
 from dataclasses import replace
 from functools import partial
 
+from django.conf import settings as site_settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
 from proxy.providers.registry import carriers
+from routing import preference
 from routing.eligibility import tighten
 from routing.pricing import price_text
 from routing.route import (
@@ -107,6 +109,7 @@ class Command(BaseCommand):
             f"route {o['route']}, route class {o['route_class']}, shortlist {settings.max_attempts}"
         )
         self._write_decision(decision)
+        self._write_preference(decision)
         self._write_capabilities(decision, now)
         self._write_prices(decision)
 
@@ -141,6 +144,20 @@ class Command(BaseCommand):
             w(f"  not crossed (the primary model was not reported missing): {self._describe(c)}")
         for c in plan.disallowed:
             w(f"  not allowed for this key: {self._describe(c)}")
+
+    def _write_preference(self, decision: Decision) -> None:
+        """What orders the plan within a health group and tier (SPEC §5.4): each candidate's weight, its
+        latency (the moving average of upstream time to first byte the router read), and with the pool
+        features on, its chance of being drawn first (`routing.preference.shares`)."""
+        plan = decision.plan
+        if plan is None or not plan.order:
+            return
+        drawn = preference.shares(plan.order) if site_settings.GATEWAY_POOL_FEATURES else None
+        self.stdout.write("preference (weight, latency: average time to first byte, chance of going first):")
+        for c in plan.order:
+            latency = "unknown (no answer yet)" if c.latency_ms is None else f"{c.latency_ms:.0f} ms"
+            chance = f", first {drawn[c.key]:.0%}" if drawn is not None else ""
+            self.stdout.write(f"  {c.assignment} / {c.model}: weight {c.weight}, latency {latency}{chance}")
 
     def _write_capabilities(self, decision: Decision, now) -> None:
         """Why each candidate may or may not take a capability-bearing turn: each capability's value and
