@@ -11,23 +11,10 @@ finish reason are output.
 import json
 from typing import Any
 
+from proxy.adapters.token_estimate import media, prompt_estimate
 from proxy.apis.base import Json
 from proxy.sse import Block, Dialect, Visibility, blank, encode_block, fields_blank
 from routing.types import Requirements
-
-
-def _has_image(value: object) -> bool:
-    # Iterative: a client's nesting depth must not be able to exhaust the stack.
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            if item.get("type") in {"image_url", "input_image", "image"}:
-                return True
-            pending.extend(v for v in item.values() if isinstance(v, list | dict))
-        elif isinstance(item, list):
-            pending.extend(v for v in item if isinstance(v, list | dict))
-    return False
 
 
 def _max_output(body: Json) -> int:
@@ -47,12 +34,12 @@ def turn_requirements(body: Json, body_size: int) -> Requirements:
         and (item.get("role") == "tool" or item.get("type") in {"function_call_output", "tool_result"})
         for item in items
     )
+    found = media(items)
     return Requirements(
         tools_offered=bool(body.get("tools")),
         untrusted_content=untrusted,
-        vision=_has_image(items),
-        # About four bytes of JSON per token: a deliberately generous estimate for the gate.
-        prompt_tokens=body_size // 4,
+        vision=found.images > 0,
+        prompt_tokens=prompt_estimate(body_size, found),
         max_output_tokens=_max_output(body),
     )
 

@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.adapters.token_estimate import media, prompt_estimate
 from proxy.apis.base import Json
 from proxy.apis.chat import compact_json
 from proxy.sse import Block, Dialect, Visibility, encode_block, event_kind, part_blank, parts_blank
@@ -88,16 +89,6 @@ def _is_tool_result(block: Json) -> bool:
     return isinstance(kind, str) and kind.endswith("tool_result")
 
 
-def _has_image(blocks: list[Json]) -> bool:
-    for block in blocks:
-        if block.get("type") == "image":
-            return True
-        # Images returned by a tool (a screenshot, a read image file) are image input all the same.
-        if _is_tool_result(block) and _has_image(_blocks(block)):
-            return True
-    return False
-
-
 def turn_requirements(body: Json, body_size: int) -> Requirements:
     """What this Anthropic Messages turn needs from any route (SPEC §5.3)."""
     messages = body.get("messages")
@@ -106,12 +97,13 @@ def turn_requirements(body: Json, body_size: int) -> Requirements:
     max_tokens = body.get("max_tokens")
     valid_max = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
     max_output = max_tokens if isinstance(max_tokens, int) and valid_max else 0
+    # Images returned by a tool (a screenshot, a read image file) are image input all the same.
+    found = media(messages)
     return Requirements(
         tools_offered=bool(body.get("tools")),
         untrusted_content=any(_is_tool_result(block) for block in blocks),
-        vision=_has_image(blocks),
-        # About four bytes of JSON per token: a deliberately generous estimate for the gate.
-        prompt_tokens=body_size // 4,
+        vision=found.images > 0,
+        prompt_tokens=prompt_estimate(body_size, found),
         max_output_tokens=max_output,
     )
 

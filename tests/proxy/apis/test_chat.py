@@ -1,5 +1,6 @@
 """proxy/apis/chat.py: the OpenAI-shaped client APIs' turn requirements (pure)."""
 
+from proxy.adapters.token_estimate import IMAGE_TOKENS
 from proxy.apis.chat import turn_requirements
 
 
@@ -14,4 +15,5 @@ def test_turn_requirements_see_tools_tool_results_images_and_limits_at_any_depth
     }
     r = turn_requirements(body, body_size=400)
     assert (r.tools_offered, r.untrusted_content, r.vision) == (True, True, True)
-    assert (r.prompt_tokens, r.max_output_tokens) == (100, 77)
+    # The image part (its strings: 15 characters) counts its documented cost; the rest four bytes a token.
+    assert (r.prompt_tokens, r.max_output_tokens) == ((400 - 15) // 4 + IMAGE_TOKENS, 77)

@@ -11,6 +11,7 @@ import httpx2
 import pytest
 from anthropic.types.shared.error_type import ErrorType
 
+from proxy.adapters.token_estimate import IMAGE_TOKENS
 from proxy.apis import messages as adapter
 from proxy.errors import TYPED_ERRORS
 from routing.types import Requirements
@@ -20,6 +21,8 @@ from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL
 # turn_requirements
 
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+# A body of 4,000 bytes with that image: its 32 characters of strings count the image's documented cost.
+WITH_IMAGE = (4000 - 32) // 4 + IMAGE_TOKENS
 TOOL = {"name": "delete_file", "input_schema": {"type": "object"}}
 
 
@@ -42,13 +45,16 @@ def user(*blocks: Any) -> dict[str, Any]:
             {"untrusted_content": True},
         ),
         ({"messages": [user({"type": "text", "text": "tool_result"})]}, {}),
-        ({"messages": [user(IMAGE)]}, {"vision": True}),
+        ({"messages": [user(IMAGE)]}, {"vision": True, "prompt_tokens": WITH_IMAGE}),
         (
             {"messages": [user({"type": "tool_result", "tool_use_id": "t", "content": [IMAGE]})]},
-            {"untrusted_content": True, "vision": True},
+            {"untrusted_content": True, "vision": True, "prompt_tokens": WITH_IMAGE},
         ),
         # An image in assistant history is still image input to the next turn.
-        ({"messages": [{"role": "assistant", "content": [IMAGE]}]}, {"vision": True}),
+        (
+            {"messages": [{"role": "assistant", "content": [IMAGE]}]},
+            {"vision": True, "prompt_tokens": WITH_IMAGE},
+        ),
         ({"messages": [], "max_tokens": 2048}, {"max_output_tokens": 2048}),
         ({"messages": [], "max_tokens": True}, {}),
         ({"messages": [], "max_tokens": -5}, {}),
@@ -58,7 +64,7 @@ def user(*blocks: Any) -> dict[str, Any]:
     ],
 )
 def test_turn_requirements(body: dict[str, Any], expected: dict[str, Any]) -> None:
-    assert adapter.turn_requirements(body, 4000) == Requirements(prompt_tokens=1000, **expected)
+    assert adapter.turn_requirements(body, 4000) == Requirements(**{"prompt_tokens": 1000, **expected})
 
 
 def test_turn_requirements_for_the_adversarial_fixture() -> None:
