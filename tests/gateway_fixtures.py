@@ -177,7 +177,7 @@ def three_assignments(build_assignments):
 
 class GatewayNodes:
     """Gateway nodes (`python -m gatewaysite.server`, one process each) on the test database,
-    as several nodes share one PostgreSQL; logs in `log_dir`."""
+    as several nodes share one PostgreSQL (or one SQLite file, for a single node); logs in `log_dir`."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -187,7 +187,10 @@ class GatewayNodes:
         """Start `count` nodes (the environment plus `env_extra`) and wait until each answers
         /healthz: their base URLs."""
         db = connection.settings_dict
-        url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        if connection.vendor == "sqlite":  # the test database is a file (gatewaysite/settings.py)
+            url = f"sqlite:///{db['NAME']}"
+        else:
+            url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         env = {
             **os.environ,
             "DATABASE_URL": url,
