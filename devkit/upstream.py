@@ -16,6 +16,9 @@ Contract:
   flushed) whenever the request's `Accept-Encoding` offers gzip or deflate (`compression` picks which
   it prefers, or "identity" to never compress). `answer_digests` are the SHA-256 of the plain bodies
   it answered, before compression.
+- `answer_headers` (empty unless a test sets it) are added to every answer: JSON, errors, SSE and the
+  websocket handshake, as a provider sends its rate-limit headers (`x-ratelimit-*`,
+  `anthropic-ratelimit-*`) with each.
 - Like OpenAI, it stores the Responses it served: a `previous_response_id` it never created gets
   400 `previous_response_not_found` (another account's response is unknown to this one).
 """
@@ -128,6 +131,7 @@ class FakeUpstream(FilesApi):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._responses: set[str] = set()  # the Responses it served (and so stores), by id
+        self.answer_headers: dict[str, str] = {}
 
     @property
     def ws_url(self) -> str:
@@ -189,7 +193,10 @@ class FakeUpstream(FilesApi):
             return await self._respond_json(request, api, behaviour, fail)
 
         async def compressed(request: web.Request) -> web.StreamResponse:
-            return self._finish(request, await handle(request))
+            response = await handle(request)
+            if not response.prepared:  # a stream's went with its head
+                response.headers.update(self.answer_headers)
+            return self._finish(request, response)
 
         return compressed
 
@@ -244,7 +251,7 @@ class FakeUpstream(FilesApi):
                 raw = b"".join(sse_bytes(e) for e in api.events(reply_for(serve(), self.name)))
                 return await self._drip(request, raw, interval, "text/event-stream")
         events, cut = stream_plan(api, behaviour, self.name)
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self.answer_headers}
         coding = self._coding(request)
         encode: Callable[[bytes], bytes] = lambda data: data  # noqa: E731
         if coding is not None:
@@ -301,6 +308,7 @@ class FakeUpstream(FilesApi):
             # The only websocket hit without a frame: it lets a test see the key that was refused.
             self._record(request, None, None, "websocket")
             return openai_failure(401, BAD_KEY)
+        ws.headers.update(self.answer_headers)  # the handshake's answer
         await ws.prepare(request)
         running = self._require_running()
         running.websockets.add(ws)

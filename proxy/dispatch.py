@@ -6,6 +6,7 @@ gateway's own errors in the client's envelope.
 
 from collections.abc import AsyncGenerator
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from django.conf import settings
 
@@ -16,7 +17,9 @@ from proxy.exchange import Failure, Final
 from proxy.providers.base import UpstreamCall
 from proxy.sse import Block, Dialect, SSEParser, SSEProtocolError
 from proxy.transport import Answer, EventSource, TransportFailure
+from routing import headroom
 from routing.failures import Observation, TransportEvent
+from routing.headroom import Headroom
 from routing.types import Candidate
 
 
@@ -27,8 +30,9 @@ class SSESource:
     status = 200
     first_event_at = None  # its headers were its first byte
 
-    def __init__(self, response: upstream.Response) -> None:
+    def __init__(self, response: upstream.Response, headroom: Headroom | None = None) -> None:
         self.response = response
+        self.headroom = headroom
 
     async def batches(self) -> AsyncGenerator[list[Block], None]:
         parser = SSEParser()
@@ -48,8 +52,9 @@ class SSESource:
         await self.response.aclose()
 
 
-async def read_answer(response: upstream.Response) -> Failure | Answer:
-    """A plain upstream answer, read whole: the Answer, or the Failure that ended its reading."""
+async def read_answer(response: upstream.Response, headroom: Headroom | None = None) -> Failure | Answer:
+    """A plain upstream answer, read whole: the Answer, or the Failure that ended its reading.
+    `headroom`: what its headers said of the account's rate limits."""
     try:
         raw = await upstream.read_body(response)
     except TransportFailure as failure:
@@ -57,7 +62,7 @@ async def read_answer(response: upstream.Response) -> Failure | Answer:
     except upstream.ResponseTooLarge:
         return Failure.unrelayable(response.status, "upstream_response_too_large")
     retry_after = upstream.retry_after_s(response.headers.get("retry-after"))
-    return Answer(response.status, raw, retry_after=retry_after)
+    return Answer(response.status, raw, retry_after=retry_after, headroom=headroom)
 
 
 class HttpDispatch:
@@ -80,9 +85,12 @@ class HttpDispatch:
             )
         except TransportFailure as failure:
             return Failure.observed(Observation(transport=failure.event))
+        # Read on every answer, errors included (a 429 says when its limit resets), as it arrives: the
+        # resets of OpenAI's headers are durations from now.
+        limits = headroom.read(response.headers, datetime.now(UTC))
         if response.status == 200 and stream:
-            return framing.source(response, wire, SSESource(response))
-        answer = await read_answer(response)
+            return framing.source(response, wire, SSESource(response, limits))
+        answer = await read_answer(response, limits)
         if wire is not None and isinstance(answer, Answer):
             status, body = wire.answer(answer.status, response.headers, answer.body)
             answer = replace(answer, status=status, body=body)

@@ -31,6 +31,7 @@ class EventStreamSource:
     ends_at_terminal = False
     status = 200
     first_event_at = None  # its headers were its first byte
+    headroom = None  # Bedrock sends no rate-limit headers
 
     def __init__(self, response: upstream.Response) -> None:
         self.response = response
@@ -74,6 +75,7 @@ class Rewritten:
 
     def __init__(self, inner: Any, rewrite: StreamTranslator) -> None:
         self.inner = inner
+        self.headroom = inner.headroom
         self.rewrite = rewrite
 
     async def batches(self) -> AsyncGenerator[list[Block], None]:

@@ -1,9 +1,15 @@
 """What one request's attempts write of routing state (SPEC §5.4, §7.1, §7.2): circuit and demotion
 transitions after a failure or a success, probe slots freed, and the affinities a success records.
 
+Headroom (SPEC §5.4): an attempt whose answer reported less than its assignment's `headroom_floor` of a
+rate limit left (`routing.headroom`) demotes (assignment, model) until that limit resets, whether the
+attempt succeeded or failed; a success that reports ample headroom resolves a demotion as any success
+does, and one still under the floor keeps it (extended to the new reset) instead. With the pool features
+off (`GATEWAY_POOL_FEATURES`) no headroom demotion is written.
+
 Writes go through the routing services, one trip to the database each. A success on a healthy
-candidate writes nothing. Failure writes start at once and run while the request is handed on;
-`written()` waits for them, so one request's writes stay in order and are all done before the
+candidate with ample headroom writes nothing. Failure writes start at once and run while the request is
+handed on; `written()` waits for them, so one request's writes stay in order and are all done before the
 exchange is finished (what a later request or a reader of the response sees is unchanged). When the
 database refuses a write, the request goes on and the loss is logged (no content).
 """
@@ -16,12 +22,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
+from django.conf import settings
 from django.db import DatabaseError
 
 from proxy.exchange import Memory
 from routing import breaker, preference, services
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.failures import FailureClass, circuit_reason, demotion_reason, proves_credential
+from routing.headroom import Headroom
 from routing.models import AffinityKind
 from routing.route import RoutingView
 from routing.services import CircuitKey, Seen
@@ -151,6 +159,15 @@ class HealthWrites:
         """A verdict-free end (SPEC §7.1): the probe slot is free for the next request."""
         await write_state(self.deadline, partial(services.circuit_release_probe, key=key))
 
+    def headroom_demotion(self, c: Candidate, headroom: Headroom | None) -> services.Demote | None:
+        """The demotion `c`'s answer asks for by its rate-limit headers: None while headroom is ample."""
+        if headroom is None or not settings.GATEWAY_POOL_FEATURES:
+            return None
+        until = headroom.demote_until(self.view.targets[c.assignment_id].headroom_floor)
+        if until is None:
+            return None
+        return services.Demote(c.assignment_id, c.model, CircuitReason.HEADROOM, until)
+
     def circuit_key(self, c: Candidate) -> CircuitKey:
         pool_id = self.view.targets[c.assignment_id].pool_id
         return CircuitKey(pool_id, c.assignment_id, c.model, self.route_class)
@@ -198,7 +215,14 @@ class HealthWrites:
         if self.pending is not None:
             await asyncio.shield(self.pending)
 
-    async def success(self, c: Candidate, *, probe: CircuitKey | None, remembered: Remembered) -> None:
+    async def success(
+        self,
+        c: Candidate,
+        *,
+        probe: CircuitKey | None,
+        remembered: Remembered,
+        headroom: Headroom | None = None,
+    ) -> None:
         await self.written()  # the failures before it first: one request's writes stay in order
         # A probe taken since the plan was read changed the row: then the CAS re-reads.
         probed = probe is not None
@@ -206,11 +230,18 @@ class HealthWrites:
         wide = self.view.wide.get(c.assignment_id)
         writes = probed or (seen is not None and seen.snapshot is not None and not seen.snapshot.clean)
         wide_writes = wide is not None and not wide.clean
-        if remembered or writes or wide_writes or c.demoted:
-            await write_state(self.deadline, self._success, c, seen, remembered, writes, wide_writes)
+        low = self.headroom_demotion(c, headroom)
+        if remembered or writes or wide_writes or c.demoted or low:
+            await write_state(self.deadline, self._success, c, seen, remembered, writes, wide_writes, low)
 
     def _success(
-        self, c: Candidate, seen: Seen | None, remembered: Remembered, writes: bool, wide_writes: bool
+        self,
+        c: Candidate,
+        seen: Seen | None,
+        remembered: Remembered,
+        writes: bool,
+        wide_writes: bool,
+        low: services.Demote | None,
     ) -> None:
         if remembered:
             remembered.record(c)
@@ -219,31 +250,49 @@ class HealthWrites:
             services.circuit_record_success(key=key, seen=seen)
         if wide_writes:  # the credential works again: the assignment-wide circuit closes
             services.circuit_record_success(key=CircuitKey.wide(key.pool_id, c.assignment_id))
-        if c.demoted:
+        if low is not None:  # served, yet nearly spent: it stays demoted (whatever for) until the reset
+            services.demotion_record(low)
+        elif c.demoted:
             services.demotion_resolve(assignment_id=c.assignment_id, model=c.model)
 
     def failure(
-        self, c: Candidate, failure: FailureClass, probe: CircuitKey | None, retry_after: int | None = None
+        self,
+        c: Candidate,
+        failure: FailureClass,
+        probe: CircuitKey | None,
+        retry_after: int | None = None,
+        headroom: Headroom | None = None,
     ) -> None:
         """Starts the failure's circuit and demotion writes and returns at once: they run while the
         request is handed to the next candidate (they were about 2 ms of every failover, before the
         next dispatch). Each runs after the previous one, and `written` (awaited before any success
         write and before the exchange is finished, so before the client's answer ends) waits for
         them all."""
-        if circuit_reason(failure) is None and demotion_reason(failure) is None and probe is None:
+        low = self.headroom_demotion(c, headroom)
+        if (
+            circuit_reason(failure) is None
+            and demotion_reason(failure) is None
+            and probe is None
+            and low is None
+        ):
             return
         previous = self.pending
 
         async def write() -> None:
             if previous is not None:
                 await asyncio.wait([previous])  # its order, not its outcome: it reports its own
-            await write_state(self.deadline, self._failure, c, failure, probe, retry_after)
+            await write_state(self.deadline, self._failure, c, failure, probe, retry_after, low)
 
         # A task of its own: it completes even when this request is cancelled meanwhile.
         self.pending = asyncio.ensure_future(write())
 
     def _failure(
-        self, c: Candidate, failure: FailureClass, probe: CircuitKey | None, retry_after: int | None
+        self,
+        c: Candidate,
+        failure: FailureClass,
+        probe: CircuitKey | None,
+        retry_after: int | None,
+        low: services.Demote | None,
     ) -> None:
         reason = circuit_reason(failure)
         demotion = demotion_reason(failure)
@@ -273,6 +322,8 @@ class HealthWrites:
             )
             until = now + timedelta(seconds=self.demotion_seconds if seconds is None else seconds)
             demote = services.Demote(c.assignment_id, c.model, demotion, until)
+        if low is not None and (demote is None or low.until > demote.until):
+            demote = low  # its headers say it is spent for longer than the failure's own demotion
         services.failure_record(
             key=key, reason=reason, settings=self.breaker_settings, now=now, seen=seen, demote=demote
         )

@@ -41,6 +41,7 @@ from routing import breaker, services
 from routing.breaker import BreakerSettings
 from routing.eligibility import evaluate
 from routing.failures import DispatchState, Disposition, FailureClass, Observation, TransportEvent
+from routing.headroom import Headroom
 from routing.plan import Plan, next_candidate
 from routing.route import RoutingView
 from routing.services import CircuitKey, Seen
@@ -136,6 +137,7 @@ class Relay:
         self.excluded: IneligibleReason | None = None  # why the last candidate was passed over at its turn
         self.last_candidate: Candidate | None = None  # the candidate of the last failed attempt
         self.budget_unreachable = False  # a reservation could not reach the database
+        self.headroom: Headroom | None = None  # what the current attempt's answer said of its rate limits
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -172,7 +174,7 @@ class Relay:
 
     async def _record_success(self, c: Candidate) -> None:
         remembered = Remembered(self.exchange.key_id, self.memory, self.response_id, self.file_id)
-        await self.health.success(c, probe=self.probe, remembered=remembered)
+        await self.health.success(c, probe=self.probe, remembered=remembered, headroom=self.headroom)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -332,7 +334,7 @@ class Relay:
             log.dispatch_state = str(result.dispatch)
             log.upstream_status = result.status
             log.error_code = result.code or ""
-            self.health.failure(c, result.failure, probe, result.retry_after)
+            self.health.failure(c, result.failure, probe, result.retry_after, self.headroom)
             nxt = None if self.single_attempt else next_candidate(order, index, result.disposition)
             if nxt is None:
                 break
@@ -388,6 +390,7 @@ class Relay:
 
     async def _attempt(self, c: Candidate, log: AttemptLog, call: UpstreamCall) -> Failure | Final | Stream:
         sent = time.monotonic()
+        self.headroom = None  # until this attempt's answer says
         opened = await self.dispatch.open(c, call, stream=self.dialect is not None)
         if isinstance(opened, Failure):
             return opened
@@ -396,6 +399,7 @@ class Relay:
         # once a plain answer is generated (so its short body, read with them, adds next to nothing).
         log.ttfb_ms = int((time.monotonic() - sent) * 1000)
         if isinstance(opened, Answer):
+            self.headroom = opened.headroom
             result, response_id = plain_answer(opened, call, candidate=c, log=log, exchange=self.exchange)
             if isinstance(result, Final):
                 self.file_id = opened.file_id
@@ -404,6 +408,7 @@ class Relay:
         if isinstance(opened, Body):
             return Stream(relay_body(opened, log, partial(self._end_output, c, log, None)))
         assert self.dialect is not None
+        self.headroom = opened.headroom
         stream = AttemptStream(
             opened,
             call,
@@ -430,7 +435,8 @@ class Relay:
             log.cost_micros = attempt_cost(c, log)
             await self._record_success(c)
         elif stream is not None and stream.failed_after_output is not None:
-            self.health.failure(c, stream.failed_after_output, self.probe)  # `_finish` awaits it
+            # `_finish` awaits it
+            self.health.failure(c, stream.failed_after_output, self.probe, headroom=self.headroom)
         elif self.probe is not None:  # a verdict-free end (upstream_interrupted, cancelled) frees it (§7.1)
             await self.health.release_probe(self.probe)
         await self._finish(outcome, status)

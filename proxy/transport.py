@@ -23,6 +23,7 @@ from proxy.exchange import Failure, Final
 from proxy.providers.base import UpstreamCall
 from proxy.sse import Block, Dialect
 from routing.failures import TransportEvent
+from routing.headroom import Headroom
 from routing.types import Candidate
 
 
@@ -41,6 +42,7 @@ class Answer:
     body: bytes
     retry_after: int | None = None  # its `retry-after`, whole seconds (bounded)
     file_id: str | None = None  # an upload's answer: the file the upstream created
+    headroom: Headroom | None = None  # the rate limits its headers reported (`routing.headroom`)
 
 
 class EventSource(Protocol):
@@ -54,6 +56,9 @@ class EventSource(Protocol):
     # When its first event came (time.monotonic()), for a source whose opening is not its first byte (a
     # websocket's: the frame is sent, then the upstream answers); None: its opening was (HTTP headers).
     first_event_at: float | None
+    # The rate limits its opening reported (`routing.headroom`: an HTTP answer's headers, a websocket's
+    # handshake); None: none reported, or none new (a turn on a websocket opened for an earlier one).
+    headroom: Headroom | None
 
     def batches(self) -> AsyncGenerator[list[Block], None]: ...
 

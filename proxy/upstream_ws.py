@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -25,7 +26,9 @@ from websockets.protocol import State
 from pools import destinations
 from proxy.sse import MAX_BLOCK_BYTES
 from proxy.transport import TransportFailure
+from routing import headroom
 from routing.failures import TransportEvent
+from routing.headroom import Headroom
 
 logger = logging.getLogger("gateway")
 
@@ -53,11 +56,15 @@ def websocket_url(http_url: str) -> str:
 
 
 class UpstreamSocket:
-    """One upstream websocket connection, bound to the assignment it was opened for."""
+    """One upstream websocket connection, bound to the assignment it was opened for. `headroom`: the rate
+    limits its handshake's answer reported (`routing.headroom`)."""
 
-    def __init__(self, connection: ClientConnection, assignment_id: int) -> None:
+    def __init__(
+        self, connection: ClientConnection, assignment_id: int, headroom: Headroom | None = None
+    ) -> None:
         self._connection = connection
         self.assignment_id = assignment_id
+        self.headroom = headroom
 
     @property
     def open(self) -> bool:
@@ -145,4 +152,14 @@ async def open_socket(url: str, *, headers: dict[str, str], assignment_id: int) 
         raise TransportFailure(TransportEvent.CONNECT_TIMEOUT) from None
     except (OSError, InvalidHandshake, InvalidURI):
         raise TransportFailure(TransportEvent.CONNECT_REFUSED) from None
-    return UpstreamSocket(connection, assignment_id)
+    return UpstreamSocket(connection, assignment_id, _handshake_headroom(connection))
+
+
+def _handshake_headroom(connection: ClientConnection) -> Headroom | None:
+    # A plain dict of the headers (the last of a repeated one): websockets' own `get` raises on a
+    # repeated header, and reading them never may.
+    response = connection.response
+    if response is None:
+        return None
+    headers = {name.lower(): value for name, value in response.headers.raw_items()}
+    return headroom.read(headers, datetime.now(UTC))

@@ -86,6 +86,8 @@ class WebsocketSource:
         self.fresh = fresh  # opened for this attempt (not the client's live connection)
         self.first_event_at: float | None = None  # the turn's first upstream event: its first byte
 
+        # Its handshake's word on the rate limits, for the attempt that opened it (later turns learn nothing).
+        self.headroom = socket.headroom if fresh else None
     async def batches(self) -> AsyncGenerator[list[Block], None]:
         while True:
             text = await self.socket.recv(settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
