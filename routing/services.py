@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from pools.models import Assignment, GatewaySettings
+from pools.models import Assignment, ConfigVersion, GatewaySettings
 from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.latency import ALPHA, Fold
@@ -379,3 +380,34 @@ def affinity_prune(*, now: datetime, limit: int = PRUNE_BATCH) -> int:
     # PostgreSQL and SQLite, which accept it).
     deleted, _ = Affinity.objects.filter(pk__in=expired).delete()
     return deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """What `circuit_reset` closed: the circuits and demotions as they stood, and the config version."""
+
+    circuits: list[Circuit]
+    demotions: list[Demotion]
+    config_version: int
+
+
+def circuit_reset(*, assignment_id: int, model: str | None = None) -> Reset:
+    """For an operator who fixed an account: delete its circuits (every model and route class, or only
+    `model`'s, and the assignment-wide one either way) and its demotions (every model's, or `model`'s),
+    so its next request finds it healthy (a healthy pair has no row). One transaction, which also moves
+    the config version as a change of configuration would: circuits are not configuration, so no
+    trigger moves it (pools/0004); it is moved the way the triggers do, upserting the counter."""
+    circuits = Circuit.objects.filter(assignment_id=assignment_id)
+    demotions = Demotion.objects.filter(assignment_id=assignment_id)
+    if model is not None:
+        circuits = circuits.filter(model__in=(model, ASSIGNMENT_WIDE))
+        demotions = demotions.filter(model=model)
+    with transaction.atomic():
+        closed = list(circuits.select_for_update().order_by("model", "route_class"))
+        cleared = list(demotions.select_for_update().order_by("model"))
+        Circuit.objects.filter(pk__in=[c.pk for c in closed]).delete()
+        Demotion.objects.filter(pk__in=[d.pk for d in cleared]).delete()
+        if not ConfigVersion.objects.filter(pk=1).update(value=F("value") + 1):
+            ConfigVersion.objects.create(pk=1, value=1)
+        version = ConfigVersion.objects.get(pk=1).value
+    return Reset(closed, cleared, version)
