@@ -7,6 +7,7 @@ writes nothing, and `GATEWAY_POOL_FEATURES=false` writes no headroom demotion.""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from devkit.behaviours import rate_limited, unavailable
@@ -194,3 +195,17 @@ def test_a_responses_request_demotes_too(gateway, two_assignments):
     a.answer_headers = openai_headers(remaining=3)
     assert _served_by(post(gateway, "/v1/responses", RESPONSES)) == acct_a.pk
     _assert_demoted_until_reset(acct_a)
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="two processes need a shared server database (PostgreSQL)"
+)
+def test_a_demotion_one_node_wrote_moves_the_other_node_off_the_account(two_assignments, gateway_nodes):
+    a, b, (acct_a, _) = two_assignments  # acct-a is preferred (tier 0)
+    a.answer_headers = openai_headers(remaining=3)
+    first, second = gateway_nodes.start(2)
+    assert post(first, "/v1/chat/completions", CHAT).status_code == 200
+    _assert_demoted_until_reset(acct_a)
+    for _ in range(3):
+        assert post(second, "/v1/chat/completions", CHAT).status_code == 200
+    assert (a.hit_count(), b.hit_count()) == (1, 3)
