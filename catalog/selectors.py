@@ -6,12 +6,17 @@ Both ask the same two things: the configuration hash of a route as it is configu
 eligibility uses.
 """
 
+import functools
+import hashlib
+import hmac
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+from django.conf import settings
 from django.db.models import Exists, OuterRef, Q
 
 from catalog.models import CapabilityEvidence, CatalogEntry
+from pools.credentials import credential_of
 from pools.models import Assignment
 from proxy.providers.registry import provider
 from routing.capabilities import Capability, Effective, Evidence, effective_all, latest, route_config_hash
@@ -21,12 +26,45 @@ from routing.types import TriState
 RouteKey = tuple[int, str]  # (assignment id, model)
 
 
-def route_hash(*, adapter: str, base_url: str, model: str) -> str:
+FINGERPRINT_SALT = "catalog.selectors.account_fingerprint"
+
+
+@functools.lru_cache(maxsize=4)
+def _fingerprint_key(secret: str) -> bytes:
+    return hashlib.sha256(f"{FINGERPRINT_SALT}:{secret}".encode()).digest()
+
+
+def account_fingerprint(credential: str) -> str:
+    """Which account a credential is, without it: HMAC-SHA256 of the credential under a key derived
+    from Django's SECRET_KEY (so it cannot be recomputed from a dump of the database alone). The same
+    credential gives the same fingerprint in every process and under every GATEWAY_CREDENTIALS_KEY
+    (re-encrypting a credential keeps its evidence); another credential another one. "" for none."""
+    if not credential:
+        return ""
+    key = _fingerprint_key(settings.SECRET_KEY)
+    return hmac.new(key, credential.encode(), hashlib.sha256).hexdigest()
+
+
+def route_hash(*, adapter: str, base_url: str, model: str, credential: str = "") -> str:
     """The route's configuration hash: whatever changes what the upstream receives for the corpus
     (adapter, base_url, model, and the protocol settings its provider sends, such as an API version)
+    or who answers it (the account whose `credential` is sent: its fingerprint, never the credential)
     invalidates its evidence."""
-    settings = provider(adapter).protocol
-    return route_config_hash(adapter=adapter, base_url=base_url, model=model, settings=settings)
+    return route_config_hash(
+        adapter=adapter,
+        base_url=base_url,
+        model=model,
+        settings=provider(adapter).protocol,
+        account=account_fingerprint(credential),
+    )
+
+
+def assignment_route_hash(assignment: Assignment, model: str) -> str:
+    """`route_hash` of one (assignment, model) as configured now, with the credential it sends (a
+    stored one decrypted once per token and key set, `pools.credentials`; an env var's value as read
+    now, stable while the variable is)."""
+    a = assignment
+    return route_hash(adapter=a.adapter, base_url=a.base_url, model=model, credential=credential_of(a))
 
 
 def route_capabilities(
@@ -50,7 +88,7 @@ def route_capabilities(
         Capability.ROLE_SEPARATION: a.role_separation,
         Capability.TOOL_REPRESENTATION: a.tool_representation,
     }
-    config_hash = route_hash(adapter=a.adapter, base_url=a.base_url, model=model)
+    config_hash = assignment_route_hash(a, model)
     return effective_all(declared, evidence, config_hash=config_hash, now=now)
 
 

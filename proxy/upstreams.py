@@ -30,12 +30,15 @@ from routing.models import Circuit, Demotion, Latency
 from routing.services import breaker_settings, circuit_snapshot
 from routing.types import ASSIGNMENT_WIDE, CircuitReason, RouteClass, TriState
 
-# Only these assignment columns are read for the panel: never api_key_env, and base_url only to compute
-# the route's configuration hash (`catalog.selectors.route_capabilities`); no row object reaches the
-# template, only `routing.panel` values, so neither can appear on the page.
+# Only these assignment columns are read for the panel: base_url, credential and api_key_env only to
+# compute the route's configuration hash (`catalog.selectors.route_capabilities`: the account's keyed
+# fingerprint, never the credential); no row object reaches the template, only `routing.panel` values,
+# so none of them can appear on the page.
 PANEL_ASSIGNMENT_FIELDS = (
     "pk",
     "base_url",
+    "credential",
+    "api_key_env",
     "pool_id",
     "name",
     "adapter",

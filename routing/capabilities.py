@@ -13,7 +13,8 @@ Contract:
 - A verdict is `qualified` true or false. For `tool_representation` true reads `native` and false
   reads `emulated`; for the other capabilities true/false read as the tri-state.
 - `route_config_hash` is the route's configuration hash: SHA-256 over the facts that decide what the
-  upstream receives and who answers it. It never covers a credential.
+  upstream receives and who answers it, the account included: a keyed fingerprint of its credential
+  (never the credential), so another account behind the same base_url starts from declared/unknown.
 - `valid_until` is the earliest instant at which an effective value taken from evidence changes by
   itself (its expiry): a cache of effective values is stale from then on.
 Pure: `now` is passed in.
@@ -50,9 +51,13 @@ class CapabilityProvenance(enum.StrEnum):
 HASH_SCHEME = "route-config/1"
 
 
-def route_config_hash(*, adapter: str, base_url: str, model: str, settings: Mapping[str, str] = {}) -> str:
+def route_config_hash(
+    *, adapter: str, base_url: str, model: str, settings: Mapping[str, str] = {}, account: str = ""
+) -> str:
     """The configuration hash of an (assignment, model) route. `settings` carries any other fact that
-    changes what the upstream receives (e.g. the Anthropic API version header); never a credential."""
+    changes what the upstream receives (e.g. the Anthropic API version header); `account` the keyed
+    fingerprint of the credential sent ("" when none is: a route without a credential hashes as it did
+    before accounts were part of the hash, so its evidence stayed valid), never a credential."""
     facts = {
         "scheme": HASH_SCHEME,
         "adapter": adapter,
@@ -60,6 +65,8 @@ def route_config_hash(*, adapter: str, base_url: str, model: str, settings: Mapp
         "model": model,
         "settings": dict(sorted(settings.items())),
     }
+    if account:
+        facts["account"] = account
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 

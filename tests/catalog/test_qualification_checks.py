@@ -1,5 +1,6 @@
 """The checks of catalog.qualification on their own: each one can fail, in the way a route would fail it."""
 
+import hashlib
 import json
 
 import pytest
@@ -129,3 +130,16 @@ def test_every_run_uses_fresh_tokens_and_the_corpus_names_every_capability():
         "role_separation",
         "tool_representation",
     }
+
+
+def test_an_account_fingerprint_is_keyed_stable_and_never_the_credential(settings):
+    from catalog.selectors import account_fingerprint
+
+    credential = "sk-live-fingerprint-canary-0042"
+    first = account_fingerprint(credential)
+    assert first == account_fingerprint(credential) and len(first) == 64
+    assert credential not in first and hashlib.sha256(credential.encode()).hexdigest() != first
+    assert account_fingerprint("sk-live-fingerprint-canary-0043") != first
+    assert account_fingerprint("") == ""
+    settings.SECRET_KEY = "another-deployment-secret-key-000000000000000000"
+    assert account_fingerprint(credential) != first  # keyed: not recomputable without the key

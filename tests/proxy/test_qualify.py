@@ -7,6 +7,7 @@ import io
 from datetime import timedelta
 
 import pytest
+from cryptography.fernet import Fernet
 from django.core.management import CommandError, call_command
 from django.db.models import F
 from django.utils import timezone
@@ -15,6 +16,7 @@ from catalog.models import CapabilityEvidence
 from catalog.qualification import corpus_load
 from catalog.selectors import route_hash
 from devkit.model_upstream import ModelUpstream
+from pools.credentials import credential_encrypt, credential_rotate
 from pools.models import Adapter, Assignment, ConfigVersion, GatewaySettings
 from routing.eligibility import evaluate
 from routing.selectors import routing_view_load
@@ -347,3 +349,48 @@ def test_an_expired_newer_verdict_never_resurrects_an_older_one():
     text = out.getvalue()
     assert "tools=unknown (unknown)" in text and "tools=true" not in text
     assert "ineligible: acct-a / gpt-5 [tier 0, healthy]: capability" in text
+
+
+# -------------------------------------------------------------------------------------------------
+# The account is part of the route: another credential behind the same base_url is another route.
+
+
+def test_another_account_behind_the_same_url_starts_from_declared_and_a_reencrypted_one_keeps_its_evidence(
+    settings,
+):
+    old_key, new_key = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.GATEWAY_CREDENTIALS_KEY = [old_key]
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        Assignment.objects.filter(pk=assignment.pk).update(
+            credential=credential_encrypt("sk-account-one-canary-7741"), write_tools="false"
+        )
+        out = qualify()
+    assert "sk-account-one-canary-7741" not in out
+    rows = CapabilityEvidence.objects.filter(assignment=assignment)
+    assert not any("canary" in str(value) for row in rows.values() for value in row.values())
+    assert view_of(assignment, timezone.now(), None).tools == TriState.TRUE
+
+    # The same credential re-encrypted under a new key (rotate_credentials) is the same account.
+    settings.GATEWAY_CREDENTIALS_KEY = [new_key, old_key]
+    stored = Assignment.objects.get(pk=assignment.pk).credential
+    Assignment.objects.filter(pk=assignment.pk).update(credential=credential_rotate(stored))
+    assert view_of(assignment, timezone.now(), None).tools == TriState.TRUE
+
+    # Another account behind the same URL: its declared values, else unknown.
+    Assignment.objects.filter(pk=assignment.pk).update(credential=credential_encrypt("sk-account-two-0000"))
+    other = view_of(assignment, timezone.now(), None)
+    assert (other.tools, other.write_tools) == (TriState.UNKNOWN, TriState.FALSE)
+
+
+def test_a_credential_read_from_an_env_var_is_fingerprinted_by_its_value(monkeypatch):
+    monkeypatch.setenv("GATEWAY_UPSTREAM_QUALIFY", "sk-env-account-one-0000")
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        Assignment.objects.filter(pk=assignment.pk).update(api_key_env="GATEWAY_UPSTREAM_QUALIFY")
+        qualify()
+    version = config_version()
+    assert view_of(assignment, timezone.now(), version).tools == TriState.TRUE
+    assert view_of(assignment, timezone.now(), version).tools == TriState.TRUE  # stable: no flapping
+    monkeypatch.setenv("GATEWAY_UPSTREAM_QUALIFY", "sk-env-account-two-0000")
+    assert view_of(assignment, timezone.now(), None).tools == TriState.UNKNOWN

@@ -1,6 +1,8 @@
 """Capability provenance (routing.capabilities): qualified evidence while valid, else declared, else
 unknown; an expired verdict or one about another configuration is never used."""
 
+import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -71,11 +73,24 @@ def test_tool_representation_verdicts_read_native_or_emulated(qualified, value):
         {"base_url": "http://127.0.0.1:9102/v1"},
         {"model": "gpt-5-mini"},
         {"settings": {"anthropic-version": "2024-01-01"}},
+        {"account": "9f" * 32},
     ],
 )
 def test_every_route_fact_changes_the_hash(change):
     facts = {"adapter": "openai", "base_url": "http://127.0.0.1:9101/v1", "model": "gpt-5"}
     assert route_config_hash(**{**facts, **change}) != HASH
+
+
+def test_a_route_without_a_credential_hashes_as_before_accounts_were_hashed():
+    """Its evidence recorded before the account was part of the hash stays valid (issue 50)."""
+    legacy = {
+        "scheme": "route-config/1",
+        "adapter": "openai",
+        "base_url": "http://127.0.0.1:9101/v1",
+        "model": "gpt-5",
+        "settings": {},
+    }
+    assert hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest() == HASH
 
 
 def test_a_trailing_slash_is_the_same_route():

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from catalog.models import CatalogEntry
 from catalog.qualification import Verdict, corpus_load, verdicts
-from catalog.selectors import qualification_routes, route_hash
+from catalog.selectors import assignment_route_hash, qualification_routes
 from catalog.services import capability_evidence_record
 from pools.models import Assignment, GatewaySettings, Pool
 from proxy import upstream
@@ -74,7 +74,7 @@ class Command(BaseCommand):
             a = entry.assignment
             name = f"{a.pool.name}/{a.name} {entry.model}"
             # The hash of the configuration the corpus is about to go through, read with it.
-            config_hash = route_hash(adapter=a.adapter, base_url=a.base_url, model=entry.model)
+            config_hash = assignment_route_hash(a, entry.model)
             started = timezone.now()
             try:
                 run = asyncio.run(_replay(entry, corpus, timeout_s))
