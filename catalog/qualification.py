@@ -324,3 +324,11 @@ def verdicts(corpus: Corpus, outcomes: Mapping[str, Outcome]) -> tuple[Verdict, 
         detail = OK if not failed else f"{failed[0].probe}:{failed[0].detail}"
         found.append(Verdict(capability, not failed, detail[:DETAIL_MAX]))
     return tuple(found)
+
+
+def changes(previous: Mapping[Capability, bool], found: tuple[Verdict, ...]) -> tuple[list[str], list[str]]:
+    """What a run changed against the route's previous verdicts: the capabilities it gained (true now,
+    false or never judged before) and lost (true before, false now), in `Capability` order."""
+    gained = [str(v.capability) for v in found if v.qualified and previous.get(v.capability) is not True]
+    lost = [str(v.capability) for v in found if not v.qualified and previous.get(v.capability) is True]
+    return gained, lost

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from catalog.models import CapabilityEvidence, CatalogEntry
 from pools.credentials import credential_of
@@ -92,19 +92,30 @@ def route_capabilities(
     return effective_all(declared, evidence, config_hash=config_hash, now=now)
 
 
-def evidence_load(*, pool_ids: Iterable[int], now: datetime) -> dict[RouteKey, dict[Capability, Evidence]]:
-    """The latest verdict of every route of these pools, per capability, when it has not expired, in
-    ONE query. The latest is chosen among every verdict, expired or not: once it expires the route has
-    no evidence (its declared value, else unknown), never an older verdict it replaced."""
+def _newest(rows: QuerySet[CapabilityEvidence]) -> QuerySet[CapabilityEvidence]:
+    """The rows no later verdict of the same route and capability replaced (whether it has expired)."""
     newer = CapabilityEvidence.objects.filter(
         assignment_id=OuterRef("assignment_id"), model=OuterRef("model"), capability=OuterRef("capability")
     ).filter(
         Q(qualified_at__gt=OuterRef("qualified_at"))
         | Q(qualified_at=OuterRef("qualified_at"), pk__gt=OuterRef("pk"))
     )
+    return rows.filter(~Exists(newer))
+
+
+def latest_verdicts(*, assignment_id: int, model: str) -> dict[Capability, bool]:
+    """What the route's latest verdict per capability said, expired or not and about whichever
+    configuration: the previous `qualify` run, which this one is compared with."""
+    rows = _newest(CapabilityEvidence.objects.filter(assignment_id=assignment_id, model=model))
+    return {Capability(c): q for c, q in rows.values_list("capability", "qualified")}
+
+
+def evidence_load(*, pool_ids: Iterable[int], now: datetime) -> dict[RouteKey, dict[Capability, Evidence]]:
+    """The latest verdict of every route of these pools, per capability, when it has not expired, in
+    ONE query. The latest is chosen among every verdict, expired or not: once it expires the route has
+    no evidence (its declared value, else unknown), never an older verdict it replaced."""
     rows = (
-        CapabilityEvidence.objects.filter(assignment__pool_id__in=list(pool_ids), expires_at__gt=now)
-        .filter(~Exists(newer))
+        _newest(CapabilityEvidence.objects.filter(assignment__pool_id__in=list(pool_ids), expires_at__gt=now))
         .order_by("qualified_at", "pk")
         .values_list(
             "assignment_id",

@@ -4,6 +4,7 @@ Each verdict must follow from the upstream's behaviour, over both adapters (an `
 reached through the translation the router uses)."""
 
 import io
+import json
 from datetime import timedelta
 
 import pytest
@@ -394,3 +395,74 @@ def test_a_credential_read_from_an_env_var_is_fingerprinted_by_its_value(monkeyp
     assert view_of(assignment, timezone.now(), version).tools == TriState.TRUE  # stable: no flapping
     monkeypatch.setenv("GATEWAY_UPSTREAM_QUALIFY", "sk-env-account-two-0000")
     assert view_of(assignment, timezone.now(), None).tools == TriState.UNKNOWN
+
+
+# -------------------------------------------------------------------------------------------------
+# For a scheduler: one JSON line per route, what changed since the last run, an exit code to alert on.
+
+
+def qualify_json(**options) -> tuple[list[dict], str, int]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("qualify", json=True, stdout=out, stderr=err, **options)
+        code = 0
+    except CommandError as exc:
+        err.write(str(exc))
+        code = exc.returncode
+    return [json.loads(line) for line in out.getvalue().splitlines()], err.getvalue(), code
+
+
+def test_json_lines_say_what_each_route_gained_and_lost_and_the_exit_code_flags_a_loss():
+    with ModelUpstream("faithful") as fake:
+        route(fake)
+        (first,), err, code = qualify_json()
+        assert code == 0 and "qualified 1 of 1 routes" in err
+        assert first["judged"] is True and (first["pool"], first["assignment"], first["model"]) == (
+            "main",
+            "acct-a",
+            "gpt-5",
+        )
+        assert first["verdicts"] == ALL_TRUE and first["details"] == {}
+        assert first["gained"] == list(ALL_TRUE) and first["lost"] == []
+        assert first["previous"] == dict.fromkeys(ALL_TRUE)
+        assert first["tokens"]["input"] > 0 and first["corpus"] == corpus_load().version
+
+        (same,), _, code = qualify_json()
+        assert code == 0 and same["gained"] == [] and same["lost"] == []
+
+        fake.mode = "drop_images"
+        (degraded,), err, code = qualify_json()
+    assert code == 3 and "1 route lost a capability" in err
+    assert degraded["verdicts"] == EXPECTED["drop_images"] and degraded["lost"] == ["vision"]
+    assert degraded["details"] == {"vision": "image:expected_answer_missing"}
+    assert degraded["previous"]["vision"] is True and degraded["gained"] == []
+    with ModelUpstream("drop_images") as fake:
+        Assignment.objects.update(base_url=fake.base_url)
+        (still,), _, code = qualify_json()  # still without images: nothing new to alert on
+    assert code == 0 and still["lost"] == [] and still["verdicts"]["vision"] is False
+
+    # Healed: gained back, nothing lost, exit 0; the human output names a loss too.
+    with ModelUpstream("faithful") as fake:
+        Assignment.objects.update(base_url=fake.base_url)
+        (healed,), _, code = qualify_json()
+        assert code == 0 and healed["gained"] == ["vision"] and healed["lost"] == []
+        fake.mode = "text_tool_calls"
+        with pytest.raises(CommandError, match="1 route lost a capability") as lost:
+            call_command("qualify", stdout=(out := io.StringIO()))
+    assert lost.value.returncode == 3
+    assert "; lost tools, write_tools, tool_representation" in out.getvalue()
+
+
+def test_a_route_that_cannot_be_judged_is_a_json_line_too_and_exits_1():
+    with ModelUpstream("faithful", status=503) as fake:
+        route(fake)
+        (line,), err, code = qualify_json()
+    assert code == 1 and "1 route could not be judged" in err
+    assert line == {
+        "pool": "main",
+        "assignment": "acct-a",
+        "model": "gpt-5",
+        "judged": False,
+        "reason": "unavailable (HTTP 503)",
+        "probe": "tool_call",
+    }
