@@ -329,7 +329,8 @@ def test_an_expired_newer_verdict_never_resurrects_an_older_one():
         )
         GatewaySettings.objects.update_or_create(pk=1, defaults={"qualification_days": 2})
         fake.mode = "text_tool_calls"
-        qualify()
+        with pytest.raises(CommandError, match="lost a capability"):
+            qualify()
     older = CapabilityEvidence.objects.get(assignment=assignment, capability="tools", qualified=True)
     newer = CapabilityEvidence.objects.get(assignment=assignment, capability="tools", qualified=False)
     assert older.qualified_at < newer.qualified_at and newer.expires_at < older.expires_at
