@@ -9,16 +9,30 @@ Anthropic fields without a Chat counterpart, each carried, refused or dropped by
 - `top_k` and `thinking` (`{"type": "enabled", "budget_tokens": n}` or `{"type": "adaptive"}`) change
   how the answer is sampled and reasoned. They ride beside the Chat body (`AnthropicChat.carried`, not a
   JSON field a client could send) to the providers whose own API takes them (`gemini_translate`,
-  `bedrock_translate`); an OpenAI-shaped upstream has no field for them, so `chat_only` refuses them
-  naming the field and another account may serve the request. `thinking: {"type": "disabled"}` is the
-  neutral value: dropped. Any other form of `thinking` (`display`, which asks for the reasoning these
-  upstreams' answers do not bring back, or another type) is refused naming the field. The reasoning is
-  not brought back as thinking blocks: a thinking block carries a signature the Anthropic API verifies,
-  and one the gateway made up would fail the client's next turn on an `anthropic` account.
+  `bedrock_translate`). An OpenAI-shaped upstream (`chat_only`) has no field for `top_k` (refused naming
+  it: another account may serve the request); how hard to reason it takes as `reasoning_effort` on its
+  reasoning models (`reasoning_model`): `output_config.effort` as given (`max` is `high`, OpenAI's
+  highest everywhere), else a thinking budget by its size (below 4,096 tokens `low`, below 16,384
+  `medium`, else `high`), `adaptive` leaving the model's own default; on other models both are dropped
+  (how hard a model reasons never changes what its answer may contain or do). `thinking: {"type":
+  "disabled"}` is the neutral value: dropped; so is `display: "omitted"` (no thinking is shown, which is
+  what the bridge does anyway). Any other form of `thinking` (`display: "summarized"`, which asks for
+  reasoning these upstreams' answers do not bring back, or another type) is refused naming the field.
+  The reasoning is not brought back as thinking blocks: a thinking block carries a signature the
+  Anthropic API verifies, and one the gateway made up would fail the client's next turn on an
+  `anthropic` account.
+- `context_management` edits of type `clear_thinking_*` are dropped: the bridge drops every thinking
+  block of the history already, which is all any such edit clears. Any other edit (`clear_tool_uses_*`
+  would remove tool results the model would otherwise see) is refused naming its `type`.
+- A tool with `defer_loading: true` is left out of the Chat tools: on Anthropic its definition is not
+  shown to the model until a tool search loads it, and a Chat upstream has no tool search (a search's
+  `tool_reference` result is refused like any block Chat has no place for), so the model sees the same
+  tools either way (Claude Code sends a deferred placeholder on every request).
 - Dropped by decision, because they change price, latency or capacity and never what the answer may
   contain or do: `cache_control` (top-level and on any block: another provider caches by its own rules),
   `service_tier` and `speed` (Anthropic's capacity tiers: the account's arrangement with its provider,
-  not the client's to choose across providers), `output_config.effort`.
+  not the client's to choose across providers), and `output_config.effort` where no `reasoning_effort`
+  takes it.
 """
 
 from __future__ import annotations
@@ -67,6 +81,7 @@ _ANTHROPIC_TRANSLATED = frozenset(
         "tools",
         "tool_choice",
         "output_config",
+        "context_management",
     }
 )
 # Fields without a Chat counterpart, carried beside the Chat body (`AnthropicChat`, module docstring).
@@ -76,6 +91,11 @@ _ANTHROPIC_CARRIED = frozenset({"top_k", "thinking"})
 # constraints Chat cannot honour.
 _ANTHROPIC_DROPPED = frozenset({"service_tier", "cache_control", "speed"})
 _THINKING_TYPES = frozenset({"enabled", "adaptive", "disabled"})
+_THINKING_DISPLAY_NEUTRAL: Mapping[str, object] = {"display": "omitted"}
+# Anthropic's effort levels as OpenAI's `reasoning_effort` (module docstring); another value is dropped.
+_EFFORT = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
+_BUDGET_EFFORT = ((4096, "low"), (16384, "medium"))
+_CLEARED_BY_THE_BRIDGE = "clear_thinking_"
 _ANTHROPIC_OUTPUT_CONFIG_DROPPED = frozenset({"effort"})  # `format` is a structured-output contract
 _ANTHROPIC_TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 # Assistant history blocks that carry the model's own reasoning, meaningless to another provider.
@@ -105,20 +125,38 @@ _TOOL_CHOICE_KEYS = {
 class AnthropicChat(dict[str, Any]):
     """A Chat Completions body translated from an Anthropic Messages request, and `carried`: the Anthropic
     fields Chat has no counterpart for (`top_k`, `thinking`, as the client gave them), for a provider whose
-    own API takes them. A copy (`{**body}`) is a plain Chat body without them: an upstream that takes
-    Chat as it is gets `chat_only(body)`, which refuses them."""
+    own API takes them; `effort`: how hard the client asked the model to reason, as OpenAI's
+    `reasoning_effort` (None: the model's default). A copy (`{**body}`) is a plain Chat body without them:
+    an upstream that takes Chat as it is gets `chat_only(body, model)`."""
 
-    def __init__(self, body: Mapping[str, Any], carried: Mapping[str, Any]) -> None:
+    def __init__(
+        self, body: Mapping[str, Any], carried: Mapping[str, Any], effort: str | None = None
+    ) -> None:
         super().__init__(body)
         self.carried = dict(carried)
+        self.effort = effort
 
 
-def chat_only(body: Mapping[str, Any]) -> dict[str, Any]:
-    """`body` as an OpenAI-shaped upstream takes it; RequestTranslationError naming the first Anthropic
-    field it cannot carry (`AnthropicChat.carried`)."""
-    for name in sorted(body.carried) if isinstance(body, AnthropicChat) else ():
-        _refuse(name)
-    return dict(body)
+def reasoning_model(model: str) -> bool:
+    """Whether `model` is one of OpenAI's reasoning models, which take `reasoning_effort` (the o-series,
+    gpt-5 but its `-chat` variants, gpt-oss; OpenAI's reasoning guide), under any router prefix
+    (`openai/gpt-5`). Any other model refuses the field, so it is never sent one."""
+    name = model.rsplit("/", 1)[-1].lower()
+    family = name.startswith(("o1", "o3", "o4", "gpt-5", "gpt-oss"))
+    return family and "-chat" not in name
+
+
+def chat_only(body: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """`body` as an OpenAI-shaped upstream serving `model` takes it: `top_k` refused (RequestTranslationError
+    naming it), the reasoning asked for as `reasoning_effort` on a reasoning model (module docstring)."""
+    if not isinstance(body, AnthropicChat):
+        return dict(body)
+    if "top_k" in body.carried:
+        _refuse("top_k")
+    chat = dict(body)
+    if body.effort is not None and reasoning_model(model):
+        chat["reasoning_effort"] = body.effort
+    return chat
 
 
 def anthropic_to_chat_request(body: Mapping[str, Any]) -> AnthropicChat:
@@ -169,12 +207,18 @@ def anthropic_to_chat_request(body: Mapping[str, Any]) -> AnthropicChat:
         _check_fields(metadata, frozenset({"user_id"}), prefix="metadata.")
         if "user_id" in metadata:
             out["user"] = _string(metadata["user_id"], "metadata.user_id")
+    effort = None
     if "output_config" in body:
         config = _present(_object(body["output_config"], "output_config"))
         _check_fields(config, _ANTHROPIC_OUTPUT_CONFIG_DROPPED, prefix="output_config.")
+        if "effort" in config:
+            effort = _EFFORT.get(_string(config["effort"], "output_config.effort"))
+    if "context_management" in body:
+        _context_management(body["context_management"])
     tools = [
         _anthropic_tool_to_chat(tool, f"tools[{i}]")
         for i, tool in enumerate(_array(body.get("tools", []), "tools"))
+        if _object(tool, f"tools[{i}]").get("defer_loading") is not True
     ]
     if tools:
         out["tools"] = tools
@@ -188,7 +232,26 @@ def anthropic_to_chat_request(body: Mapping[str, Any]) -> AnthropicChat:
         out["stream"] = True
         # Anthropic streams always report usage; Chat only when asked.
         out["stream_options"] = {"include_usage": True}
-    return AnthropicChat(out, _carried(body))
+    carried = _carried(body)
+    if effort is None and "thinking" in carried:
+        effort = _thinking_effort(carried["thinking"])
+    return AnthropicChat(out, carried, effort)
+
+
+def _thinking_effort(thinking: Mapping[str, Any]) -> str | None:
+    budget = thinking.get("budget_tokens")
+    if budget is None:  # adaptive: the model decides, as OpenAI's default effort does
+        return None
+    return next((effort for below, effort in _BUDGET_EFFORT if budget < below), "high")
+
+
+def _context_management(value: object) -> None:
+    config = _present(_object(value, "context_management"))
+    _check_fields(config, frozenset({"edits"}), prefix="context_management.")
+    for index, edit in enumerate(_array(config.get("edits", []), "context_management.edits")):
+        kind = _object(edit, f"context_management.edits[{index}]").get("type")
+        if not isinstance(kind, str) or not kind.startswith(_CLEARED_BY_THE_BRIDGE):
+            _refuse(f"context_management.edits[{index}].type")
 
 
 def _carried(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,6 +263,10 @@ def _carried(body: Mapping[str, Any]) -> dict[str, Any]:
         kind = thinking.get("type")
         if not isinstance(kind, str) or kind not in _THINKING_TYPES:
             _refuse("thinking.type")
+        if kind != "disabled":
+            thinking = block_fields(
+                thinking, "thinking", frozenset(thinking), neutral=_THINKING_DISPLAY_NEUTRAL
+            )
         if kind == "enabled":
             _check_fields(thinking, frozenset({"type", "budget_tokens"}), prefix="thinking.")
             budget = _integer(thinking.get("budget_tokens"), "thinking.budget_tokens")

@@ -1,6 +1,7 @@
 """OpenAI (`openai`): Chat Completions, Responses, embeddings (plain only) and the Files API as sent; an
-Anthropic Messages client is translated to Chat Completions and back (its `top_k` and `thinking` have no
-Chat field: refused, `proxy.adapters.messages_over_chat`).
+Anthropic Messages client is translated to Chat Completions and back (its `top_k` has no Chat field:
+refused; its `thinking` and effort are `reasoning_effort` on a reasoning model,
+`proxy.adapters.messages_over_chat`).
 
 The client's body is forwarded as sent, with only `model` set to the candidate's model (the same model
 on every same-model hop). A streamed Chat request always asks for usage (`stream_options`): OpenAI
@@ -66,7 +67,9 @@ class OpenAI:
             # client's, as sent.
             return UpstreamCall(url(target.base_url, path), auth, {}, Dialect.CHAT, path, model)
         if path == MESSAGES:
-            chat = self.shape({**chat_only(anthropic_to_chat_request(body)), "model": model}, requirements)
+            chat = self.shape(
+                {**chat_only(anthropic_to_chat_request(body), model), "model": model}, requirements
+            )
             return messages_over_chat(url(target.base_url, CHAT), json_headers(auth), chat, model)
         payload = self.shape({**body, "model": model}, requirements)
         if path != CHAT:

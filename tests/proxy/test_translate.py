@@ -486,7 +486,10 @@ TOOL_TURNS = [
         ({"container": "c-1"}, "container"),
         ({"mcp_servers": [{"type": "url", "url": "https://mcp.test", "name": "x"}]}, "mcp_servers"),
         ({"inference_geo": "eu"}, "inference_geo"),
-        ({"context_management": {"edits": []}}, "context_management"),
+        (
+            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+            "context_management.edits[0].type",
+        ),
         ({"metadata": {"user_id": "u", "tenant": "t"}}, "metadata.tenant"),
         ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),

@@ -118,7 +118,6 @@ CITATION = [{"type": "char_location", "cited_text": "x", "document_index": 0, "s
             "messages[2].content[0].content[0].citations",
         ),
         (_set(["tools", 0, "input_examples"], [{"path": "a"}]), "tools[0].input_examples"),
-        (_set(["tools", 0, "defer_loading"], True), "tools[0].defer_loading"),
         (_set(["tools", 0, "allowed_callers"], ["code_execution_20250825"]), "tools[0].allowed_callers"),
         (_set(["tool_choice", "name"], "read"), "tool_choice.name"),
         (

@@ -115,16 +115,49 @@ def test_thinking_continuing_a_tool_loop_reaches_claude_on_bedrock_and_gemini():
 
 
 @pytest.mark.parametrize("adapter", CHAT_SHAPED)
+def test_a_chat_shaped_upstream_refuses_what_chat_has_no_field_for(adapter):
+    assert refused(adapter, {**TURN, "top_k": 40}) == "top_k"
+
+
+ADAPTIVE = {"type": "adaptive", "display": "omitted"}  # what Claude Code 2.1 sends on its default model
+
+
+@pytest.mark.parametrize("adapter", CHAT_SHAPED)
 @pytest.mark.parametrize(
-    ("fields", "param"),
+    ("fields", "effort"),
     [
-        ({"top_k": 40}, "top_k"),
-        ({"thinking": ENABLED}, "thinking"),
-        ({"thinking": {"type": "adaptive"}}, "thinking"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "low"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 8000}}, "medium"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 31999, "display": "omitted"}}, "high"),
+        ({"thinking": ADAPTIVE}, None),
+        ({"thinking": ADAPTIVE, "output_config": {"effort": "medium"}}, "medium"),
+        ({"thinking": ENABLED, "output_config": {"effort": "max"}}, "high"),
+        ({"output_config": {"effort": "low"}}, "low"),
+        ({"output_config": {"effort": "someday"}}, None),
     ],
 )
-def test_a_chat_shaped_upstream_refuses_what_chat_has_no_field_for(adapter, fields, param):
-    assert refused(adapter, {**TURN, **fields}) == param
+def test_the_reasoning_asked_for_is_reasoning_effort_on_an_openai_reasoning_model(adapter, fields, effort):
+    for model in ("gpt-5", "o3-mini", "openai/gpt-5.2", "gpt-oss-120b"):
+        assert call(adapter, {**TURN, **fields}, model=model).get("reasoning_effort") == effort
+    # A model without reasoning refuses the field: the client's reasoning request is dropped there.
+    for model in ("gpt-4.1", "gpt-5-chat-latest", "llama-3.3-70b"):
+        assert "reasoning_effort" not in call(adapter, {**TURN, **fields}, model=model)
+
+
+@pytest.mark.parametrize("adapter", CHAT_SHAPED)
+def test_a_thinking_clearing_edit_is_dropped_as_the_bridge_clears_all_thinking(adapter):
+    edits = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+    assert call(adapter, {**TURN, "context_management": edits}) == call(adapter, TURN)
+    cleared = {"edits": [{"type": "clear_thinking_20251015"}, {"type": "clear_tool_uses_20250919"}]}
+    assert refused(adapter, {**TURN, "context_management": cleared}) == "context_management.edits[1].type"
+
+
+@pytest.mark.parametrize("adapter", CHAT_SHAPED)
+def test_a_deferred_tool_is_not_shown_to_a_chat_model(adapter):
+    shown = {"name": "Bash", "input_schema": {"type": "object", "properties": {}}}
+    deferred = {"name": "Placeholder", "input_schema": {"type": "object"}, "defer_loading": True}
+    sent = call(adapter, {**TURN, "tools": [shown, deferred]})
+    assert [tool["function"]["name"] for tool in sent["tools"]] == ["Bash"]
 
 
 @pytest.mark.parametrize("adapter", ("gemini", "bedrock", *CHAT_SHAPED))
@@ -145,7 +178,7 @@ def test_nothing_is_carried_without_the_fields_or_with_thinking_disabled(adapter
         ({"thinking": {"type": "maybe"}}, "thinking.type"),
         ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
         ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
-        ({"thinking": {**ENABLED, "display": "omitted"}}, "thinking.display"),
+        ({"thinking": {**ENABLED, "display": "summarized"}}, "thinking.display"),
         ({"thinking": {"type": "disabled", "budget_tokens": 2048}}, "thinking.budget_tokens"),
     ],
 )
@@ -159,9 +192,9 @@ def test_the_carried_fields_are_no_json_field_of_the_chat_body():
     assert chat.carried == {"top_k": 3}
     assert "top_k" not in chat and "top_k" not in {**chat}
     with pytest.raises(RequestTranslationError) as error:
-        chat_only(chat)
+        chat_only(chat, "gpt-5")
     assert error.value.param == "top_k"
-    assert chat_only(anthropic_to_chat_request(TURN)) == anthropic_to_chat_request(TURN)
+    assert chat_only(anthropic_to_chat_request(TURN), "gpt-5") == anthropic_to_chat_request(TURN)
 
 
 @pytest.mark.parametrize("adapter", ("gemini", "bedrock", *CHAT_SHAPED))
