@@ -342,7 +342,9 @@ def route_request(
             )
             first_call = (first.key, call)
     client_deadline = deadline_ms < route_settings.default_deadline_ms
-    return Routed(loaded, inputs, requirements, deadline_ms, client_deadline, decide_now, decision, first_call)
+    return Routed(
+        loaded, inputs, requirements, deadline_ms, client_deadline, decide_now, decision, first_call
+    )
 
 
 @dataclass(frozen=True, slots=True)
