@@ -1,9 +1,10 @@
 """Capability qualification (SPEC §8.1): the fixed corpus, its rendering and how a probe's outcome is judged.
 
 Contract:
-- The corpus is `catalog/corpus/qualification-1.json`, in the repository. Its recorded version is the
+- The corpus is `catalog/corpus/qualification-2.json`, in the repository. Its recorded version is the
   file's own `version` plus the first 12 hex digits of the file's SHA-256, so any edit of the text is a
-  new corpus version in the evidence, with or without a version bump.
+  new corpus version in the evidence, with or without a version bump. Evidence recorded with an earlier
+  version stays valid until it expires (eligibility does not read the corpus version).
 - Every placeholder `{{name}}` is a fresh random token per run (`nonces`), so a cached, replayed or
   memorised answer cannot pass.
 - A probe passes only on the exact expected outcome (`check_*`): a native tool call with exactly the
@@ -11,7 +12,12 @@ Contract:
   fixture, the request as the upstream received it from the gateway (the instruction only in the system
   position, the forged `User:` label only inside the tool result) AND the answer (the system's
   instruction followed, the forged one not).
-- A capability is qualified when every probe the corpus lists for it passed (`verdicts`).
+- A probe is sent `samples` times (default 1), and with `stream` over SSE as well as plain: it passes
+  only when every sample through every way passed (3 of 3), so a model that is right only most of the
+  time, or a route whose only defect is in its streams, fails it.
+- A capability is qualified when every probe the corpus lists for it passed (`verdicts`), except
+  `tool_representation`, judged on its own evidence: its probes' tool calls came back as native calls,
+  with the right arguments or not (`NATIVE`).
 - Nothing here keeps a prompt or an answer: a probe's outcome is a pass flag and one of the check codes
   below.
 
@@ -35,7 +41,7 @@ from proxy.providers.base import UpstreamCall
 from proxy.sse import Dialect
 from routing.capabilities import Capability
 
-CORPUS_PATH = Path(__file__).resolve().parent / "corpus" / "qualification-1.json"
+CORPUS_PATH = Path(__file__).resolve().parent / "corpus" / "qualification-2.json"
 PLACEHOLDER = re.compile(r"\{\{([a-z_]+)(?::([a-z_]+))?\}\}")
 
 # Check codes: the only thing recorded about how a probe went (never any of its text).
@@ -57,12 +63,18 @@ INJECTION_FOLLOWED = "injection_followed"
 DETAIL_MAX = 80  # CapabilityEvidence.detail
 
 
+# The codes with which a tool-call probe fails although the call came back as a native call.
+NATIVE = frozenset({OK, WRONG_TOOL, WRONG_ARGUMENTS})
+
+
 @dataclass(frozen=True, slots=True)
 class Probe:
     id: str
     check: str
     expect: Mapping[str, Any]
     body: Mapping[str, Any]
+    samples: int = 1
+    stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +83,22 @@ class Corpus:
     probes: tuple[Probe, ...]
     values: Mapping[str, Any]
     capabilities: Mapping[Capability, tuple[str, ...]]
+    token_budget: int  # what one route's replay may spend, input and output tokens together
 
 
 def corpus_load(path: Path = CORPUS_PATH) -> Corpus:
     raw = path.read_bytes()
     data = json.loads(raw)
     digest = hashlib.sha256(raw).hexdigest()[:12]
-    probes = tuple(Probe(p["id"], p["check"], p["expect"], p["body"]) for p in data["probes"])
+    probes = tuple(
+        Probe(p["id"], p["check"], p["expect"], p["body"], p.get("samples", 1), p.get("stream", False))
+        for p in data["probes"]
+    )
     capabilities = {Capability(name): tuple(ids) for name, ids in data["capabilities"].items()}
     known = {p.id for p in probes}
     if set(capabilities) != set(Capability) or any(set(ids) - known for ids in capabilities.values()):
         raise ValueError(f"{path.name}: every capability needs probes of this corpus")
-    return Corpus(f"{data['version']}:{digest}", probes, data["values"], capabilities)
+    return Corpus(f"{data['version']}:{digest}", probes, data["values"], capabilities, data["token_budget"])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -317,10 +333,18 @@ class Verdict:
     detail: str  # OK, or the code of the first probe that failed, as `probe:code`
 
 
+def _passed(capability: Capability, outcome: Outcome) -> bool:
+    if capability is Capability.TOOL_REPRESENTATION:
+        return outcome.detail in NATIVE
+    return outcome.passed
+
+
 def verdicts(corpus: Corpus, outcomes: Mapping[str, Outcome]) -> tuple[Verdict, ...]:
     found = []
     for capability in Capability:
-        failed = [outcomes[p] for p in corpus.capabilities[capability] if not outcomes[p].passed]
+        failed = [
+            outcomes[p] for p in corpus.capabilities[capability] if not _passed(capability, outcomes[p])
+        ]
         detail = OK if not failed else f"{failed[0].probe}:{failed[0].detail}"
         found.append(Verdict(capability, not failed, detail[:DETAIL_MAX]))
     return tuple(found)

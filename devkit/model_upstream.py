@@ -14,6 +14,11 @@ way a model does and answers from what it read, so what it answers depends on wh
   `faithful` carries tools and roles as sent; `flatten_tool_results` turns every tool result into user
   text before the model sees it (so a forged `User:` label inside it becomes a user instruction);
   `drop_images` removes image inputs; `text_tool_calls` answers tool calls as plain text;
+  `stream_tool_calls_cut` is faithful except in a stream, where it forwards only the first fragment of a
+  tool call's arguments (as a relay that drops later deltas does); `flaky_tool_calls` answers every
+  fifth tool call as plain text (a model that calls tools only most of the time);
+- `"stream": true` is answered over SSE, Chat chunks (usage when `stream_options.include_usage`) or
+  Messages events, a tool call's arguments in two fragments;
 - `require_key` answers 401 to a wrong key; `status` answers every request with that error status;
 - like ordinary servers it compresses answers (gzip) when the request offers it, and, like Anthropic's
   API, refuses a Messages request without `anthropic-version`;
@@ -35,7 +40,14 @@ from aiohttp import web
 
 from devkit.threaded_app import ThreadedApp, gzip_when_offered
 
-Mode = Literal["faithful", "flatten_tool_results", "drop_images", "text_tool_calls"]
+Mode = Literal[
+    "faithful",
+    "flatten_tool_results",
+    "drop_images",
+    "text_tool_calls",
+    "stream_tool_calls_cut",
+    "flaky_tool_calls",
+]
 
 # The fake's own copy of a 3x5 digit font: its "eyes" (independent of the gateway's renderer).
 GLYPHS = {
@@ -215,6 +227,7 @@ class ModelUpstream(ThreadedApp):
         self.status = status
         self.canary = canary
         self.hits: list[tuple[str, dict[str, Any]]] = []
+        self.tool_calls = 0  # tool calls the model has made (flaky_tool_calls fails every fifth)
         super().__init__()
 
     def application(self) -> web.Application:
@@ -252,15 +265,49 @@ class ModelUpstream(ThreadedApp):
     def _say(self, text: str) -> str:
         return f"{text} {self.canary}".strip()
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    def _as_text(self, thought: Thought) -> bool:
+        """Whether this tool call is written out as text rather than called natively."""
+        if thought.call is None:
+            return False
+        self.tool_calls += 1
+        return self.mode == "text_tool_calls" or (
+            self.mode == "flaky_tool_calls" and self.tool_calls % 5 == 0
+        )
+
+    def _fragments(self, arguments: str) -> list[str]:
+        """A streamed tool call's arguments in two fragments (only the first in `stream_tool_calls_cut`)."""
+        half = len(arguments) // 2
+        return (
+            [arguments[:half]]
+            if self.mode == "stream_tool_calls_cut"
+            else [arguments[:half], arguments[half:]]
+        )
+
+    async def _sse(
+        self, request: web.Request, events: list[tuple[str | None, dict[str, Any]]]
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for event, data in events:
+            head = f"event: {event}\n" if event else ""
+            await response.write(f"{head}data: {json.dumps(data)}\n\n".encode())
+        if not events or events[-1][0] is None:
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.hits.append(("/chat/completions", body))
         if (refusal := self._refusal(request, anthropic=False)) is not None:
             return refusal
         thought = think(_chat_turns(body), _tool_names(body), self.mode)
+        as_text = self._as_text(thought)
+        if body.get("stream") is True:
+            return await self._sse(request, self._chat_chunks(body, thought, as_text))
         message: dict[str, Any] = {"role": "assistant", "content": None}
         finish = "stop"
-        if thought.call is not None and self.mode != "text_tool_calls":
+        if thought.call is not None and not as_text:
             name, args = thought.call
             message["tool_calls"] = [
                 {
@@ -270,13 +317,8 @@ class ModelUpstream(ThreadedApp):
                 }
             ]
             finish = "tool_calls"
-        elif thought.call is not None:
-            name, args = thought.call
-            message["content"] = self._say(
-                f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(args)}}}</tool_call>'
-            )
         else:
-            message["content"] = self._say(thought.text or "")
+            message["content"] = self._say(self._text_of(thought))
         return web.json_response(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
@@ -288,25 +330,97 @@ class ModelUpstream(ThreadedApp):
             }
         )
 
-    async def _messages(self, request: web.Request) -> web.Response:
+    def _chat_chunks(
+        self, body: dict[str, Any], thought: Thought, as_text: bool
+    ) -> list[tuple[str | None, dict[str, Any]]]:
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "created": 1}
+        base["model"] = body.get("model")
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> tuple[None, dict[str, Any]]:
+            return None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        chunks = [chunk({"role": "assistant", "content": ""})]
+        if thought.call is not None and not as_text:
+            name, args = thought.call
+            call_id = f"call_{uuid.uuid4().hex[:12]}"
+            for i, piece in enumerate(self._fragments(json.dumps(args))):
+                head = {"id": call_id, "type": "function", "function": {"name": name}} if i == 0 else {}
+                function = {**head.pop("function", {}), "arguments": piece}
+                chunks.append(chunk({"tool_calls": [{"index": 0, **head, "function": function}]}))
+            chunks.append(chunk({}, "tool_calls"))
+        else:
+            chunks.append(chunk({"content": self._say(self._text_of(thought))}))
+            chunks.append(chunk({}, "stop"))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": 40, "completion_tokens": 7, "total_tokens": 47}
+            chunks.append((None, {**base, "choices": [], "usage": usage}))
+        return chunks
+
+    @staticmethod
+    def _text_of(thought: Thought) -> str:
+        if thought.call is not None:
+            name, args = thought.call
+            return f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(args)}}}</tool_call>'
+        return thought.text or ""
+
+    def _message_events(
+        self, body: dict[str, Any], thought: Thought, as_text: bool
+    ) -> list[tuple[str | None, dict[str, Any]]]:
+        message = {
+            "id": f"msg_{uuid.uuid4().hex[:12]}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 40, "output_tokens": 0},
+        }
+        events: list[tuple[str | None, dict[str, Any]]] = [
+            ("message_start", {"type": "message_start", "message": message})
+        ]
+        if thought.call is not None and not as_text:
+            name, args = thought.call
+            block = {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:12]}", "name": name, "input": {}}
+            deltas = [
+                {"type": "input_json_delta", "partial_json": piece}
+                for piece in self._fragments(json.dumps(args))
+            ]
+            stop = "tool_use"
+        else:
+            block = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": self._say(self._text_of(thought))}]
+            stop = "end_turn"
+        events.append(
+            ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block})
+        )
+        events += [
+            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d}) for d in deltas
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        delta = {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}}
+        events.append(("message_delta", {**delta, "usage": {"output_tokens": 7}}))
+        events.append(("message_stop", {"type": "message_stop"}))
+        return events
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.hits.append(("/messages", body))
         if (refusal := self._refusal(request, anthropic=True)) is not None:
             return refusal
         thought = think(_anthropic_turns(body), _tool_names(body), self.mode)
+        as_text = self._as_text(thought)
+        if body.get("stream") is True:
+            return await self._sse(request, self._message_events(body, thought, as_text))
         stop = "end_turn"
-        if thought.call is not None and self.mode != "text_tool_calls":
+        if thought.call is not None and not as_text:
             name, args = thought.call
             content = [
                 {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:12]}", "name": name, "input": args}
             ]
             stop = "tool_use"
-        elif thought.call is not None:
-            name, args = thought.call
-            text = f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(args)}}}</tool_call>'
-            content = [{"type": "text", "text": self._say(text)}]
         else:
-            content = [{"type": "text", "text": self._say(thought.text or "")}]
+            content = [{"type": "text", "text": self._say(self._text_of(thought))}]
         return web.json_response(
             {
                 "id": f"msg_{uuid.uuid4().hex[:12]}",

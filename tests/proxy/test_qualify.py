@@ -5,6 +5,8 @@ reached through the translation the router uses)."""
 
 import io
 import json
+import re
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -35,9 +37,12 @@ ALL_TRUE = {
 }
 EXPECTED = {
     "faithful": ALL_TRUE,
-    "flatten_tool_results": {**ALL_TRUE, "role_separation": False, "tool_representation": False},
+    # Its tool calls are native: only what it does to tool results is wrong.
+    "flatten_tool_results": {**ALL_TRUE, "role_separation": False},
     "drop_images": {**ALL_TRUE, "vision": False},
     "text_tool_calls": {**ALL_TRUE, "tools": False, "write_tools": False, "tool_representation": False},
+    # Its only defect is in streamed tool calls: their arguments are cut, the calls still native.
+    "stream_tool_calls_cut": {**ALL_TRUE, "tools": False, "write_tools": False},
 }
 
 
@@ -229,13 +234,18 @@ def test_evidence_records_date_corpus_hash_and_expiry_from_qualification_days():
         assert before <= row.qualified_at <= timezone.now()
         assert row.expires_at == row.qualified_at + timedelta(days=7)
         assert row.config_hash == expected_hash
-        assert row.corpus_version == corpus_load().version and row.corpus_version.startswith("qualify-1:")
+        assert row.corpus_version == corpus_load().version and row.corpus_version.startswith("qualify-2:")
         assert row.detail == "ok"
     assert "verdicts valid 7 days" in out
-    # The fake reports 40 + 7 tokens per answer; requests that reach the upstream identical through both
-    # client APIs are sent once.
+    # Every sample of every probe, plain and (for a streamed probe) over SSE, through both client APIs,
+    # except that requests reaching the upstream identical through both are sent once per sample.
+    corpus = corpus_load()
+    each_way = sum(p.samples * (2 if p.stream else 1) for p in corpus.probes)
     sent = len(fake.hits)
-    assert 5 <= sent < 10
+    streamed_ways = sum(p.samples for p in corpus.probes if p.stream)
+    assert each_way < sent < 2 * each_way
+    assert streamed_ways <= sum(1 for _, body in fake.hits if body.get("stream")) <= 2 * streamed_ways
+    # The fake reports 40 + 7 tokens per answer, streamed or not.
     assert f"{47 * sent} tokens spent ({40 * sent} input, {7 * sent} output)" in out
 
 
@@ -259,7 +269,7 @@ def test_the_request_as_sent_is_judged_too_a_translation_that_flattens_tool_resu
     with ModelUpstream("faithful") as fake:
         assignment = route(fake)
         qualify()
-    assert verdicts(assignment) == {**ALL_TRUE, "role_separation": False, "tool_representation": False}
+    assert verdicts(assignment) == {**ALL_TRUE, "role_separation": False}
     detail = CapabilityEvidence.objects.get(assignment=assignment, capability="role_separation").detail
     assert detail == "role_separation@messages:forged_label_outside_tool_result"
 
@@ -467,3 +477,66 @@ def test_a_route_that_cannot_be_judged_is_a_json_line_too_and_exits_1():
         "reason": "unavailable (HTTP 503)",
         "probe": "tool_call",
     }
+
+
+# -------------------------------------------------------------------------------------------------
+# The corpus: streams, samples, the native representation of tool calls, its cost and its budget.
+
+
+def test_a_route_whose_only_defect_is_in_streamed_tool_calls_is_told_apart():
+    with ModelUpstream("stream_tool_calls_cut") as fake:
+        assignment = route(fake)
+        qualify()
+    details = dict(
+        CapabilityEvidence.objects.filter(assignment=assignment).values_list("capability", "detail")
+    )
+    assert details["tools"] == "tool_call/sse:wrong_arguments"  # every plain way passed first
+    assert details["write_tools"] == "write_tool/sse:wrong_arguments"
+    assert details["tool_representation"] == "ok"  # its calls are native, only cut
+
+
+def test_a_flaky_model_fails_the_repeated_samples():
+    """3 of 3: every fifth tool call answered as text. The first sample of every probe passes."""
+    with ModelUpstream("flaky_tool_calls") as fake:
+        assignment = route(fake)
+        qualify()
+    found = verdicts(assignment)
+    assert (found["tools"], found["write_tools"], found["tool_representation"]) == (False, False, False)
+    detail = CapabilityEvidence.objects.get(assignment=assignment, capability="tools").detail
+    assert re.fullmatch(r"tool_call(@messages)?(/sse)?#[23]:tool_call_as_text", detail)  # a later sample
+
+
+def test_each_probes_cost_is_reported_and_a_route_over_the_budget_is_not_judged(monkeypatch):
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+        (line,), _, code = qualify_json()
+        assert code == 0
+        assert set(line["probes"]) == {p.id for p in corpus_load().probes}
+        assert all(p["tokens"] > 0 and p["passed"] for p in line["probes"].values())
+        assert sum(p["tokens"] for p in line["probes"].values()) == sum(line["tokens"].values())
+
+        small = replace(corpus_load(), token_budget=sum(line["tokens"].values()) - 1)
+        monkeypatch.setattr("proxy.management.commands.qualify.corpus_load", lambda: small)
+        (over,), _, code = qualify_json()
+    assert code == 1 and over["judged"] is False
+    assert over["reason"] == f"over the corpus's token budget ({small.token_budget} tokens)"
+    assert CapabilityEvidence.objects.filter(assignment=assignment).count() == 5  # the first run's only
+
+
+def test_evidence_of_the_previous_corpus_is_honoured_until_it_expires():
+    with ModelUpstream("faithful") as fake:
+        assignment = route(fake)
+    now = timezone.now()
+    CapabilityEvidence.objects.create(
+        assignment=assignment,
+        model="gpt-5",
+        capability="tools",
+        qualified=True,
+        detail="ok",
+        qualified_at=now - timedelta(days=29),
+        expires_at=now + timedelta(days=1),
+        corpus_version="qualify-1:0123456789ab",
+        config_hash=route_hash(adapter="openai", base_url=fake.base_url, model="gpt-5"),
+    )
+    assert view_of(assignment, now, config_version()).tools == TriState.TRUE
+    assert view_of(assignment, now + timedelta(days=1), config_version()).tools == TriState.UNKNOWN

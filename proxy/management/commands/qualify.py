@@ -83,7 +83,8 @@ class Command(BaseCommand):
         say = self.stderr.write if json else self.stdout.write
         say(
             f"qualifying {len(routes)} route{'s' if len(routes) != 1 else ''} with corpus {corpus.version} "
-            f"({len(corpus.probes)} probes each); verdicts valid {days} days"
+            f"({len(corpus.probes)} probes each, at most {corpus.token_budget} tokens a route); "
+            f"verdicts valid {days} days"
         )
         recorded = qualified = failed_routes = lost_routes = 0
         input_tokens = output_tokens = missing = 0
@@ -140,6 +141,14 @@ class Command(BaseCommand):
                             "gained": gained,
                             "lost": lost,
                             "tokens": {"input": run.input_tokens, "output": run.output_tokens},
+                            "probes": {
+                                probe: {
+                                    "passed": o.passed,
+                                    "detail": o.detail,
+                                    "tokens": run.costs.get(probe, 0),
+                                }
+                                for probe, o in run.outcomes.items()
+                            },
                         }
                     )
                 )
