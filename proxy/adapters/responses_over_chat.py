@@ -16,8 +16,18 @@ requests, lenient answers) is `proxy.adapters.translate`'s. Decisions of this pa
   summary: no reasoning items are produced), `reasoning` items in `input` (another provider's signed
   reasoning means nothing here), `include: ["reasoning.encrypted_content"]` (nothing to include),
   `store` and `metadata` (they only ask OpenAI to keep the response; `metadata` is echoed back),
+  `client_metadata` (the client's own ids for OpenAI's logs, as `metadata`),
   `service_tier`, `prompt_cache_key`, `prompt_cache_retention`, `safety_identifier`, `text.verbosity`,
   `stream_options`, `truncation: "disabled"`, `background: false`, `top_logprobs: 0`.
+- Tools: a `function` tool is a Chat function; the functions of a `namespace` tool are Chat functions
+  named `<namespace>__<name>` (Chat has no namespaces; Codex sends one on every request); an
+  `additional_tools` input item (tools declared inside the conversation, Codex's code mode) adds its
+  tools the same way. Hosted tools (`web_search`, `web_search_preview`, `tool_search`, `file_search`,
+  `code_interpreter`, `image_generation`, `mcp`) run at OpenAI: they are dropped, so the model answers
+  from what it has without looking anything up; choosing one in `tool_choice` is refused. A `custom`
+  tool is refused: its call is free text rather than JSON arguments, and a grammar-defined one
+  (`format.type: grammar`, Codex's `exec` and `apply_patch`) constrains that text in a way no Chat or
+  Messages upstream can enforce, refused naming its `format`.
 - Refused (typed 400 naming the field): `previous_response_id` (the gateway keeps no conversation state
   over HTTP; the websocket mode keeps its own connection's, `proxy.ws_relay`), `conversation`, `prompt`,
   `background: true`, `truncation: "auto"`, `max_tool_calls`, `top_logprobs` above 0, any other
@@ -83,6 +93,19 @@ _DROPPED = frozenset(
         "prompt_cache_retention",
         "safety_identifier",
         "stream_options",
+        "client_metadata",
+    }
+)
+# Tools run by OpenAI (module docstring): dropped.
+_HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "tool_search",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "mcp",
     }
 )
 # Fields accepted only with their neutral value.
@@ -156,7 +179,7 @@ def responses_to_chat_request(body: Mapping[str, Any], *, stream_usage: bool) ->
     if "instructions" in body:
         request.origins["messages[0]"] = ("instructions", False)
         messages.append({"role": "system", "content": _string(body["instructions"], "instructions")})
-    _input_to_chat(body.get("input"), messages, request.origins)
+    declared = _input_to_chat(body.get("input"), messages, request.origins)
     out["messages"] = messages
     if "max_output_tokens" in body:
         out["max_completion_tokens"] = _integer(body["max_output_tokens"], "max_output_tokens")
@@ -165,11 +188,14 @@ def responses_to_chat_request(body: Mapping[str, Any], *, stream_usage: bool) ->
             out[name] = _number(body[name], name)
     if "user" in body:
         out["user"] = _string(body["user"], "user")
-    tools = _array(body.get("tools", []), "tools")
-    for index in range(len(tools)):
-        request.origins[f"tools[{index}].function"] = (f"tools[{index}]", True)
-    if tools:
-        out["tools"] = [_tool_to_chat(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    offered = [(tool, f"tools[{i}]") for i, tool in enumerate(_array(body.get("tools", []), "tools"))]
+    chat_tools: list[dict[str, Any]] = []
+    for tool, param in offered + declared:
+        for function, origin in _tools_to_chat(tool, param):
+            request.origins[f"tools[{len(chat_tools)}].function"] = (origin, True)
+            chat_tools.append(function)
+    if chat_tools:
+        out["tools"] = chat_tools
     if "tool_choice" in body:
         out["tool_choice"] = _tool_choice_to_chat(body["tool_choice"])
     if "parallel_tool_calls" in body:
@@ -187,11 +213,14 @@ def responses_to_chat_request(body: Mapping[str, Any], *, stream_usage: bool) ->
 
 def _input_to_chat(
     value: object, messages: list[dict[str, Any]], origins: dict[str, tuple[str, bool]]
-) -> None:
+) -> list[tuple[object, str]]:
+    """Appends the input's messages; returns the tools its `additional_tools` items declare (with their
+    params)."""
+    declared: list[tuple[object, str]] = []
     if isinstance(value, str):
         origins[f"messages[{len(messages)}]"] = ("input", False)
         messages.append({"role": "user", "content": value})
-        return
+        return declared
     items = _array(value, "input")
     if not items:
         _refuse("input")
@@ -227,8 +256,13 @@ def _input_to_chat(
             case "reasoning":
                 # The model's own reasoning from an earlier turn, signed for its provider: dropped.
                 continue
+            case "additional_tools":
+                _check_keys(item, frozenset({"role", "tools"}), param)
+                tools = _array(item.get("tools"), f"{param}.tools")
+                declared += [(tool, f"{param}.tools[{i}]") for i, tool in enumerate(tools)]
             case _:
                 _refuse(f"{param}.type")
+    return declared
 
 
 def _check_keys(item: Mapping[str, Any], known: frozenset[str], param: str) -> None:
@@ -312,10 +346,34 @@ def _function_output_to_chat(item: Mapping[str, Any], param: str) -> dict[str, A
     }
 
 
-def _tool_to_chat(tool: object, param: str) -> dict[str, Any]:
+def _tools_to_chat(tool: object, param: str, namespace: str = "") -> list[tuple[dict[str, Any], str]]:
+    """The Chat functions of one Responses tool, each with the param it came from (module docstring)."""
     tool = _present(_object(tool, param))
+    kind = tool.get("type")
+    if kind in _HOSTED_TOOLS:
+        return []
+    if kind == "namespace" and not namespace:
+        _check_keys(tool, frozenset({"name", "description", "tools"}), param)
+        name = _string(tool.get("name"), f"{param}.name")
+        inner = _array(tool.get("tools"), f"{param}.tools")
+        return [
+            found for i, t in enumerate(inner) for found in _tools_to_chat(t, f"{param}.tools[{i}]", name)
+        ]
+    if (
+        kind == "custom"
+        and isinstance(tool.get("format"), Mapping)
+        and tool["format"].get("type") == "grammar"
+    ):
+        _refuse(f"{param}.format")
+    function = _tool_to_chat(tool, param)
+    if namespace:
+        function["function"]["name"] = f"{namespace}__{function['function']['name']}"
+    return [(function, param)]
+
+
+def _tool_to_chat(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
     if tool.get("type") != "function":
-        _refuse(f"{param}.type")  # hosted tools (web/file search, MCP, code...) run at OpenAI
+        _refuse(f"{param}.type")
     _check_keys(tool, frozenset({"name", "description", "parameters", "strict"}), param)
     function: dict[str, Any] = {"name": _string(tool.get("name"), f"{param}.name")}
     if "description" in tool:

@@ -146,7 +146,7 @@ def test_images_and_a_string_input_are_carried():
         ({"background": True}, "background"),
         ({"truncation": "auto"}, "truncation"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "computer_use_preview"}]}, "tools[0].type"),
         ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice.type"),
         ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
         (
