@@ -42,6 +42,10 @@ class AttemptLog:
     # From dispatch to the upstream's response headers (HTTP, SSE) or its first event (websocket): what
     # the ledger writer folds into the pair's latency average when the attempt succeeded (routing.latency).
     ttfb_ms: int | None = None
+    # The smallest share of a rate limit its answer said is left, and when that limit resets (headroom,
+    # routing.headroom): kept by the ledger writer beside the latency average, for the draw (§5.4).
+    headroom_left: float | None = None
+    headroom_until: datetime | None = None
     input_tokens: int | None = None  # every input token, cached ones included (proxy.payloads.Usage)
     output_tokens: int | None = None
     cached_read_tokens: int | None = None  # parts of input_tokens, where the provider reports them

@@ -152,19 +152,28 @@ class LedgerWriter:
         are saved, none when no attempt has a sample. A request pays nothing for it, and every node's
         router reads the same average. A failure here costs the batch's samples, never its records.
         A spooled batch's samples are not folded when it is replayed: they are old news by then."""
-        from routing.services import latencies_record
+        from routing.services import headrooms_record, latencies_record
 
-        samples = [
-            (a.assignment_id, a.model[:200], a.ttfb_ms)
+        served = [
+            a
             for x in batch
             for a in x.attempts
             # A route's model only: an account-wide attempt (the Files API, model "") is no model's latency.
             if a.ttfb_ms is not None and a.status == AttemptStatus.SUCCEEDED and a.model
         ]
-        if not samples:
+        if not served:
             return
+        samples = [(a.assignment_id, a.model[:200], a.ttfb_ms) for a in served]
+        # The latest headroom each pair reported in the batch (a later answer knows better), kept beside its
+        # latency: the draw scales the account's share by it until its limit resets (SPEC §5.4).
+        headrooms = {
+            (a.assignment_id, a.model[:200]): (a.headroom_left, a.headroom_until)
+            for a in served
+            if a.headroom_left is not None and a.headroom_until is not None
+        }
         try:
             latencies_record(folds=latency.folds(samples), now=datetime.now(UTC))
+            headrooms_record(latest=headrooms)
         except DatabaseError:
             log.exception("ledger: %d latency samples could not be saved", len(samples))
 

@@ -399,7 +399,7 @@ class Relay:
         # once a plain answer is generated (so its short body, read with them, adds next to nothing).
         log.ttfb_ms = int((time.monotonic() - sent) * 1000)
         if isinstance(opened, Answer):
-            self.headroom = opened.headroom
+            self._heard(log, opened.headroom)
             result, response_id = plain_answer(opened, call, candidate=c, log=log, exchange=self.exchange)
             if isinstance(result, Final):
                 self.file_id = opened.file_id
@@ -408,7 +408,7 @@ class Relay:
         if isinstance(opened, Body):
             return Stream(relay_body(opened, log, partial(self._end_output, c, log, None)))
         assert self.dialect is not None
-        self.headroom = opened.headroom
+        self._heard(log, opened.headroom)
         stream = AttemptStream(
             opened,
             call,
@@ -424,6 +424,14 @@ class Relay:
         if opened.first_event_at is not None:  # a websocket's first byte is its first event
             log.ttfb_ms = int((opened.first_event_at - sent) * 1000)
         return result
+
+    def _heard(self, log: AttemptLog, headroom: Headroom | None) -> None:
+        """What the attempt's answer said of its rate limits: for its demotion (HealthWrites) and, on
+        its log, for the ledger writer to keep beside the latency average (the draw's headroom)."""
+        self.headroom = headroom
+        if headroom is not None:
+            least = headroom.least
+            log.headroom_left, log.headroom_until = least.left, least.resets_at
 
     async def _end_output(
         self, c: Candidate, log: AttemptLog, stream: AttemptStream | None, outcome: str, status: int

@@ -51,6 +51,11 @@ class Headroom:
     def demote_until(self, floor: float) -> datetime | None:
         return max((limit.resets_at for limit in self.limits if limit.left < floor), default=None)
 
+    @property
+    def least(self) -> Limit:
+        """The limit with the smallest share left: what the draw scales an account's share by (§5.4)."""
+        return min(self.limits, key=lambda limit: limit.left)
+
 
 def _whole(value: str | None) -> int | None:
     return int(value) if value is not None and _WHOLE.fullmatch(value.strip()) else None

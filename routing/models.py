@@ -111,6 +111,10 @@ class Latency(models.Model):
     ewma_ms = models.FloatField()
     samples = models.PositiveBigIntegerField()
     updated_at = models.DateTimeField()
+    # The latest headroom its answers reported (the smallest share of a rate limit left) and when that
+    # limit resets: the draw scales the account's share by it until then (SPEC §5.4). Null: none reported.
+    headroom_left = models.FloatField(null=True, blank=True)
+    headroom_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "latencies"

@@ -17,10 +17,10 @@ drops or filters (the plan gates first). Health comes first, then tier:
    then recent latency (lower first, unknown after known); and when the caller gives a `draw` (a
    uniform number in [0, 1), fresh for each request: stateless, so every node spreads alike), the
    FIRST candidate is instead drawn from the leading group and tier in proportion to `share_weights`
-   (its weight, scaled down by its latency against the fastest of them; behind a held probe, the
-   draw picks who comes second). The rest keep the deterministic order. Without a draw
-   (`routing_explain`, a pool with the features off) the order is the deterministic one, a priority
-   list.
+   (its weight, scaled down by the headroom its rate-limit headers report and by its latency against
+   the fastest of them; behind a held probe, the draw picks who comes second). The rest keep the
+   deterministic order. Without a draw (`routing_explain`, a pool with the features off) the order is
+   the deterministic one, a priority list.
 
 The sort is stable, so candidates equal on every key keep the selector's order. Group (3) stays in
 the plan at the end for an explicit model (availability); `auto` uses the ready pool instead (§5.5,
@@ -36,6 +36,12 @@ _GROUP_ONE = frozenset({Health.HEALTHY, Health.FAILING, Health.HELD})
 # The smallest share of its weight a slow candidate keeps, however slow: it still gets traffic now and
 # then, so its latency average moves when it recovers.
 LATENCY_FLOOR = 0.1
+# Added to both latencies compared: a few milliseconds of jitter between two fast accounts (loopback,
+# one region) must not split their load 3 to 1; an account 0.5 s slower than its sibling still loses most.
+LATENCY_SLACK_MS = 50.0
+# The smallest share of its weight an account keeps while its rate-limit headers say little is left: it
+# still answers, and its next answer says whether the limit has been reset.
+HEADROOM_SHARE_FLOOR = 0.05
 
 
 def group(candidate: Candidate) -> int:
@@ -78,15 +84,20 @@ def _leading(ranked: Sequence[Candidate]) -> Sequence[Candidate]:
 
 
 def share_weights(candidates: Sequence[Candidate]) -> list[float]:
-    """Each candidate's weight in the draw: its `weight`, times the fastest known latency among them over
-    its own (at least LATENCY_FLOOR); a candidate without a latency yet counts as the fastest."""
-    known = [c.latency_ms for c in candidates if c.latency_ms is not None and c.latency_ms > 0]
+    """Each candidate's weight in the draw: its `weight`, times (a) the share of its tightest rate limit
+    its last answer said is left (headroom, at least HEADROOM_SHARE_FLOOR; unknown: all of it), so new
+    work goes where the accounts' own limits say there is room, and (b) the fastest known latency among
+    them over its own, each plus LATENCY_SLACK_MS (at least LATENCY_FLOOR; a candidate without a latency
+    yet counts as the fastest)."""
+    known = [c.latency_ms for c in candidates if c.latency_ms is not None and c.latency_ms >= 0]
     fastest = min(known, default=None)
     weights = []
     for c in candidates:
         factor = 1.0
-        if fastest is not None and c.latency_ms is not None and c.latency_ms > 0:
-            factor = max(fastest / c.latency_ms, LATENCY_FLOOR)
+        if fastest is not None and c.latency_ms is not None and c.latency_ms >= 0:
+            factor = max((fastest + LATENCY_SLACK_MS) / (c.latency_ms + LATENCY_SLACK_MS), LATENCY_FLOOR)
+        if c.headroom_left is not None:
+            factor *= min(max(c.headroom_left, HEADROOM_SHARE_FLOOR), 1.0)
         weights.append(max(c.weight, 0) * factor)
     return weights
 

@@ -233,7 +233,9 @@ def health_sql(pools: str) -> str:
     set: a list of placeholders or a subquery); params: the route class, ASSIGNMENT_WIDE, now.
 
     A latency row carries its average in whole milliseconds in the cooldown column (an integer column
-    for both backends' UNION; a millisecond is finer than any order it decides). Every latency row of
+    for both backends' UNION; a millisecond is finer than any order it decides), and the latest headroom
+    its answers reported in thousandths in the failures column, with its limit's reset in the open_until
+    column (null: none reported). Every latency row of
     the pools is read, not only the requested model's: the model is known only after resolution, and a
     pair has a row only once it has served, so they number the pairs in use."""
     circuit, demotion, assignment, latency = Circuit._meta, Demotion._meta, Assignment._meta, Latency._meta
@@ -247,8 +249,9 @@ def health_sql(pools: str) -> str:
         f"FROM {demotion.db_table} d JOIN {assignment.db_table} a ON a.id = d.assignment_id "
         f"WHERE d.until > %s AND a.pool_id IN {pools} "
         "UNION ALL "
-        f"SELECT {LATENCY_KIND}, l.assignment_id, l.model, '', '', 0, CAST(ROUND(l.ewma_ms) AS INTEGER), "
-        "NULL, 0, NULL "
+        f"SELECT {LATENCY_KIND}, l.assignment_id, l.model, '', '', "
+        "CAST(ROUND(l.headroom_left * 1000) AS INTEGER), CAST(ROUND(l.ewma_ms) AS INTEGER), "
+        "l.headroom_until, 0, NULL "
         f"FROM {latency.db_table} l JOIN {assignment.db_table} la ON la.id = l.assignment_id "
         f"WHERE la.pool_id IN {pools}"
     )
@@ -260,6 +263,8 @@ class HealthState:
     wide: dict[int, CircuitSnapshot]  # assignment -> its assignment-wide circuit (credential_rejected)
     demoted: set[tuple[int, str]]
     latency: dict[tuple[int, str], float] = field(default_factory=dict)  # (assignment, model) -> average ms
+    # (assignment, model) -> (the share of its tightest rate limit left, when that limit resets)
+    headroom: dict[tuple[int, str], tuple[float, datetime]] = field(default_factory=dict)
 
 
 def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime) -> HealthState:
@@ -282,12 +287,15 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
     wide: dict[int, CircuitSnapshot] = {}
     demoted: set[tuple[int, str]] = set()
     latency: dict[tuple[int, str], float] = {}
+    headroom: dict[tuple[int, str], tuple[float, datetime]] = {}
     for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in rows:
         if kind == 1:
             demoted.add((assignment_id, model))
             continue
         if kind == LATENCY_KIND:
             latency[(assignment_id, model)] = float(cooldown)
+            if failures is not None and until is not None:
+                headroom[(assignment_id, model)] = (failures / 1000, rawsql.as_datetime(until))
             continue
         snapshot = CircuitSnapshot(
             state=_STATES[state],
@@ -302,7 +310,7 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
             wide[assignment_id] = snapshot
         else:
             found[(assignment_id, model)] = snapshot
-    return HealthState(found, wide, demoted, latency)
+    return HealthState(found, wide, demoted, latency, headroom)
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,23 +546,36 @@ class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
         return len(self._routes)
 
 
-# A model's candidates with their latency averages, as last built, by the configuration tuple they were
-# built from: (that tuple, the averages, the candidates built).
-_latency_built: dict[int, tuple[tuple[Candidate, ...], tuple[float | None, ...], tuple[Candidate, ...]]] = {}
+# A model's candidates with their latency averages and headroom, as last built, by the configuration tuple
+# they were built from: (that tuple, the (average, headroom) pairs, the candidates built).
+Measured = tuple[float | None, float | None]
+_latency_built: dict[int, tuple[tuple[Candidate, ...], tuple[Measured, ...], tuple[Candidate, ...]]] = {}
 
 
 def with_latency(
-    candidates: tuple[Candidate, ...], latency: Mapping[tuple[int, str], float]
+    candidates: tuple[Candidate, ...],
+    latency: Mapping[tuple[int, str], float],
+    headroom: Mapping[tuple[int, str], tuple[float, datetime]],
+    now: datetime,
 ) -> tuple[Candidate, ...]:
-    """`candidates` with `latency_ms` filled from `latency` (None where a pair has no average yet). Built
-    once per change of the averages, not per request: a candidate's copy costs about 7 us, a pool of twenty
-    accounts 0.14 ms a request, where an average moves at most once per ledger batch (routing.latency)."""
-    values = tuple(latency.get(c.key) for c in candidates)
+    """`candidates` with `latency_ms` filled from `latency` (None where a pair has no average yet) and
+    `headroom_left` from `headroom` while its limit has not reset by `now`. Built once per change of
+    these, not per request: a candidate's copy costs about 7 us, a pool of twenty accounts 0.14 ms a
+    request, where they move at most once per ledger batch (routing.latency)."""
+
+    def left(key: tuple[int, str]) -> float | None:
+        found = headroom.get(key)
+        return found[0] if found is not None and now < found[1] else None
+
+    values = tuple((latency.get(c.key), left(c.key)) for c in candidates)
     built = _latency_built.get(id(candidates))
     if built is not None and built[0] is candidates and built[1] == values:
         return built[2]
     pairs = zip(candidates, values, strict=True)
-    result = tuple(c if c.latency_ms == v else replace(c, latency_ms=v) for c, v in pairs)
+    result = tuple(
+        c if (c.latency_ms, c.headroom_left) == v else replace(c, latency_ms=v[0], headroom_left=v[1])
+        for c, v in pairs
+    )
     if len(_latency_built) >= CACHE_LIMIT:
         _latency_built.clear()
     _latency_built[id(candidates)] = (candidates, values, result)  # holds `candidates`: its id stays its own
@@ -578,6 +599,7 @@ def routing_view_load(
     if health is None:
         health = health_load(pool_ids=pool_ids, route_class=route_class, now=now)
     circuits, wide, demoted, latency = health.circuits, health.wide, health.demoted, health.latency
+    headroom = health.headroom
     bs = config.settings.breaker
     routes = config.routes
 
@@ -587,7 +609,7 @@ def routing_view_load(
 
     def govern(candidates: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
         if latency:
-            candidates = with_latency(candidates, latency)
+            candidates = with_latency(candidates, latency, headroom, now)
         if not (circuits or demoted or wide):
             return candidates
         return tuple(

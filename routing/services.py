@@ -6,7 +6,7 @@ transition (for example, both take the only half-open probe slot). A loser re-re
 again, a bounded number of times. Nothing here keeps state in the process.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -326,6 +326,23 @@ def latencies_record(*, folds: list[Fold], now: datetime) -> None:
     params: list[object] = [v for f in rows for v in (f.assignment_id, f.model, f.mean, f.count, stamp)]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, 1 - ALPHA, 1 - ALPHA])
+
+
+def headrooms_record(*, latest: Mapping[tuple[int, str], tuple[float, datetime]]) -> None:
+    """The latest headroom each (assignment, model) of a ledger batch reported, on its latency row (written
+    just before by `latencies_record` for the same succeeded attempts): one statement, executed for each
+    pair (a pipeline on PostgreSQL). Nothing reported: no statement."""
+    if not latest:
+        return
+    q = connection.ops.quote_name
+    sql = (
+        f"UPDATE {q(Latency._meta.db_table)} SET {q('headroom_left')} = %s, {q('headroom_until')} = %s "  # noqa: S608
+        f"WHERE {q('assignment_id')} = %s AND {q('model')} = %s"
+    )
+    rows = sorted(latest.items())
+    params = [(left, rawsql.as_param(until), aid, model) for (aid, model), (left, until) in rows]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
 
 
 def demotion_resolve(*, assignment_id: int, model: str) -> None:

@@ -108,6 +108,7 @@ class Candidate:
     tier: int = 0
     weight: int = 1
     latency_ms: float | None = None
+    headroom_left: float | None = None  # the share of its tightest rate limit left, while known (§5.4)
     demoted: bool = False
     health: Health = Health.HEALTHY
     # contract

@@ -14,7 +14,7 @@ from catalog.models import Provenance
 from devkit.behaviours import model_not_found, serve, slow_stream
 from pools.models import Assignment, GatewaySettings
 from proxy.models import Attempt
-from routing.models import Affinity, Circuit
+from routing.models import Affinity, Circuit, Demotion, Latency
 from routing.types import ASSIGNMENT_WIDE
 from tests.factories import AssignmentFactory, CatalogEntryFactory
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY_ENV
@@ -294,3 +294,47 @@ def test_the_files_plan_probes_a_cooled_account_first(gateway, two_assignments):
     assert list(a.files) == [created.id] and b.hit_count() == 0
     circuit.refresh_from_db()
     assert circuit.state == "closed"
+
+
+def test_new_work_goes_where_the_accounts_headers_say_there_is_room(gateway, two_assignments):
+    # SPEC §5.4 (a): the draw is scaled by each account's headroom, kept by the ledger writer beside its
+    # latency (no write on the request path). a says 12 % of its requests are left (above the 10 % floor:
+    # not demoted), b says 100 %: a's share is 0.12 / 1.12 once the writer has kept what they said.
+    a, b, (acct_a, acct_b) = two_assignments
+    _equal_tiers()
+    a.answer_headers = _ratelimit_headers(remaining=12)
+    b.answer_headers = _ratelimit_headers(remaining=100)
+    while not (a.hit_count() and b.hit_count()):  # each has answered once: both have said
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    ledger_settled()
+    kept = dict(Latency.objects.values_list("assignment_id", "headroom_left"))
+    assert kept == {acct_a.pk: pytest.approx(0.12), acct_b.pk: 1.0}
+    before = a.hit_count()
+    for _ in range(REQUESTS):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    # Expected 4.3 of 40 to a; 13 or more happens once in 10^4 runs (at 1/2 each, 20 would be expected).
+    assert a.hit_count() - before <= 12
+    assert not Demotion.objects.exists()
+
+
+def test_a_headroom_whose_limit_has_reset_no_longer_scales_the_share(gateway, two_assignments):
+    a, _b, (acct_a, _acct_b) = two_assignments
+    _equal_tiers()
+    a.answer_headers = _ratelimit_headers(remaining=12)
+    while not a.hit_count():
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    ledger_settled()
+    Latency.objects.filter(assignment=acct_a).update(headroom_until=timezone.now() - timedelta(seconds=1))
+    a.answer_headers = {}
+    before = a.hit_count()
+    for _ in range(REQUESTS):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    assert a.hit_count() - before >= 8  # back to half: fewer than 8 of 40 once in 10^5 runs
+
+
+def _ratelimit_headers(remaining: int) -> dict[str, str]:
+    return {
+        "x-ratelimit-limit-requests": "100",
+        "x-ratelimit-remaining-requests": str(remaining),
+        "x-ratelimit-reset-requests": "10m0s",
+    }

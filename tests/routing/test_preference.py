@@ -4,7 +4,14 @@ import random
 
 import pytest
 
-from routing.preference import LATENCY_FLOOR, group, order, shares
+from routing.preference import (
+    HEADROOM_SHARE_FLOOR,
+    LATENCY_FLOOR,
+    LATENCY_SLACK_MS,
+    group,
+    order,
+    shares,
+)
 from routing.types import Candidate, Health
 
 
@@ -180,15 +187,35 @@ def test_a_failing_but_closed_candidate_still_shares_the_draw():
 
 
 def test_latency_scales_the_share_and_orders_the_rest():
-    fast, slow = c(1, latency_ms=100.0), c(2, latency_ms=300.0)
+    fast, slow = c(1, latency_ms=150.0), c(2, latency_ms=550.0)
     counts = _firsts([slow, fast], [i / 1000 for i in range(1000)])
-    assert counts == {1: 750, 2: 250}  # weights 1 and 100/300
+    assert counts == {1: 750, 2: 250}  # weights 1 and (150 + 50) / (550 + 50)
     assert ids(order([slow, fast])) == [1, 2]  # deterministic: lower latency first
     # Unknown latency counts as the fastest (a new account gets its share), and a very slow one keeps
     # the floor so its average can recover.
     assert shares([c(1), c(2, latency_ms=50.0)]) == {(1, "gpt-5"): 0.5, (2, "gpt-5"): 0.5}
     share = shares([c(1, latency_ms=10.0), c(2, latency_ms=10_000.0)])[(2, "gpt-5")]
     assert share == pytest.approx(LATENCY_FLOOR / (1 + LATENCY_FLOOR))
+
+
+def test_a_few_milliseconds_of_jitter_do_not_split_the_load():
+    # Two fast accounts 1 ms and 3 ms: without the slack the second got a third of the first's share.
+    one, three = shares([c(1, latency_ms=1.0), c(2, latency_ms=3.0)]).values()
+    second = (1 + LATENCY_SLACK_MS) / (3 + LATENCY_SLACK_MS)
+    assert (one, three) == (pytest.approx(1 / (1 + second)), pytest.approx(second / (1 + second)))
+    assert 0.45 < three < 0.5
+
+
+def test_headroom_scales_the_share():
+    # An account whose headers say 20 % of its tightest limit is left gets a fifth of an untouched one's.
+    odds = shares([c(1, headroom_left=0.2), c(2, headroom_left=1.0), c(3)])
+    assert odds[(1, "gpt-5")] == pytest.approx(0.2 / 2.2)
+    assert odds[(2, "gpt-5")] == odds[(3, "gpt-5")] == pytest.approx(1 / 2.2)
+    # Nearly spent keeps the floor (its next answer tells whether the limit was reset).
+    spent = shares([c(1, headroom_left=0.0), c(2)])[(1, "gpt-5")]
+    assert spent == pytest.approx(HEADROOM_SHARE_FLOOR / (1 + HEADROOM_SHARE_FLOOR))
+    counts = _firsts([c(1, headroom_left=0.25), c(2)], [i / 1000 for i in range(1000)])
+    assert counts == {1: 200, 2: 800}
 
 
 def test_the_probe_this_request_holds_comes_first_whatever_its_tier_weight_and_the_draw():
