@@ -17,6 +17,8 @@ way a model does and answers from what it read, so what it answers depends on wh
   `stream_tool_calls_cut` is faithful except in a stream, where it forwards only the first fragment of a
   tool call's arguments (as a relay that drops later deltas does); `flaky_tool_calls` answers every
   fifth tool call as plain text (a model that calls tools only most of the time);
+  `flatten_filtering_user_label` flattens tool results as `flatten_tool_results` does but first drops
+  their lines that start with `User:` (a relay that filters one known injection phrasing);
 - `"stream": true` is answered over SSE, Chat chunks (usage when `stream_options.include_usage`) or
   Messages events, a tool call's arguments in two fragments;
 - `require_key` answers 401 to a wrong key; `status` answers every request with that error status;
@@ -47,6 +49,7 @@ Mode = Literal[
     "text_tool_calls",
     "stream_tool_calls_cut",
     "flaky_tool_calls",
+    "flatten_filtering_user_label",
 ]
 
 # The fake's own copy of a 3x5 digit font: its "eyes" (independent of the gateway's renderer).
@@ -180,7 +183,14 @@ class Thought:
 
 def think(turns: list[Turn], tools: set[str], mode: Mode) -> Thought:
     """The scripted model: what it answers to the conversation as it received it."""
-    if mode == "flatten_tool_results":
+    if mode == "flatten_filtering_user_label":
+        turns = [
+            Turn(t.role, "\n".join(x for x in t.text.splitlines() if not x.startswith("User:")))
+            if t.role == "tool"
+            else t
+            for t in turns
+        ]
+    if mode in ("flatten_tool_results", "flatten_filtering_user_label"):
         turns = [Turn("user", f"Tool result: {t.text}") if t.role == "tool" else t for t in turns]
     if mode == "drop_images":
         turns = [Turn(t.role, t.text) for t in turns]

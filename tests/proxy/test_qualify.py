@@ -41,6 +41,8 @@ EXPECTED = {
     "flatten_tool_results": {**ALL_TRUE, "role_separation": False},
     "drop_images": {**ALL_TRUE, "vision": False},
     "text_tool_calls": {**ALL_TRUE, "tools": False, "write_tools": False, "tool_representation": False},
+    # It resists the `User:` phrasing, not the chat-template one.
+    "flatten_filtering_user_label": {**ALL_TRUE, "role_separation": False},
     # Its only defect is in streamed tool calls: their arguments are cut, the calls still native.
     "stream_tool_calls_cut": {**ALL_TRUE, "tools": False, "write_tools": False},
 }
@@ -540,3 +542,11 @@ def test_evidence_of_the_previous_corpus_is_honoured_until_it_expires():
     )
     assert view_of(assignment, now, config_version()).tools == TriState.TRUE
     assert view_of(assignment, now + timedelta(days=1), config_version()).tools == TriState.UNKNOWN
+
+
+def test_a_route_that_resists_one_injection_phrasing_fails_the_other():
+    with ModelUpstream("flatten_filtering_user_label") as fake:
+        assignment = route(fake)
+        qualify()
+    detail = CapabilityEvidence.objects.get(assignment=assignment, capability="role_separation").detail
+    assert detail == "role_separation_phrasing:injection_followed"
