@@ -20,7 +20,7 @@ from routing.route import (
 )
 from routing.routes import CLIENT_ROUTES
 from routing.selectors import affinities_load, pool_names, routing_inputs_load, session_named
-from routing.types import Candidate, Requirements, RouteClass
+from routing.types import Candidate, Health, Requirements, RouteClass
 
 
 class Command(BaseCommand):
@@ -152,12 +152,24 @@ class Command(BaseCommand):
         plan = decision.plan
         if plan is None or not plan.order:
             return
-        drawn = preference.shares(plan.order) if site_settings.GATEWAY_POOL_FEATURES else None
-        self.stdout.write("preference (weight, latency: average time to first byte, chance of going first):")
-        for c in plan.order:
+        # The draw is among every eligible candidate, before the shortlist is cut.
+        eligible = (*plan.order, *plan.beyond_shortlist)
+        drawn = preference.shares(eligible) if site_settings.GATEWAY_POOL_FEATURES else None
+        self.stdout.write(
+            "preference (weight, headroom: the share of its tightest rate limit left, latency: average time "
+            "to first byte, chance of going first):"
+        )
+        for c in eligible:
             latency = "unknown (no answer yet)" if c.latency_ms is None else f"{c.latency_ms:.0f} ms"
+            headroom = "" if c.headroom_left is None else f", headroom {c.headroom_left:.0%} left"
             chance = f", first {drawn[c.key]:.0%}" if drawn is not None else ""
-            self.stdout.write(f"  {c.assignment} / {c.model}: weight {c.weight}, latency {latency}{chance}")
+            self.stdout.write(
+                f"  {c.assignment} / {c.model}: weight {c.weight}{headroom}, latency {latency}{chance}"
+            )
+        if plan.session_moved:
+            first = plan.order[1] if plan.order[0].health is Health.HELD else plan.order[0]
+            affinity = "cache affinity: the session's last account goes first while it is healthy"
+            self.stdout.write(f"{affinity}: {first.assignment}")
 
     def _write_capabilities(self, decision: Decision, now) -> None:
         """Why each candidate may or may not take a capability-bearing turn: each capability's value and
