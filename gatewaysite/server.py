@@ -8,6 +8,14 @@ it (`make run` uses it), with what uvicorn does not do by itself (SPEC §11):
   application's (`proxy.edge.read_body`).
 - websocket messages refused by the server as soon as their header announces more than
   `GATEWAY_MAX_BODY_BYTES` (`--ws-max-size`, close code 1009), before their payload is read.
+- flow control for websocket control frames (`WebSocketProtocol`): uvicorn's default implementation
+  (`websockets-sansio`), like `wsproto`, writes the pong of every ping into the connection's write
+  buffer and reads on, so a client that floods pings and never reads its pongs grew a worker by
+  390 MiB in 15 s, before its key was even checked (issue 45). Here, once the write buffer is past its
+  high-water mark, a ping stops the reading until the client has taken its pongs. The third choice,
+  `--ws websockets` (the library's legacy asyncio implementation), waits for its pongs to drain too,
+  but lets a stream run on to a client that stopped reading its messages
+  (tests/proxy/test_servers.py), so it is not used.
 
 - uvicorn's own access line off (`--no-access-log`; `--access-log` turns it back on): the gateway logs
   one structured line per request itself (SPEC §10: request id, route, outcome, status, attempts and
@@ -20,12 +28,13 @@ it (`make run` uses it), with what uvicorn does not do by itself (SPEC §11):
   operator names one), so that `/metrics` sums every worker (proxy/metrics.py).
 
 Any uvicorn option may follow (`--port`, `--workers`, ...). The equivalent plain uvicorn command is
-`uvicorn gatewaysite.asgi:application --http gatewaysite.server:HttpToolsProtocol --ws-max-size N
---no-access-log --no-server-header`.
+`uvicorn gatewaysite.asgi:application --http gatewaysite.server:HttpToolsProtocol
+--ws gatewaysite.server:WebSocketProtocol --ws-max-size N --no-access-log --no-server-header`.
 
-This steps around uvicorn's protocol class (its callbacks `connection_made`, `on_message_begin`,
-`on_headers_complete`, `connection_lost`): tests/proxy/test_edge_processes.py drips headers at a
-real server started by this module, so an uvicorn upgrade that changes them fails there.
+This steps around uvicorn's protocol classes (their callbacks `connection_made`, `on_message_begin`,
+`on_headers_complete`, `connection_lost`; `handle_ping`, `resume_writing`, `read_paused`):
+tests/proxy/test_edge_processes.py drips headers and tests/security/test_attack_websocket.py floods
+pings at a real server started by this module, so an uvicorn upgrade that changes them fails there.
 """
 
 import asyncio
@@ -37,6 +46,7 @@ import tempfile
 from pathlib import Path
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 APP = "gatewaysite.asgi:application"
 
@@ -83,6 +93,25 @@ class HttpToolsProtocol(UvicornHttpToolsProtocol):
             self.transport.close()
 
 
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O websockets protocol with flow control for the pongs it answers pings with."""
+
+    pongs_waiting = False  # reading stopped until the client takes its pongs
+
+    def handle_ping(self) -> None:
+        super().handle_ping()
+        if not self.writable.is_set():  # the write buffer is past its high-water mark
+            self.pongs_waiting = True
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.pongs_waiting:
+            self.pongs_waiting = False
+            if not self.read_paused:  # else the application's next receive resumes the reading
+                self.transport.resume_reading()
+
+
 def command(args: list[str]) -> list[str]:
     """The uvicorn command line for the gateway, `args` last (they win)."""
     from django.conf import settings
@@ -91,6 +120,8 @@ def command(args: list[str]) -> list[str]:
         APP,
         "--http",
         "gatewaysite.server:HttpToolsProtocol",
+        "--ws",
+        "gatewaysite.server:WebSocketProtocol",
         "--ws-max-size",
         str(settings.GATEWAY_MAX_BODY_BYTES),
         "--no-access-log",

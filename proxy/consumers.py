@@ -308,7 +308,9 @@ class ResponsesConsumer(DirectConsumer):
             for frame in result.frames:
                 await self._send(frame)
         if dispatch.finished is not None:
-            self.conversations.remember(previous, body, dispatch.finished)
+            self.conversations.remember(
+                previous, body, dispatch.finished, size=size + dispatch.finished_bytes
+            )
         if self.link.live is not None and self.watcher is None:
             self.watcher = asyncio.create_task(self._watch())
 

@@ -25,7 +25,9 @@ Contract:
   this client connection is kept in that connection's memory only (`Conversations`: never persisted,
   never logged, dropped at close, as OpenAI's own websocket mode keeps its previous response), and a
   `response.create` that continues one is sent with the whole conversation as its `input` (to whichever
-  candidate serves it). Any other `previous_response_id` is sent as it came.
+  candidate serves it). Any other `previous_response_id` is sent as it came. What is kept is bounded by
+  bytes (`GATEWAY_MAX_BODY_BYTES` a connection) and cycle-free whatever an upstream's ids are (the
+  response ids are the gateway's own, `proxy.providers.base.new_response_id`).
 """
 
 import json
@@ -84,10 +86,10 @@ class WebsocketSource:
         self.socket = socket
         self.link = link
         self.fresh = fresh  # opened for this attempt (not the client's live connection)
-        self.first_event_at: float | None = None  # the turn's first upstream event: its first byte
-
         # Its handshake's word on the rate limits, for the attempt that opened it (later turns learn nothing).
         self.headroom = socket.headroom if fresh else None
+        self.first_event_at: float | None = None  # the turn's first upstream event: its first byte
+
     async def batches(self) -> AsyncGenerator[list[Block], None]:
         while True:
             text = await self.socket.recv(settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
@@ -131,6 +133,7 @@ class WebsocketDispatch:
         self.added_stream = added_stream
         self.bridged = False  # the last attempt went over HTTP, its events translated
         self.finished: dict[str, Any] | None = None  # the response a bridged attempt completed
+        self.finished_bytes = 0  # the size of the event that carried it
 
     async def open(self, c: Candidate, call: UpstreamCall, *, stream: bool) -> Failure | Answer | EventSource:
         self.bridged = call.dialect is not Dialect.RESPONSES
@@ -190,7 +193,7 @@ class WebsocketDispatch:
                 frames.append(block.data.encode())
                 if block.event in _FINISHED:
                     event = json.loads(block.data)
-                    self.finished = event["response"]
+                    self.finished, self.finished_bytes = event["response"], len(frames[-1])
         return frames
 
     def error_event(
@@ -224,12 +227,22 @@ class WebsocketDispatch:
 class Conversations:
     """The conversations of the responses bridged candidates completed on one client connection, in its
     memory only (module docstring): response id -> (the response it continued, the input items it
-    added, its output items). At most `limit` responses are kept, the oldest forgotten first; a response
-    whose conversation is no longer whole is forgotten too, never continued from a part of it."""
+    added, its output items). Bounded by size, not only by count: at most `limit` responses and
+    `max_bytes` of their frames (the client's frame and the completed event, as they were on the wire)
+    are kept, the oldest forgotten first; a response whose conversation is no longer whole is
+    forgotten too, never continued from a part of it.
 
-    def __init__(self, limit: int = 256) -> None:
+    Cycle-free by construction (issue 45): the ids are the gateway's own (`new_response_id`), an id
+    already kept is never kept again, a response is kept only after the one it continues, and a walk
+    only ever steps to a response kept earlier, so no upstream id, repeated or forged, can make the
+    walk loop."""
+
+    def __init__(self, limit: int = 256, max_bytes: int | None = None) -> None:
         self.limit = limit
-        self._responses: dict[str, tuple[str | None, list[Any], list[Any]]] = {}
+        self.max_bytes = settings.GATEWAY_MAX_BODY_BYTES if max_bytes is None else max_bytes
+        self.size = 0  # the bytes of the responses kept
+        self._kept = 0  # how many responses were ever kept: each one's place in the order
+        self._responses: dict[str, tuple[int, str | None, list[Any], list[Any], int]] = {}
 
     def continued(self, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """`body` with the conversation it continues as its `input` (and no `previous_response_id`)
@@ -241,25 +254,34 @@ class Conversations:
         rest = {name: value for name, value in body.items() if name != "previous_response_id"}
         return {**rest, "input": [*history, *_items(body.get("input"))]}, previous
 
-    def remember(self, previous: str | None, body: dict[str, Any], response: dict[str, Any]) -> None:
-        """A completed bridged response: `body` as the client sent it (its own input items only)."""
+    def remember(
+        self, previous: str | None, body: dict[str, Any], response: dict[str, Any], *, size: int
+    ) -> None:
+        """A completed bridged response: `body` as the client sent it (its own input items only), `size`
+        the bytes of its frame and of the completed event."""
         response_id, output = response.get("id"), response.get("output")
-        if isinstance(response_id, str) and isinstance(output, list):
-            self._responses.pop(response_id, None)
-            self._responses[response_id] = (previous, _items(body.get("input")), output)
-            while len(self._responses) > self.limit:
-                del self._responses[next(iter(self._responses))]
+        if not isinstance(response_id, str) or not isinstance(output, list) or response_id in self._responses:
+            return
+        if size > self.max_bytes or (previous is not None and previous not in self._responses):
+            return  # it could never be continued whole
+        self._kept += 1
+        self._responses[response_id] = (self._kept, previous, _items(body.get("input")), output, size)
+        self.size += size
+        while len(self._responses) > self.limit or self.size > self.max_bytes:
+            self.size -= self._responses.pop(next(iter(self._responses)))[4]
 
     def _history(self, response_id: str) -> list[Any] | None:
         """The whole conversation through `response_id`; None when it is not kept whole."""
-        items: list[Any] = []
+        parts: list[list[Any]] = []
         current: str | None = response_id
+        place = self._kept + 1
         while current is not None:
-            if current not in self._responses:
+            kept = self._responses.get(current)
+            if kept is None or kept[0] >= place:  # forgotten, or not kept before the one it continues
                 return None
-            current, added, output = self._responses[current]
-            items = [*added, *output, *items]
-        return items
+            place, current, added, output, _ = kept
+            parts += (output, added)
+        return [item for part in reversed(parts) for item in part]
 
 
 def _items(value: object) -> list[Any]:

@@ -24,6 +24,7 @@ def test_the_operators_options_are_kept():
     params = parsed(["--port", "8123", "--workers", "3", "--ws-max-size", "1024"])
     assert (params["port"], params["workers"], params["ws_max_size"]) == (8123, 3, 1024)
     assert params["http"] == "gatewaysite.server:HttpToolsProtocol"
+    assert params["ws"] == "gatewaysite.server:WebSocketProtocol"  # flow control for pongs (issue 45)
 
 
 def test_each_worker_freezes_its_startup_heap_before_serving(monkeypatch):

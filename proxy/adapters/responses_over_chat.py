@@ -35,8 +35,10 @@ requests, lenient answers) is `proxy.adapters.translate`'s. Decisions of this pa
   file ids, item references, and every field this module does not know.
 - Answers: a Chat `length` finish is an `incomplete` response (`max_output_tokens`), `content_filter`
   an `incomplete` one (`content_filter`); text is an `output_text` part, a refusal a `refusal` part,
-  each tool call a `function_call` item whose `call_id` is the Chat tool call id. The response id is
-  derived from the upstream's id (`resp_<id>`), so the same answer always has the same id.
+  each tool call a `function_call` item whose `call_id` is the Chat tool call id. The response id is the
+  gateway's (`response_id`, minted per call by `proxy.providers.base.new_response_id`), never derived
+  from the upstream's: an upstream that repeats its ids (Bedrock's `chatcmpl-bedrock`, a fallback id)
+  must not make two answers one response (issue 45).
 
 A Chat-side refusal of the translated body (a Chat-shaped provider's own translation, or Chat ->
 Messages) names a Chat field; `ChatRequest.refusals()` renames it to the Responses field it came from.
@@ -440,10 +442,6 @@ def echo(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _response_id(chat_id: object) -> str:
-    return f"resp_{anthropic_tool_id(chat_id)}" if isinstance(chat_id, str) and chat_id else "resp_gateway"
-
-
 def _usage(usage: object) -> dict[str, Any] | None:
     """Chat's usage as Responses has it; None when the upstream reported none (never zeros)."""
     if not isinstance(usage, Mapping):
@@ -512,17 +510,16 @@ def _function_item(call_id: str, name: str, arguments: str, status: str) -> dict
 
 
 def chat_to_responses_response(
-    chat_json: Mapping[str, Any], *, model: str, echoed: Mapping[str, Any], created: int
+    chat_json: Mapping[str, Any], *, model: str, echoed: Mapping[str, Any], created: int, response_id: str
 ) -> dict[str, Any]:
-    """A Chat Completions answer as a Responses object reporting `model`, created at `created` (Unix
-    seconds); `echoed`: `echo(request)`."""
+    """A Chat Completions answer as Responses object `response_id` reporting `model`, created at `created`
+    (Unix seconds); `echoed`: `echo(request)`."""
     choices = chat_json.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
         raise ResponseTranslationError("choices")
     message = choices[0].get("message")
     if not isinstance(message, Mapping):
         raise ResponseTranslationError("choices[0].message")
-    response_id = _response_id(chat_json.get("id"))
     parts: list[dict[str, Any]] = []
     text = message.get("content")
     if isinstance(text, list):  # some upstreams answer with text parts

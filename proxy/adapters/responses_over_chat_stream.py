@@ -18,7 +18,6 @@ from proxy.adapters.responses_over_chat import (
     _function_item,
     _message_item,
     _response,
-    _response_id,
     _status,
     _text_part,
     _usage,
@@ -38,13 +37,13 @@ class ChatToResponsesStream(ChatChunkReader):
     the usage is known.
     """
 
-    def __init__(self, *, model: str, echoed: Mapping[str, Any], created: int) -> None:
+    def __init__(self, *, model: str, echoed: Mapping[str, Any], created: int, response_id: str) -> None:
         super().__init__()
         self._model = model
         self._echoed = echoed
         self._created = created  # every snapshot's `created_at` (Unix seconds)
         self._sequence = 0
-        self._id = _response_id(None)
+        self._id = response_id  # the gateway's, whatever ids the chunks carry
         self._output: list[dict[str, Any]] = []
         self._message: int | None = None  # the output index of the open message item
         # The open part's kind (the Chat delta's field: `content` or `refusal`) and content index.
@@ -65,7 +64,6 @@ class ChatToResponsesStream(ChatChunkReader):
         return _response(self._id, self._model, self._created, status, self._echoed, **fields)
 
     def _opening(self, chunk_id: object) -> bytes:
-        self._id = _response_id(chunk_id)
         started = self._snapshot("in_progress")
         return self._event("response.created", response=started) + self._event(
             "response.in_progress", response=started

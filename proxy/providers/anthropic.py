@@ -32,6 +32,7 @@ from proxy.providers.base import (
     data_ids,
     include_usage,
     json_headers,
+    new_response_id,
     url,
 )
 from proxy.sse import Dialect
@@ -78,7 +79,7 @@ class Anthropic:
                 ),
             )
         if path == RESPONSES:
-            echoed = echo(body)
+            echoed, minted = echo(body), new_response_id()
             return UpstreamCall(
                 url(target.base_url, MESSAGES),
                 headers,
@@ -86,8 +87,20 @@ class Anthropic:
                 Dialect.ANTHROPIC,
                 path,
                 model,
-                answer=partial(anthropic_to_responses_response, model=model, echoed=echoed, created=created),
-                translator=partial(AnthropicToResponsesStream, model=model, echoed=echoed, created=created),
+                answer=partial(
+                    anthropic_to_responses_response,
+                    model=model,
+                    echoed=echoed,
+                    created=created,
+                    response_id=minted,
+                ),
+                translator=partial(
+                    AnthropicToResponsesStream,
+                    model=model,
+                    echoed=echoed,
+                    created=created,
+                    response_id=minted,
+                ),
             )
         if anthropic_beta:
             headers["anthropic-beta"] = anthropic_beta

@@ -9,6 +9,7 @@ the client, where its error bodies keep their canonical fields, and how it lists
 """
 
 import json
+import secrets
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -273,6 +274,12 @@ def messages_over_chat(
     )
 
 
+def new_response_id() -> str:
+    """A response id the gateway gives a Responses answer it translated: unguessable and never reused,
+    whatever ids the upstream sends (an upstream's id is never its identity, issue 45)."""
+    return f"resp_{secrets.token_hex(16)}"
+
+
 def responses_over_chat(
     where: str,
     headers: dict[str, str],
@@ -292,7 +299,7 @@ def responses_over_chat(
     with chat.refusals():
         payload = {**chat.body, "model": model}
         payload = upstream(payload) if upstream is not None else payload
-    echoed = echo(body)
+    echoed, minted = echo(body), new_response_id()
     return UpstreamCall(
         where,
         headers,
@@ -300,7 +307,11 @@ def responses_over_chat(
         Dialect.CHAT,
         RESPONSES,
         model,
-        answer=partial(chat_to_responses_response, model=model, echoed=echoed, created=created),
-        translator=partial(ChatToResponsesStream, model=model, echoed=echoed, created=created),
+        answer=partial(
+            chat_to_responses_response, model=model, echoed=echoed, created=created, response_id=minted
+        ),
+        translator=partial(
+            ChatToResponsesStream, model=model, echoed=echoed, created=created, response_id=minted
+        ),
         wire=wire,
     )

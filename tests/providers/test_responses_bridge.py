@@ -258,10 +258,12 @@ CHAT_ANSWER = {
 
 
 def test_a_chat_answer_is_a_responses_object_the_sdk_reads():
-    answer = chat_to_responses_response(CHAT_ANSWER, model="m", echoed=echo(RESPONSES_ADVERSARIAL), created=0)
+    answer = chat_to_responses_response(
+        CHAT_ANSWER, model="m", echoed=echo(RESPONSES_ADVERSARIAL), created=0, response_id="resp_test"
+    )
     parsed = Response.model_validate(answer)
     assert (parsed.id, parsed.status, parsed.model, parsed.output_text) == (
-        "resp_chatcmpl-42",
+        "resp_test",
         "completed",
         "m",
         "Reading it.",
@@ -283,7 +285,7 @@ def test_a_chat_answer_is_a_responses_object_the_sdk_reads():
 )
 def test_a_cut_answer_is_incomplete(finish, reason):
     chat = {**CHAT_ANSWER, "choices": [{"index": 0, "message": {"content": "par"}, "finish_reason": finish}]}
-    answer = chat_to_responses_response(chat, model="m", echoed=echo({}), created=0)
+    answer = chat_to_responses_response(chat, model="m", echoed=echo({}), created=0, response_id="resp_test")
     assert (answer["status"], answer["incomplete_details"]) == ("incomplete", {"reason": reason})
     assert answer["output"][0]["status"] == "incomplete"
 
@@ -297,7 +299,9 @@ def test_an_anthropic_answer_with_a_tool_call_is_a_function_call_item():
         "usage": {"input_tokens": 3, "output_tokens": 4},
     }
     parsed = Response.model_validate(
-        anthropic_to_responses_response(message, model="m", echoed=echo({}), created=0)
+        anthropic_to_responses_response(
+            message, model="m", echoed=echo({}), created=0, response_id="resp_test"
+        )
     )
     (item,) = parsed.output
     assert (item.type, item.call_id, json.loads(item.arguments)) == (
@@ -305,7 +309,7 @@ def test_an_anthropic_answer_with_a_tool_call_is_a_function_call_item():
         "toolu_1",
         {"path": "/tmp/x"},
     )
-    assert parsed.id == "resp_chatcmpl-msg_1"
+    assert parsed.id == "resp_test"  # the gateway's id, not the upstream's
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -372,11 +376,11 @@ EXPECTED_TYPES = [
 
 
 def test_a_chat_stream_is_the_responses_event_sequence():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0)
+    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0, response_id="resp_test")
     out = b"".join(translator.feed(block) for block in blocks(CHAT_STREAM))
     parsed = events(out)
     assert [e.type for e in parsed] == EXPECTED_TYPES
-    assert translator.ended and translator.response_id == "resp_chatcmpl-7"
+    assert translator.ended and translator.response_id == "resp_test"
     final = parsed[-1].response
     assert final.output_text == "Hello"
     assert (final.output[1].call_id, final.output[1].arguments) == ("call_1", '{"path":"/tmp"}')
@@ -385,7 +389,7 @@ def test_a_chat_stream_is_the_responses_event_sequence():
 
 
 def test_a_stream_cut_before_its_end_is_never_completed():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0)
+    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0, response_id="resp_test")
     out = b"".join(
         translator.feed(block)
         for block in blocks(
@@ -398,7 +402,7 @@ def test_a_stream_cut_before_its_end_is_never_completed():
 
 
 def test_a_length_finish_ends_with_response_incomplete_at_eof():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0)
+    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0, response_id="resp_test")
     raw = chat_chunk({"content": "par"}) + chat_chunk({}, "length")
     out = b"".join(translator.feed(block) for block in blocks(raw)) + translator.finish()
     final = events(out)[-1]
@@ -442,7 +446,7 @@ def test_an_anthropic_stream_with_a_tool_call_is_the_responses_event_sequence():
             anthropic_event("message_stop"),
         ]
     )
-    translator = AnthropicToResponsesStream(model="m", echoed=echo({}), created=0)
+    translator = AnthropicToResponsesStream(model="m", echoed=echo({}), created=0, response_id="resp_test")
     out = b"".join(translator.feed(block) for block in blocks(raw))
     parsed = events(out)
     # One text delta (the Chat stream above has two), else the same sequence.
@@ -454,7 +458,7 @@ def test_an_anthropic_stream_with_a_tool_call_is_the_responses_event_sequence():
         '{"path":"/tmp"}',
     )
     assert final.usage is not None and (final.usage.input_tokens, final.usage.output_tokens) == (8, 4)
-    assert translator.ended and translator.response_id == "resp_chatcmpl-msg_5"
+    assert translator.ended and translator.response_id == "resp_test"
 
 
 def test_adversarial_model_output_stays_assistant_output_across_a_continuation():
@@ -473,7 +477,9 @@ def test_adversarial_model_output_stays_assistant_output_across_a_continuation()
             }
         ],
     }
-    output = chat_to_responses_response(chat, model="m", echoed=echo({}), created=0)["output"]
+    output = chat_to_responses_response(chat, model="m", echoed=echo({}), created=0, response_id="resp_test")[
+        "output"
+    ]
     assert [(item["type"], item.get("role")) for item in output] == [
         ("message", "assistant"),
         ("function_call", None),

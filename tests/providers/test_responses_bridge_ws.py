@@ -195,11 +195,11 @@ def test_a_chat_stream_without_done_still_ends_in_one_completed_frame(gateway, p
 def test_a_conversation_is_continued_only_when_it_is_kept_whole():
     kept = Conversations(limit=2)
     said = [{"type": "message", "role": "assistant", "content": "ok"}]
-    kept.remember(None, {"input": "one"}, {"id": "resp_a", "output": said})
-    kept.remember("resp_a", {"input": "two"}, {"id": "resp_b", "output": said})
+    kept.remember(None, {"input": "one"}, {"id": "resp_a", "output": said}, size=1)
+    kept.remember("resp_a", {"input": "two"}, {"id": "resp_b", "output": said}, size=1)
     sent, previous = kept.continued({"previous_response_id": "resp_b", "input": "three", "model": "m"})
     assert previous == "resp_b" and "previous_response_id" not in sent
     assert [item["content"] for item in sent["input"]] == ["one", "ok", "two", "ok", "three"]
-    kept.remember("resp_b", {"input": "three"}, {"id": "resp_c", "output": said})  # resp_a is forgotten
+    kept.remember("resp_b", {"input": "three"}, {"id": "resp_c", "output": said}, size=1)  # resp_a goes
     body = {"previous_response_id": "resp_c", "input": "four"}
     assert kept.continued(body) == (body, None)  # sent as it came: a bridged account refuses it, typed
