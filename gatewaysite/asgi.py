@@ -6,7 +6,11 @@
   async request must hop to a thread for (and WhiteNoise is sync-only, which forces the whole chain
   into a thread); the API authenticates with gateway keys, needs no session, CSRF or static files,
   and sets its own headers, so it skips all of it.
-- everything else over HTTP (admin, health, metrics): the full Django stack.
+- everything else over HTTP (admin, health, metrics, unknown paths): the full Django stack, behind
+  `guarded`: its body is read first under the API's limits and timeouts (`GATEWAY_MAX_BODY_BYTES`,
+  `GATEWAY_CLIENT_TIMEOUT_S`, `GATEWAY_BODY_TIMEOUT_S`; an over-limit `content-length` refused before
+  any of it), so Django never spools an unauthenticated body to a temporary file nor waits on a
+  client that drips one (issue 45).
 - websockets: the proxy's consumers.
 """
 
@@ -166,11 +170,59 @@ async def lifespan(scope, receive, send) -> None:
             return
 
 
+async def refuse(send, status: int, reason: str) -> None:
+    """A plain answer that closes the connection (the rest of the body may still be on its way)."""
+    body = reason.encode()
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        (b"x-content-type-options", b"nosniff"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def guarded(scope, receive, send) -> None:
+    """The Django stack with the request body already read under the API's limits and timeouts, and
+    handed to it whole (so it never waits on the client, nor spools more than the limit)."""
+    limit = settings.GATEWAY_MAX_BODY_BYTES
+    length = edge.declared_length(edge.headers_of(scope))
+    if length is not None and length > limit:
+        await refuse(send, 413, "request body too large")
+        return
+    try:
+        body = await edge.read_body(
+            receive,
+            limit=limit,
+            idle_timeout_s=settings.GATEWAY_CLIENT_TIMEOUT_S,
+            total_timeout_s=settings.GATEWAY_BODY_TIMEOUT_S,
+        )
+    except edge.ClientGone:
+        return
+    except edge.BodyTooLarge:
+        await refuse(send, 413, "request body too large")
+        return
+    except edge.BodyTimeout:
+        await refuse(send, 408, "request body too slow")
+        return
+    read = False
+
+    async def replay() -> dict:
+        nonlocal read
+        if not read:
+            read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: the disconnect, when it comes
+
+    await django_asgi_app(scope, replay, send)
+
+
 api = ApiHandler()
 
 
 async def http(scope, receive, send) -> None:
-    await (api if scope["path"].startswith("/v1/") else django_asgi_app)(scope, receive, send)
+    await (api if scope["path"].startswith("/v1/") else guarded)(scope, receive, send)
 
 
 application = ProtocolTypeRouter(
