@@ -28,8 +28,10 @@ Every account lives under its own path prefix, `http://127.0.0.1:PORT/<name>/v1`
   OpenAI `server_error`, 529 Anthropic `overloaded_error`), `unauthorized` (401 `invalid_api_key` /
   `authentication_error`) or `hang` (the request is read and never answered).
 - Records: every request as (seconds since the phase start, account, conversation, turn, status,
-  input tokens, cached tokens): `GET /_pool/events`. A conversation is named by `[conv:ID]` at the
-  start of its first message, its turn is its count of user messages.
+  input tokens, cached tokens, headroom: the smallest share of a limit left that its headers reported,
+  None for an answer without them): `GET /_pool/events`. `POST /_pool/reset` answers the Unix time of
+  the phase start (`wall`), so a reader can put other clocks' instants on the phase's. A conversation
+  is named by `[conv:ID]` at the start of its first message, its turn is its count of user messages.
 - A request without `Authorization` or `x-api-key` gets 401 (a gateway that forgets the credential).
 
 Usage: python -m devkit.pool_upstream --port 19200 --accounts accounts.json (a list of `AccountSpec`
@@ -208,6 +210,16 @@ class Account:
         self.output = Bucket(max(spec.tpm // 5, 1), now)  # Anthropic only
         self.cache = PrefixCache()
         self._ids = itertools.count(1)
+
+    def buckets(self) -> tuple[Bucket, ...]:
+        """The limits its headers report."""
+        if self.spec.shape == "openai":
+            return self.requests, self.tokens
+        return self.requests, self.tokens, self.output
+
+    def headroom(self, now: float) -> float:
+        """The smallest share of a limit left, as its headers say it."""
+        return min(bucket.remaining(now) / bucket.limit for bucket in self.buckets())
 
     def headers(self, now: float, wall: float) -> dict[str, str]:
         if self.spec.shape == "openai":
@@ -424,15 +436,16 @@ class Pool:
     specs: list[AccountSpec]
     clock: Callable[[], float] = time.monotonic
     t0: float = 0.0
+    wall0: float = 0.0  # the Unix time at t0
     accounts: dict[str, Account] = field(default_factory=dict)
-    events: list[tuple[float, str, str, int, int, int, int]] = field(default_factory=list)
+    events: list[tuple[float, str, str, int, int, int, int, float | None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         """A new phase: limits full, caches empty, records cleared, outage schedules from now."""
-        self.t0 = self.clock()
+        self.t0, self.wall0 = self.clock(), time.time()
         self.accounts = {s.name: Account(s, self.t0) for s in self.specs}
         self.events = []
 
@@ -448,8 +461,18 @@ class Pool:
         answer = account.answer(route, body, t, now, time.time())
         conversation, turn = conversation_of(prompt_items(route, body))
         usage = answer.usage or Usage(0, 0, 0, 0)
+        headroom = round(account.headroom(now), 4) if answer.status in (200, 429) else None
         self.events.append(
-            (round(t, 3), name, conversation, turn, answer.status, usage.input_tokens, usage.cached_tokens)
+            (
+                round(t, 3),
+                name,
+                conversation,
+                turn,
+                answer.status,
+                usage.input_tokens,
+                usage.cached_tokens,
+                headroom,
+            )
         )
         return answer
 
@@ -481,7 +504,7 @@ def make_app(pool: Pool) -> web.Application:
 
     async def reset(request: web.Request) -> web.Response:
         pool.reset()
-        return web.json_response({"accounts": len(pool.accounts)})
+        return web.json_response({"accounts": len(pool.accounts), "wall": pool.wall0})
 
     async def events(request: web.Request) -> web.Response:
         return web.json_response({"accounts": [s.to_json() for s in pool.specs], "events": pool.events})

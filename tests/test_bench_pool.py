@@ -3,7 +3,15 @@
 import pytest
 
 from bench.pool import report, workload
-from bench.pool.figures import Turn, affinity, busiest_share, client_outcomes, heal_times
+from bench.pool.figures import (
+    CircuitSample,
+    Turn,
+    affinity,
+    busiest_share,
+    client_outcomes,
+    heal_times,
+    per_account,
+)
 from devkit.pool_upstream import AccountSpec, Outage
 
 SPECS = [
@@ -13,8 +21,8 @@ SPECS = [
 ]
 
 
-def event(t, account, conversation, turn, status=200):
-    return (t, account, conversation, turn, status, 100, 50)
+def event(t, account, conversation, turn, status=200, headroom=0.5):
+    return (t, account, conversation, turn, status, 100, 50, headroom)
 
 
 def test_a_turn_hits_when_the_previous_turns_account_serves_it_and_counts_only_if_that_one_was_healthy():
@@ -39,7 +47,34 @@ def test_busiest_share_is_over_the_steady_accounts_mean_and_heal_time_from_the_f
     events += [event(15, "c", "", 0, status=503), event(24, "c", "", 0), event(26, "c", "", 0)]
     found = busiest_share(events, SPECS)
     assert (found["busiest"], found["share"], found["idle"]) == ("a", 1.5, 0)
-    assert heal_times(events, {"c": 20.0, "b": 30.0}) == {"c": 4.0, "b": None}
+    heals = heal_times(events, {"c": 20.0, "b": 30.0}, [])
+    assert heals["c"] == {"after_s": 4.0, "cooldown_s": 0, "met": True}
+    assert heals["b"] == {"after_s": None, "cooldown_s": 0, "met": False}
+    accounts = per_account([*events, event(4.5, "b", "", 0, status=429, headroom=0.0)], SPECS, windows=2)
+    assert accounts["a"]["served_by_window"] == [3, 0]
+    assert (accounts["b"]["rate_limited"], accounts["b"]["headroom_least"]) == (1, 0.0)
+    assert "c" not in accounts  # not a steady account
+
+
+def test_a_heal_is_judged_against_the_cooldown_in_force_when_it_healed_not_the_configured_one():
+    """c's circuit opened at 10 s for the configured 5 s, its probe failed at 15 s (open again for
+    10 s: read only after the heal, its start is open_until less its cooldown); c healed at 20 s and
+    served 12 s later: within 10 + 5 s, not within 5 + 5 s. b's circuit opened and closed long before
+    b healed: closed at its heal, judged against the probe's 5 s alone."""
+    circuits = [
+        CircuitSample(11.0, "c", "m:http", "open", 5, 10.0),
+        CircuitSample(15.5, "c", "m:http", "half_open", 5, 10.0),
+        CircuitSample(21.0, "c", "m:http", "open", 10, 15.0),
+        CircuitSample(32.5, "c", "m:http", "closed", 0, None),
+        CircuitSample(1.5, "b", "m:http", "open", 5, 1.0),
+        CircuitSample(6.5, "b", "m:http", "closed", 0, None),
+    ]
+    events = [event(15, "c", "", 0, status=503), event(32, "c", "", 0), event(37, "b", "", 0)]
+    found = heal_times(events, {"c": 20.0, "b": 30.0}, circuits)
+    assert found["c"] == {"after_s": 12.0, "cooldown_s": 10, "met": True}
+    assert found["b"] == {"after_s": 7.0, "cooldown_s": 0, "met": False}
+    assert report.heal_cell(found["c"]) == "**met**: 12.0 s (cooldown 10 s)"
+    assert report.heal_cell(found["b"]) == "**MISSED**: 7.0 s (circuit closed)"
 
 
 def test_client_outcomes_count_429s_and_no_eligible_backend_apart():

@@ -132,6 +132,35 @@ def test_a_hung_account_never_answers():
     assert account.answer("chat", chat("x"), t=50, now=0.0, wall=WALL).body is None
 
 
+@pytest.mark.parametrize("shape", ["openai", "anthropic"])
+def test_the_record_keeps_the_smallest_share_left_that_the_answers_headers_report(shape):
+    if shape == "openai":
+        header = "x-ratelimit-{}-{}".format
+        kinds: tuple[str, ...] = ("requests", "tokens")
+    else:
+        header = "anthropic-ratelimit-{1}-{0}".format
+        kinds = ("requests", "input-tokens", "output-tokens")
+    clock = Clock()
+    pool = Pool(
+        [AccountSpec("e", shape, rpm=4, tpm=1_000_000, outages=(Outage(5, 6, "unavailable"),))], clock
+    )
+    path, body = (
+        ("chat/completions", chat("x")) if shape == "openai" else ("messages", {**chat("x"), "messages": []})
+    )
+    for _ in range(5):
+        answer = pool.answer("e", path, body)
+        reported = [
+            int(answer.headers[header("remaining", kind)]) / int(answer.headers[header("limit", kind)])
+            for kind in kinds
+        ]
+        assert pool.events[-1][7] == pytest.approx(min(reported), abs=1e-4)
+    assert [e[4] for e in pool.events] == [200, 200, 200, 200, 429]
+    assert pool.events[-1][7] == 0.0  # the requests limit is spent
+    clock.now += 5.5  # in the outage: no rate-limit headers, no headroom
+    assert pool.answer("e", path, body).status in (503, 529)
+    assert pool.events[-1][7] is None
+
+
 def test_a_request_names_its_conversation_and_turn_in_every_shape():
     assert conversation_of(prompt_items("chat", chat("a", "b"))) == ("c7", 2)
     responses = {"instructions": SYSTEM, "input": [{"role": "user", "content": "a"}]}

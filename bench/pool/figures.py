@@ -2,9 +2,16 @@
 saw (pure).
 
 - `Turn`: one client request as the client saw it.
-- `phase_figures(events, turns, specs)`: client-visible outcomes, the busiest steady account's share
-  over the fair share, each healed account's time to its first served request, the affinity hit rate
-  and the cached-token share.
+- `CircuitSample`: one account's circuit row as the bench read it from the gateway's database.
+- `phase_figures(events, turns, specs, heals, circuits)`: client-visible outcomes, the busiest steady
+  account's share over the fair share (and each steady account's figures behind it), each healed
+  account's time to its first served request against the cooldown in force when it healed, the
+  affinity hit rate and the cached-token share.
+
+Heal time: SPEC §13 wants a healed account serving again "within one cooldown plus one probe". The
+cooldown that applies is the one in force when the account healed: each failed probe doubled it (SPEC
+§7.1), so it is not the configured first one. Met when the first request it served after its heal came
+at most that cooldown plus PROBE_S later (an account whose circuit was closed at its heal: PROBE_S).
 
 Affinity: a turn hits when the account that served it also served the conversation's previous turn;
 it counts only when that account was healthy from the previous turn to this one (no outage scheduled
@@ -19,8 +26,20 @@ from typing import Any
 
 from devkit.pool_upstream import AccountSpec
 
-# What the fakes record per request: (t, account, conversation, turn, status, input tokens, cached tokens)
-Event = tuple[float, str, str, int, int, int, int]
+# What the fakes record per request: (t, account, conversation, turn, status, input tokens, cached tokens,
+# the smallest share of a limit left its headers reported or None)
+Event = tuple[float, str, str, int, int, int, int, float | None]
+PROBE_S = 5.0  # "plus one probe": the probe's own time and the poll's granularity
+
+
+@dataclass(frozen=True)
+class CircuitSample:
+    t: float  # when it was read, seconds on the phase clock
+    account: str
+    circuit: str  # which of the account's circuits: "model:route_class"
+    state: str  # closed | open | half_open
+    cooldown_s: int
+    opened_t: float | None  # open_until - cooldown_s on the phase clock: when this open period began
 
 
 @dataclass(frozen=True)
@@ -60,12 +79,61 @@ def busiest_share(events: list[Event], specs: list[AccountSpec]) -> dict[str, An
     }
 
 
-def heal_times(events: list[Event], heals: dict[str, float]) -> dict[str, float | None]:
-    """Seconds from each account's heal to the first request it served after it (None: never)."""
-    found: dict[str, float | None] = {}
+def cooldown_in_force(samples: list[CircuitSample], account: str, at: float) -> int:
+    """The cooldown of `account`'s circuits at `at` (the longest when several are open; 0 when all are
+    closed). Each circuit's state at `at` is its latest change before it: an open period from when it
+    began (open_until - cooldown, exact, whenever it was read), a close from when it was read."""
+    longest = 0
+    for circuit in {s.circuit for s in samples if s.account == account}:
+        changes = sorted(
+            (s.t, 0) if s.state == "closed" or s.opened_t is None else (s.opened_t, s.cooldown_s)
+            for s in samples
+            if s.account == account and s.circuit == circuit
+        )
+        before = [cooldown for t, cooldown in changes if t <= at]
+        longest = max(longest, before[-1] if before else 0)
+    return longest
+
+
+def heal_times(
+    events: list[Event], heals: dict[str, float], circuits: list[CircuitSample]
+) -> dict[str, dict[str, Any]]:
+    """Per healed account: seconds from its heal to the first request it served after it (None: never),
+    the cooldown in force at its heal, and whether it served within that cooldown plus PROBE_S."""
+    found: dict[str, dict[str, Any]] = {}
     for name, healed in heals.items():
         served = [e[0] for e in events if e[1] == name and e[4] == 200 and e[0] >= healed]
-        found[name] = min(served) - healed if served else None
+        after = min(served) - healed if served else None
+        cooldown = cooldown_in_force(circuits, name, healed)
+        found[name] = {
+            "after_s": after,
+            "cooldown_s": cooldown,
+            "met": after is not None and after <= cooldown + PROBE_S,
+        }
+    return found
+
+
+def per_account(events: list[Event], specs: list[AccountSpec], windows: int = 4) -> dict[str, Any]:
+    """Each steady account's requests served, in `windows` equal spans of the phase too, the
+    conversations it served a first turn of and any turn of, its 429s, and the headroom its answers
+    reported (mean and least): what lies behind the busiest share."""
+    steady = [s.name for s in specs if not s.outages]
+    end = max((e[0] for e in events), default=0.0) or 1.0
+    found: dict[str, Any] = {}
+    for name in steady:
+        mine = [e for e in events if e[1] == name]
+        served = [e for e in mine if e[4] == 200]
+        reported = [e[7] for e in mine if e[7] is not None]
+        spans = Counter(min(int(e[0] / end * windows), windows - 1) for e in served)
+        found[name] = {
+            "served": len(served),
+            "served_by_window": [spans.get(i, 0) for i in range(windows)],
+            "first_turns": sum(1 for e in served if e[3] == 1),
+            "conversations": len({e[2] for e in served}),
+            "rate_limited": sum(1 for e in mine if e[4] == 429),
+            "headroom_mean": sum(reported) / len(reported) if reported else None,
+            "headroom_least": min(reported, default=None),
+        }
     return found
 
 
@@ -107,12 +175,17 @@ def cached_share(events: list[Event]) -> float | None:
 
 
 def phase_figures(
-    events: list[Event], turns: list[Turn], specs: list[AccountSpec], heals: dict[str, float]
+    events: list[Event],
+    turns: list[Turn],
+    specs: list[AccountSpec],
+    heals: dict[str, float],
+    circuits: list[CircuitSample],
 ) -> dict[str, Any]:
     return {
         "client": client_outcomes(turns),
         "busiest": busiest_share(events, specs),
-        "heal_s": heal_times(events, heals),
+        "per_account": per_account(events, specs),
+        "heals": heal_times(events, heals, circuits),
         "affinity": affinity(events, specs, {t.conversation: t.kind for t in turns}),
         "cached_share": cached_share(events),
         "upstream_429": sum(1 for e in events if e[4] == 429),

@@ -7,7 +7,9 @@ What runs (everything on 127.0.0.1, everything stopped at exit):
 - the gateway as production serves it (`python -m gatewaysite.server --workers 2`: uvicorn, two
   processes sharing state through PostgreSQL), once per phase on a fresh database, with circuits short
   enough for a short run (`circuit.cooldown_seconds: 5`, `retry.default_deadline_ms: 4000`);
-- the clients, in this process: open-loop conversations (bench/pool/workload.py) over aiohttp.
+- the clients, in this process: open-loop conversations (bench/pool/workload.py) over aiohttp, and
+  beside them a reader of the healing accounts' circuit rows in the gateway's database (every 0.5 s),
+  for the cooldown in force when each healed.
 
 Each phase resets the accounts (limits full, caches empty, outage schedules from now), runs the load
 for the phase's duration, waits for the last answers, then reads the accounts' records and the CPU
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -35,10 +38,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
+import psycopg  # noqa: E402
 
 from bench import accounting  # noqa: E402
 from bench.pool import figures, report, workload  # noqa: E402
-from bench.pool.figures import Turn  # noqa: E402
+from bench.pool.figures import CircuitSample, Turn  # noqa: E402
 from devkit.databases import Database  # noqa: E402
 from devkit.gateway import GatewayNode  # noqa: E402
 from devkit.harness import HOST, PYTHON, Processes, free_port  # noqa: E402
@@ -57,6 +61,11 @@ CIRCUIT = {
 }
 RETRY = {"max_attempts": 4, "backoff_base_ms": 20, "default_deadline_ms": 4000}
 DRAIN_S = 10  # after the last turn is sent, how long its answers may take
+WATCH_S = 0.5  # how often the circuit rows are read
+CIRCUITS_SQL = (
+    "SELECT a.name, c.model, c.route_class, c.state, c.cooldown_seconds, c.open_until "
+    "FROM routing_circuit c JOIN pools_assignment a ON a.id = c.assignment_id WHERE a.name = ANY(%s)"
+)
 
 
 def log(message: str) -> None:
@@ -156,6 +165,43 @@ async def clients(url: str, s: workload.Settings, rate: float) -> list[Turn]:
     return turns
 
 
+async def watch_circuits(
+    url: str, names: list[str], wall0: float, stop: asyncio.Event
+) -> list[CircuitSample]:
+    """The circuit rows of accounts `names`, read every WATCH_S until `stop`, each change once; instants
+    on the phase clock (`wall0`: the Unix time of its start)."""
+    found: list[CircuitSample] = []
+    last: dict[tuple[str, str], tuple[str, int, float | None]] = {}
+    async with await psycopg.AsyncConnection.connect(
+        url, autocommit=True, application_name="bench-pool-watch"
+    ) as conn:
+        while not stop.is_set():
+            rows = await (await conn.execute(CIRCUITS_SQL, [names])).fetchall()
+            t = round(time.time() - wall0, 3)
+            for name, model, route_class, state, cooldown, until in rows:
+                opened = None if until is None else round(until.timestamp() - cooldown - wall0, 3)
+                key, seen = (name, f"{model}:{route_class}"), (state, cooldown, opened)
+                if last.get(key) != seen:
+                    last[key] = seen
+                    found.append(CircuitSample(t, name, key[1], state, cooldown, opened))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), WATCH_S)
+    return found
+
+
+async def observed(
+    url: str, s: workload.Settings, rate: float, database_url: str, names: list[str], wall0: float
+) -> tuple[list[Turn], list[CircuitSample]]:
+    """The clients' turns, and the circuits of accounts `names` while they ran."""
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch_circuits(database_url, names, wall0, stop))
+    try:
+        turns = await clients(url, s, rate)
+    finally:
+        stop.set()
+    return turns, await watcher
+
+
 def upstream_call(root: str, method: str, path: str) -> dict[str, Any]:
     async def call() -> dict[str, Any]:
         async with aiohttp.ClientSession() as session, session.request(method, root + path) as answer:
@@ -195,17 +241,19 @@ def phase(
             f"{name}: gateway up at {gateway.url} (GATEWAY_POOL_FEATURES={env['GATEWAY_POOL_FEATURES']}), "
             f"{pace.rate:.1f} turns/s for {s.duration_s:.0f} s ..."
         )
-        upstream_call(upstream, "POST", "/_pool/reset")
+        wall0 = upstream_call(upstream, "POST", "/_pool/reset")["wall"]
         cpu_before, backends_before = gateway_cpu(gateway, application)
-        turns = asyncio.run(clients(gateway.url, s, pace.rate))
+        heals = workload.heals(specs)
+        turns, circuits = asyncio.run(observed(gateway.url, s, pace.rate, database.url, sorted(heals), wall0))
         cpu_after, backends_after = gateway_cpu(gateway, application)
         events = upstream_call(upstream, "GET", "/_pool/events")["events"]
     finally:
         gateway.kill()
         database.drop()
-    found = figures.phase_figures([tuple(e) for e in events], turns, specs, workload.heals(specs))
+    found = figures.phase_figures([tuple(e) for e in events], turns, specs, heals, circuits)
     own = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     backends = accounting.backend_cpu_spent(backends_before, backends_after)
+    found["circuits"] = [sample.__dict__ for sample in circuits]
     found["cpu_ms"] = {
         "gateway": None if own is None else own * 1000 / len(turns),
         "postgres": None if backends is None else backends * 1000 / len(turns),
@@ -232,7 +280,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    previous_cpu = report.previous_bench_cpu_ms()
     OUT.mkdir(parents=True, exist_ok=True)
     procs = Processes(OUT)
     atexit.register(procs.stop_all)
@@ -254,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         except (aiohttp.ClientError, OSError):
             time.sleep(0.1)
-    context = report.context(ROOT, args.quick, s, pace, specs, previous_cpu, CIRCUIT, RETRY)
+    context = report.context(ROOT, args.quick, s, pace, specs, CIRCUIT, RETRY)
     phases = {
         "on": phase("on", True, args, upstream, s, pace),
         "off": phase("off", False, args, upstream, s, pace),
