@@ -201,6 +201,15 @@ class GatewayKeyForm(forms.ModelForm):
         return super().save(commit=commit)
 
 
+class GatewayKeyOperatorForm(forms.ModelForm):
+    """A pool operator's form: no secret. Setting a key's secret is taking over its client (its files,
+    its responses), so only a superuser sets one (issue 45)."""
+
+    class Meta:
+        model = GatewayKey
+        fields = GatewayKeyForm.Meta.fields
+
+
 @admin.register(GatewayKey)
 class GatewayKeyAdmin(PoolScopedAdmin):
     """A key is visible to a pool operator when all its pools are granted to them; only a superuser
@@ -229,6 +238,10 @@ class GatewayKeyAdmin(PoolScopedAdmin):
     )
     search_fields = ("name", "prefix")
     filter_horizontal = ("pools",)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        kwargs["form"] = GatewayKeyForm if request.user.is_superuser else GatewayKeyOperatorForm
+        return super().get_form(request, obj, change, **kwargs)
 
     def get_readonly_fields(self, request, obj=None):
         return self.readonly_fields if request.user.is_superuser else (*self.readonly_fields, "pools")

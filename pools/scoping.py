@@ -46,6 +46,12 @@ class PoolScopedAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return self.scope(super().get_queryset(request), request.user)
 
+    def lookup_allowed(self, lookup, value, request=None) -> bool:
+        """A changelist filters only by what its `list_filter` and `date_hierarchy` declare (issue 45):
+        Django's default also takes any lookup on a local field (`?credential__startswith=gAAAAA`,
+        `?key_hash__regex=...`), which reads a secret-bearing column a character at a time."""
+        return declared_lookup(self, lookup) and super().lookup_allowed(lookup, value, request)
+
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         choices = scoped_choices(db_field.related_model, request.user)
         if choices is not None:
@@ -57,6 +63,30 @@ class PoolScopedAdmin(admin.ModelAdmin):
         if choices is not None:
             kwargs["queryset"] = choices
         return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+
+# What the declared filters themselves ask for: a value, a related row's id, a range of dates.
+_FILTER_PARTS = frozenset(
+    {"exact", "isnull", "id", "pk", "in", "gte", "gt", "lte", "lt", "year", "month", "day"}
+)
+
+
+def declared_lookup(model_admin: admin.ModelAdmin, lookup: str) -> bool:
+    """Whether `lookup` is one of `model_admin`'s declared filters (a field of `list_filter` or
+    `date_hierarchy` with only the parts a filter uses, or a custom filter's parameter)."""
+    paths = [model_admin.date_hierarchy] if model_admin.date_hierarchy else []
+    for declared in model_admin.list_filter:
+        if isinstance(declared, str):
+            paths.append(declared)
+        elif isinstance(declared, tuple | list):
+            paths.append(declared[0])
+        elif lookup == getattr(declared, "parameter_name", None):
+            return True
+    for path in paths:
+        rest = lookup.removeprefix(path)
+        if rest == "" or (rest.startswith("__") and set(rest[2:].split("__")) <= _FILTER_PARTS):
+            return True
+    return False
 
 
 def _in(path: str) -> str:

@@ -39,3 +39,23 @@ class AffinityAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     list_display = ("kind", "key", "gateway_key", "assignment", "model", "expires_at")
     list_filter = ("kind",)
     list_select_related = ("assignment", "gateway_key")
+
+    # An affinity's key is a response or file id, or a session's digest: whoever holds an id can ask
+    # for what it names (issue 45). A pool operator sees enough of it to tell rows apart.
+    def get_list_display(self, request):
+        return (
+            self.list_display
+            if request.user.is_superuser
+            else tuple("key_shown" if name == "key" else name for name in self.list_display)
+        )
+
+    def get_fields(self, request, obj=None):
+        hidden = "key_shown" if request.user.is_superuser else "key"
+        return [f for f in super().get_fields(request, obj) if f != hidden]
+
+    def get_readonly_fields(self, request, obj=None):
+        return (*super().get_readonly_fields(request, obj), "key_shown")
+
+    @admin.display(description="key")
+    def key_shown(self, obj: Affinity) -> str:
+        return f"{obj.key[:8]}…" if len(obj.key) > 8 else obj.key

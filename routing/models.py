@@ -98,7 +98,8 @@ class Affinity(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.key}"
+        # Titles, breadcrumbs and history name the row; whoever holds the whole id can use it (issue 45).
+        return f"{self.kind}:{self.key[:8]}…"
 
 
 class Latency(models.Model):

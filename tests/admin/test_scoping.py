@@ -182,7 +182,9 @@ def test_no_page_of_a_scoped_admin_shows_another_pools_rows(operator, worlds, mo
     }
     for what, url in pages.items():
         response = operator.get(url)
-        assert response.status_code in (200, 302), (what, response.status_code)
+        # A lookup the changelist does not declare is refused outright (400, issue 45).
+        refused = (400,) if what.startswith("filter") else ()
+        assert response.status_code in (200, 302, *refused), (what, response.status_code)
         html = re.sub(r'q=bravo|q%3Dbravo|value="bravo"', "", response.content.decode())  # the term, echoed
         assert "bravo" not in html, (what, url)
     row = _bravo_row(model, bravo)
