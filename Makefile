@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: install run test lint format bench bench-pool clean soak
+.PHONY: install run test attack lint format bench bench-pool clean soak
 
 RUNTIME := $(VENV)/.runtime-stamp
 
@@ -32,6 +32,10 @@ TEST_WORKERS ?= 2
 
 test: install
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+
+# The adversarial suite alone (SECURITY.md, issue 45): attacks against a real server; `make test` runs them too.
+attack: install
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m attack tests $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
