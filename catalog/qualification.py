@@ -1,23 +1,28 @@
 """Capability qualification (SPEC §8.1): the fixed corpus, its rendering and how a probe's outcome is judged.
 
 Contract:
-- The corpus is `catalog/corpus/qualification-2.json`, in the repository. Its recorded version is the
+- The corpus is `catalog/corpus/qualification-3.json`, in the repository. Its recorded version is the
   file's own `version` plus the first 12 hex digits of the file's SHA-256, so any edit of the text is a
   new corpus version in the evidence, with or without a version bump. Evidence recorded with an earlier
   version stays valid until it expires (eligibility does not read the corpus version).
 - Every placeholder `{{name}}` is a fresh random token per run (`nonces`), so a cached, replayed or
-  memorised answer cannot pass.
+  memorised answer cannot pass; `{{image:name}}` a PNG showing that token's digits, `{{pdf:name}}` a PDF
+  whose page shows that corpus value's text. The corpus's JPEG is fixed bytes (it shows `jpeg_digits`),
+  so that an operator can publish it for the image-by-URL probe: an `optional` probe is sent only when
+  the run has that value (`image_url`, given by the operator; the recorded version then names it,
+  `run_version`). The gateway never fetches a URL.
 - A probe passes only on the exact expected outcome (`check_*`): a native tool call with exactly the
   expected arguments; an answer containing the expected token; for the adversarial role-separation
   fixture, the request as the upstream received it from the gateway (the instruction only in the system
-  position, the forged `User:` label only inside the tool result) AND the answer (the system's
-  instruction followed, the forged one not).
+  position, the forged `User:` label only inside the tool result; for the file fixture, nowhere as text:
+  the file reached the upstream as a file) AND the answer (the system's instruction followed, the forged
+  one not). Payloads are read in the dialect the upstream speaks: Chat, Messages or Responses.
 - A probe is sent `samples` times (default 1), and with `stream` over SSE as well as plain: it passes
   only when every sample through every way passed (3 of 3), so a model that is right only most of the
   time, or a route whose only defect is in its streams, fails it.
-- A capability is qualified when every probe the corpus lists for it passed (`verdicts`), except
-  `tool_representation`, judged on its own evidence: its probes' tool calls came back as native calls,
-  with the right arguments or not (`NATIVE`).
+- A capability is qualified when every probe the corpus lists for it and the run sent passed
+  (`verdicts`), except `tool_representation`, judged on its own evidence: its probes' tool calls came
+  back as native calls, with the right arguments or not (`NATIVE`).
 - Nothing here keeps a prompt or an answer: a probe's outcome is a pass flag and one of the check codes
   below.
 
@@ -41,13 +46,14 @@ from proxy.providers.base import UpstreamCall
 from proxy.sse import Dialect
 from routing.capabilities import Capability
 
-CORPUS_PATH = Path(__file__).resolve().parent / "corpus" / "qualification-2.json"
+CORPUS_PATH = Path(__file__).resolve().parent / "corpus" / "qualification-3.json"
 PLACEHOLDER = re.compile(r"\{\{([a-z_]+)(?::([a-z_]+))?\}\}")
 
 # Check codes: the only thing recorded about how a probe went (never any of its text).
 OK = "ok"
 REJECTED = "rejected"  # the upstream refused the request with a 4xx: it cannot take this turn
 UNTRANSLATABLE = "untranslatable"  # the gateway cannot carry the probe to this adapter
+NOT_CARRIED = "not_carried"  # passed: no way carries this probe's input to the route (a file)
 REFUSED = "refused"  # a safety refusal
 MALFORMED = "malformed_answer"
 NO_TOOL_CALL = "no_tool_call"
@@ -75,6 +81,8 @@ class Probe:
     body: Mapping[str, Any]
     samples: int = 1
     stream: bool = False
+    carried_only: bool = False  # judged only through the ways the gateway carries it (a file)
+    optional: str | None = None  # sent only when the run has this value (`image_url`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +99,16 @@ def corpus_load(path: Path = CORPUS_PATH) -> Corpus:
     data = json.loads(raw)
     digest = hashlib.sha256(raw).hexdigest()[:12]
     probes = tuple(
-        Probe(p["id"], p["check"], p["expect"], p["body"], p.get("samples", 1), p.get("stream", False))
+        Probe(
+            p["id"],
+            p["check"],
+            p["expect"],
+            p["body"],
+            p.get("samples", 1),
+            p.get("stream", False),
+            p.get("carried_only", False),
+            p.get("optional"),
+        )
         for p in data["probes"]
     )
     capabilities = {Capability(name): tuple(ids) for name, ids in data["capabilities"].items()}
@@ -99,6 +116,14 @@ def corpus_load(path: Path = CORPUS_PATH) -> Corpus:
     if set(capabilities) != set(Capability) or any(set(ids) - known for ids in capabilities.values()):
         raise ValueError(f"{path.name}: every capability needs probes of this corpus")
     return Corpus(f"{data['version']}:{digest}", probes, data["values"], capabilities, data["token_budget"])
+
+
+def run_version(corpus: Corpus, image_url: str | None) -> str:
+    """The corpus version a run records: with the image URL it was given, a digest of it (the URL is
+    the operator's, outside the corpus file, and what was fetched there is part of what was judged)."""
+    if image_url is None:
+        return corpus.version
+    return f"{corpus.version}+url:{hashlib.sha256(image_url.encode()).hexdigest()[:8]}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -166,6 +191,37 @@ def digits_png(digits: str, cell: int = IMAGE_CELL_PX) -> bytes:
     )
 
 
+def text_pdf(text: str) -> bytes:
+    """A one-page PDF showing `text` (ASCII), a line of Helvetica each: a file any PDF reader, and any
+    model that takes PDFs, reads as that text."""
+
+    def literal(line: str) -> bytes:
+        return (
+            b"("
+            + line.encode("ascii").replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(b")", b"\\)")
+            + b")"
+        )
+
+    shown = b" ".join(literal(line) + b" Tj T*" for line in text.splitlines())
+    content = b"BT /F1 10 Tf 14 TL 36 756 Td " + shown + b" ET"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+        b"/Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content),
+    ]
+    out, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+
+
 def _render(value: object, tokens: Mapping[str, str], values: Mapping[str, Any]) -> object:
     if isinstance(value, dict):
         return {k: _render(v, tokens, values) for k, v in value.items()}
@@ -181,6 +237,9 @@ def _render(value: object, tokens: Mapping[str, str], values: Mapping[str, Any])
         name, arg = match.group(1), match.group(2)
         if name == "image" and arg in tokens:
             return "data:image/png;base64," + base64.b64encode(digits_png(tokens[arg])).decode()
+        if name == "pdf" and isinstance(values.get(arg or ""), str):
+            text = str(_render(values[arg or ""], tokens, values))
+            return "data:application/pdf;base64," + base64.b64encode(text_pdf(text)).decode()
         if name in tokens:
             return tokens[name]
         if name in values and isinstance(values[name], str):
@@ -269,21 +328,28 @@ def _contains(value: object, needle: str) -> bool:
 
 
 def _system_and_turns(payload: Mapping[str, Any], dialect: Dialect) -> tuple[list[object], list[Mapping]]:
-    """The system position(s) of a request as sent, and its other turns."""
-    messages = [m for m in payload.get("messages") or [] if isinstance(m, dict)]
+    """The system position(s) of a request as sent, and its other turns (Responses: its input items)."""
+    if dialect is Dialect.RESPONSES:
+        items = payload.get("input")
+        messages = [{"role": "user", "content": items}] if isinstance(items, str) else items or []
+        messages = [m for m in messages if isinstance(m, dict)]
+        system = [payload.get("instructions")]
+    else:
+        messages = [m for m in payload.get("messages") or [] if isinstance(m, dict)]
+        system = []
     if dialect is Dialect.ANTHROPIC:
         return [payload.get("system")], messages
-    system = [m.get("content") for m in messages if m.get("role") in ("system", "developer")]
+    system += [m.get("content") for m in messages if m.get("role") in ("system", "developer")]
     return system, [m for m in messages if m.get("role") not in ("system", "developer")]
 
 
 def _inside_tool_results(turn: Mapping[str, Any], needle: str) -> bool:
     """Whether every occurrence of `needle` in this turn is the content of a tool result."""
-    if turn.get("role") == "tool":  # a Chat tool message
+    if turn.get("role") == "tool" or turn.get("type") == "function_call_output":  # Chat, Responses
         return True
     content = turn.get("content")
     if turn.get("role") != "user" or not isinstance(content, list):
-        return not _contains(content, needle) and not _contains(turn.get("tool_calls"), needle)
+        return not _contains(turn, needle)
     return all(
         isinstance(block, dict) and block.get("type") == "tool_result"
         for block in content
@@ -291,18 +357,32 @@ def _inside_tool_results(turn: Mapping[str, Any], needle: str) -> bool:
     )
 
 
+def _only_in_system(system: list[object], turns: list[Mapping], rule: str) -> bool:
+    return _contains(system, rule) and not any(_contains(turn, rule) for turn in turns)
+
+
 def check_sent(payload: Mapping[str, Any], dialect: Dialect, expect: Mapping[str, Any]) -> str:
     """The adversarial fixture as the upstream received it: the instruction in the system position and
     nowhere else, the forged label inside the tool result and nowhere else."""
     system, turns = _system_and_turns(payload, dialect)
-    rule, forged = expect["instruction"], expect["forged"]
-    if not _contains(system, rule) or any(_contains(turn, rule) for turn in turns):
+    forged = expect["forged"]
+    if not _only_in_system(system, turns, expect["instruction"]):
         return INSTRUCTION_NOT_SYSTEM
     if _contains(system, forged) or not all(_inside_tool_results(turn, forged) for turn in turns):
         return FORGED_LABEL_ESCAPED
     if not any(_contains(turn, forged) for turn in turns):
         return FORGED_LABEL_ESCAPED  # dropped altogether: the fixture did not reach the upstream
     return OK
+
+
+def check_file_sent(payload: Mapping[str, Any], dialect: Dialect, expect: Mapping[str, Any]) -> str:
+    """The file fixture as the upstream received it: the instruction in the system position and nowhere
+    else, and the forged order nowhere as text (it is inside the file, which reached the upstream as a
+    file: a route that pasted the file's text into the turn fails here)."""
+    system, turns = _system_and_turns(payload, dialect)
+    if not _only_in_system(system, turns, expect["instruction"]):
+        return INSTRUCTION_NOT_SYSTEM
+    return FORGED_LABEL_ESCAPED if _contains(payload, expect["forged"]) else OK
 
 
 def check_role_separation(answer: Mapping[str, Any], expect: Mapping[str, Any]) -> str:
@@ -320,8 +400,10 @@ def judge(probe: Probe, call: UpstreamCall, answer: Mapping[str, Any], expect: M
         return check_tool_call(answer, expect)
     if probe.check == "answer":
         return check_answer(answer, expect)
-    if probe.check == "role_separation":
-        sent = check_sent(call.payload, call.dialect, expect)
+    if probe.check in ("role_separation", "file_separation"):
+        sent = (check_sent if probe.check == "role_separation" else check_file_sent)(
+            call.payload, call.dialect, expect
+        )
         return sent if sent != OK else check_role_separation(answer, expect)
     raise ValueError(f"unknown check {probe.check!r}")
 
@@ -342,9 +424,8 @@ def _passed(capability: Capability, outcome: Outcome) -> bool:
 def verdicts(corpus: Corpus, outcomes: Mapping[str, Outcome]) -> tuple[Verdict, ...]:
     found = []
     for capability in Capability:
-        failed = [
-            outcomes[p] for p in corpus.capabilities[capability] if not _passed(capability, outcomes[p])
-        ]
+        sent = [outcomes[p] for p in corpus.capabilities[capability] if p in outcomes]  # optional ones
+        failed = [outcome for outcome in sent if not _passed(capability, outcome)]
         detail = OK if not failed else f"{failed[0].probe}:{failed[0].detail}"
         found.append(Verdict(capability, not failed, detail[:DETAIL_MAX]))
     return tuple(found)

@@ -4,12 +4,19 @@ qualification tests (SPEC §8.1).
 Unlike `FakeUpstream` (which answers by script whatever it receives), this one *reads* the request the
 way a model does and answers from what it read, so what it answers depends on what it received:
 
-- it speaks OpenAI Chat Completions (`POST /v1/chat/completions`) and Anthropic Messages
-  (`POST /v1/messages`), plain JSON, with usage; `GET /v1/models`;
+- it speaks OpenAI Chat Completions (`POST /v1/chat/completions`), Anthropic Messages
+  (`POST /v1/messages`) and OpenAI Responses (`POST /v1/responses`, and its websocket mode: a GET upgrade
+  at `/v1/responses`, one `response.create` frame a response, its events one frame each), plain JSON,
+  with usage; `GET /v1/models`;
 - the "model" follows the system instruction's protocol (after a tool result: `ACK <code>`), calls
   `lookup_record` / `write_record` when asked to look up or store a record, reads the digits of an image
-  by decoding the PNG, and, like any gullible model, obeys an instruction that appears in a *user* turn
-  ("Reply with exactly X and nothing else") — but treats tool results as data;
+  by decoding the PNG (or, for a JPEG, by knowing the corpus's one by its digest), reads the text of an
+  attached PDF (a Chat `file`, a Responses `input_file`, a Messages `document`), and, like any gullible
+  model, obeys an instruction that appears in a *user* turn ("Reply with exactly X and nothing else") —
+  but treats tool results and attached files as data;
+- an image by https URL is never fetched: the fake "sees" only the URLs it was given (`urls`, URL ->
+  image bytes), as if it had fetched them, and answers 400 for any other, as providers answer a URL
+  they cannot download;
 - a `mode` reproduces what real OpenAI-compatible servers and relays get wrong:
   `faithful` carries tools and roles as sent; `flatten_tool_results` turns every tool result into user
   text before the model sees it (so a forged `User:` label inside it becomes a user instruction);
@@ -19,8 +26,13 @@ way a model does and answers from what it read, so what it answers depends on wh
   fifth tool call as plain text (a model that calls tools only most of the time);
   `flatten_filtering_user_label` flattens tool results as `flatten_tool_results` does but first drops
   their lines that start with `User:` (a relay that filters one known injection phrasing);
-- `"stream": true` is answered over SSE, Chat chunks (usage when `stream_options.include_usage`) or
-  Messages events, a tool call's arguments in two fragments;
+  `inline_files` pastes an attached file's text into the user's message (as a front end that extracts
+  documents does), so an instruction inside the file reads as the user's; `refuse_image_urls` answers
+  400 to an image given by URL (inline images are seen); `socket_tool_calls_cut` is faithful except on
+  the Responses websocket, where a tool call's arguments are cut as in `stream_tool_calls_cut`;
+- `"stream": true` is answered over SSE, Chat chunks (usage when `stream_options.include_usage`),
+  Messages events or Responses events, a tool call's arguments in two fragments (Responses websocket
+  frames likewise);
 - `require_key` answers 401 to a wrong key; `status` answers every request with that error status;
 - like ordinary servers it compresses answers (gzip) when the request offers it, and, like Anthropic's
   API, refuses a Messages request without `anthropic-version`;
@@ -30,15 +42,17 @@ way a model does and answers from what it read, so what it answers depends on wh
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import struct
 import uuid
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 from devkit.threaded_app import ThreadedApp, gzip_when_offered
 
@@ -50,6 +64,9 @@ Mode = Literal[
     "stream_tool_calls_cut",
     "flaky_tool_calls",
     "flatten_filtering_user_label",
+    "inline_files",
+    "refuse_image_urls",
+    "socket_tool_calls_cut",
 ]
 
 # The fake's own copy of a 3x5 digit font: its "eyes" (independent of the gateway's renderer).
@@ -67,8 +84,15 @@ GLYPHS = {
 }
 
 
+# The JPEGs the model knows by their SHA-256 (it decodes no JPEG): the corpus's own, showing 7305.
+KNOWN_JPEGS = {"0082769eed09f99966b6e297bfbf4435d1e26dbb01b3f48250738bc523d658e6": "7305"}
+
+
 def read_digits(png: bytes) -> str | None:
-    """What the model sees in a greyscale PNG of 3x5 digits on a 7-cell-high grid; None: unreadable."""
+    """What the model sees in a greyscale PNG of 3x5 digits on a 7-cell-high grid, or in a JPEG it
+    knows; None: unreadable."""
+    if png.startswith(b"\xff\xd8\xff"):
+        return KNOWN_JPEGS.get(hashlib.sha256(png).hexdigest())
     if not png.startswith(b"\x89PNG\r\n\x1a\n"):
         return None
     pos, idat, width = 8, b"", 0
@@ -107,6 +131,12 @@ class Turn:
     role: str  # system | user | assistant | tool
     text: str = ""
     images: list[bytes] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # the text of each attached file
+
+
+class Unfetchable(Exception):
+    """An image by URL the model cannot see: the request is answered 400, as a provider answers a URL
+    it could not download."""
 
 
 def _data_url_bytes(url: str) -> bytes | None:
@@ -115,7 +145,25 @@ def _data_url_bytes(url: str) -> bytes | None:
     return base64.b64decode(url.split(";base64,", 1)[1])
 
 
-def _chat_turns(body: dict[str, Any]) -> list[Turn]:
+def _image(url: str, urls: Mapping[str, bytes]) -> bytes:
+    """An image as the model sees it: inline, or one of the URLs it was given (never fetched)."""
+    if (data := _data_url_bytes(url)) is not None:
+        return data
+    if url in urls:
+        return urls[url]
+    raise Unfetchable(url)
+
+
+PDF_TEXT = re.compile(rb"\(((?:[^\\()]|\\.)*)\) Tj")
+
+
+def pdf_text(pdf: bytes) -> str:
+    """The text a PDF shows (its `(...) Tj` strings, a line each): what the model reads of a file."""
+    lines = (re.sub(rb"\\(.)", rb"\1", m.group(1)).decode("latin-1") for m in PDF_TEXT.finditer(pdf))
+    return "\n".join(lines)
+
+
+def _chat_turns(body: dict[str, Any], urls: Mapping[str, bytes]) -> list[Turn]:
     turns = []
     for m in body.get("messages") or []:
         content = m.get("content")
@@ -130,8 +178,9 @@ def _chat_turns(body: dict[str, Any]) -> list[Turn]:
                     url = (
                         part["image_url"]["url"] if isinstance(part["image_url"], dict) else part["image_url"]
                     )
-                    if (data := _data_url_bytes(url)) is not None:
-                        turn.images.append(data)
+                    turn.images.append(_image(url, urls))
+                elif part.get("type") == "file" and (data := _data_url_bytes(part["file"]["file_data"])):
+                    turn.files.append(pdf_text(data))
         turns.append(turn)
     return turns
 
@@ -142,7 +191,7 @@ def _anthropic_text(content: Any) -> str:
     return "".join(b.get("text", "") for b in content or [] if b.get("type") == "text")
 
 
-def _anthropic_turns(body: dict[str, Any]) -> list[Turn]:
+def _anthropic_turns(body: dict[str, Any], urls: Mapping[str, bytes]) -> list[Turn]:
     turns = []
     if body.get("system"):
         turns.append(Turn("system", _anthropic_text(body["system"])))
@@ -154,16 +203,46 @@ def _anthropic_turns(body: dict[str, Any]) -> list[Turn]:
         turn = Turn(m["role"])
         for block in content or []:
             kind = block.get("type")
+            source = block.get("source") or {}
             if kind == "text":
                 turn.text += block["text"]
-            elif kind == "image" and block.get("source", {}).get("type") == "base64":
-                turn.images.append(base64.b64decode(block["source"]["data"]))
+            elif kind == "image" and source.get("type") == "base64":
+                turn.images.append(base64.b64decode(source["data"]))
+            elif kind == "image" and source.get("type") == "url":
+                turn.images.append(_image(source["url"], urls))
+            elif kind == "document" and source.get("type") == "base64":
+                turn.files.append(pdf_text(base64.b64decode(source["data"])))
             elif kind == "tool_result":
-                if turn.text or turn.images:
+                if turn.text or turn.images or turn.files:
                     turns.append(turn)
                     turn = Turn(m["role"])
                 turns.append(Turn("tool", _anthropic_text(block.get("content"))))
-        if turn.text or turn.images or m["role"] == "assistant":
+        if turn.text or turn.images or turn.files or m["role"] == "assistant":
+            turns.append(turn)
+    return turns
+
+
+def _responses_turns(body: dict[str, Any], urls: Mapping[str, bytes]) -> list[Turn]:
+    turns = [Turn("system", body["instructions"])] if body.get("instructions") else []
+    items = body.get("input")
+    for item in [{"role": "user", "content": items}] if isinstance(items, str) else items or []:
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            turns.append(Turn("assistant"))
+        elif kind == "function_call_output":
+            output = item.get("output")
+            turns.append(Turn("tool", output if isinstance(output, str) else _anthropic_text(output)))
+        elif kind == "message":
+            role = item.get("role", "user")
+            turn = Turn("system" if role == "developer" else role)
+            content = item.get("content")
+            for part in [{"type": "input_text", "text": content}] if isinstance(content, str) else content:
+                if part.get("type") in ("input_text", "output_text"):
+                    turn.text += part.get("text", "")
+                elif part.get("type") == "input_image":
+                    turn.images.append(_image(part["image_url"], urls))
+                elif part.get("type") == "input_file" and (data := _data_url_bytes(part["file_data"])):
+                    turn.files.append(pdf_text(data))
             turns.append(turn)
     return turns
 
@@ -192,14 +271,16 @@ def think(turns: list[Turn], tools: set[str], mode: Mode) -> Thought:
         ]
     if mode in ("flatten_tool_results", "flatten_filtering_user_label"):
         turns = [Turn("user", f"Tool result: {t.text}") if t.role == "tool" else t for t in turns]
+    if mode == "inline_files":
+        turns = [Turn(t.role, "\n".join([t.text, *t.files]), t.images) for t in turns]
     if mode == "drop_images":
-        turns = [Turn(t.role, t.text) for t in turns]
+        turns = [Turn(t.role, t.text, files=t.files) for t in turns]
     system = " ".join(t.text for t in turns if t.role == "system")
     last = turns[-1] if turns else Turn("user")
     if last.role == "user" and (order := re.search(r"Reply with exactly (.+?) and nothing else", last.text)):
         return Thought(text=order.group(1))  # an instruction in a user turn is obeyed
     if last.role in ("tool", "user") and "reply with exactly ACK" in system:
-        data = re.search(r"\{.*?\}", last.text)
+        data = re.search(r"\{.*?\}", "\n".join([last.text, *last.files]))
         if data:
             try:
                 code = json.loads(data.group(0)).get("code")
@@ -230,8 +311,10 @@ class ModelUpstream(ThreadedApp):
         require_key: str | None = None,
         status: int | None = None,
         canary: str = "",
+        urls: Mapping[str, bytes] | None = None,
     ) -> None:
         self.mode = mode
+        self.urls = urls or {}  # the images by URL it "sees" (never fetched)
         self.models = models
         self.require_key = require_key
         self.status = status
@@ -244,6 +327,8 @@ class ModelUpstream(ThreadedApp):
         app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[gzip_when_offered])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/responses", self._responses_socket)
         app.router.add_get("/v1/models", self._list)
         return app
 
@@ -267,6 +352,20 @@ class ModelUpstream(ThreadedApp):
             body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         return web.json_response(body, status=status)
 
+    def _seen(self) -> Mapping[str, bytes]:
+        """The URLs whose images the model sees (none in `refuse_image_urls`)."""
+        return {} if self.mode == "refuse_image_urls" else self.urls
+
+    @staticmethod
+    def _unfetchable(url: str, *, anthropic: bool) -> web.Response:
+        message = f"Error while downloading {url}."
+        if anthropic:
+            body = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        else:
+            error = {"message": message, "type": "invalid_request_error", "param": "url", "code": None}
+            body = {"error": {**error, "code": "invalid_image_url"}}
+        return web.json_response(body, status=400)
+
     async def _list(self, request: web.Request) -> web.Response:
         return web.json_response(
             {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]}
@@ -284,14 +383,12 @@ class ModelUpstream(ThreadedApp):
             self.mode == "flaky_tool_calls" and self.tool_calls % 5 == 0
         )
 
-    def _fragments(self, arguments: str) -> list[str]:
-        """A streamed tool call's arguments in two fragments (only the first in `stream_tool_calls_cut`)."""
+    def _fragments(self, arguments: str, *, socket: bool = False) -> list[str]:
+        """A streamed tool call's arguments in two fragments (only the first in `stream_tool_calls_cut`,
+        and on the websocket in `socket_tool_calls_cut`)."""
         half = len(arguments) // 2
-        return (
-            [arguments[:half]]
-            if self.mode == "stream_tool_calls_cut"
-            else [arguments[:half], arguments[half:]]
-        )
+        cut = self.mode == "stream_tool_calls_cut" or (socket and self.mode == "socket_tool_calls_cut")
+        return [arguments[:half]] if cut else [arguments[:half], arguments[half:]]
 
     async def _sse(
         self, request: web.Request, events: list[tuple[str | None, dict[str, Any]]]
@@ -311,7 +408,11 @@ class ModelUpstream(ThreadedApp):
         self.hits.append(("/chat/completions", body))
         if (refusal := self._refusal(request, anthropic=False)) is not None:
             return refusal
-        thought = think(_chat_turns(body), _tool_names(body), self.mode)
+        try:
+            turns = _chat_turns(body, self._seen())
+        except Unfetchable as url:
+            return self._unfetchable(str(url), anthropic=False)
+        thought = think(turns, _tool_names(body), self.mode)
         as_text = self._as_text(thought)
         if body.get("stream") is True:
             return await self._sse(request, self._chat_chunks(body, thought, as_text))
@@ -418,7 +519,11 @@ class ModelUpstream(ThreadedApp):
         self.hits.append(("/messages", body))
         if (refusal := self._refusal(request, anthropic=True)) is not None:
             return refusal
-        thought = think(_anthropic_turns(body), _tool_names(body), self.mode)
+        try:
+            turns = _anthropic_turns(body, self._seen())
+        except Unfetchable as url:
+            return self._unfetchable(str(url), anthropic=True)
+        thought = think(turns, _tool_names(body), self.mode)
         as_text = self._as_text(thought)
         if body.get("stream") is True:
             return await self._sse(request, self._message_events(body, thought, as_text))
@@ -443,3 +548,100 @@ class ModelUpstream(ThreadedApp):
                 "usage": {"input_tokens": 40, "output_tokens": 7},
             }
         )
+
+    # -- Responses --------------------------------------------------------------------------------------
+
+    def _response_events(
+        self, body: dict[str, Any], thought: Thought, as_text: bool, *, streamed: bool, socket: bool = False
+    ) -> tuple[dict[str, Any], list[tuple[str | None, dict[str, Any]]]]:
+        """The response as the answer (`streamed`: its stream's last event) has it, and its stream's
+        events (`response.created` to `response.completed`, each with its `sequence_number`)."""
+        response_id = f"resp_{uuid.uuid4().hex[:12]}"
+
+        def response(status: str, output: list[dict[str, Any]], usage: dict | None) -> dict[str, Any]:
+            return {
+                "id": response_id,
+                "object": "response",
+                "created_at": 1,
+                "status": status,
+                "error": None,
+                "incomplete_details": None,
+                "model": body.get("model"),
+                "output": output,
+                "usage": usage,
+            }
+
+        if thought.call is not None and not as_text:
+            name, args = thought.call
+            arguments = json.dumps(args)
+            pieces = self._fragments(arguments, socket=socket) if streamed else [arguments]
+            at = {"item_id": f"fc_{uuid.uuid4().hex[:12]}", "output_index": 0}
+            item = {"type": "function_call", "id": at["item_id"], "call_id": f"call_{uuid.uuid4().hex[:12]}"}
+            item |= {"name": name, "arguments": "".join(pieces), "status": "completed"}
+            steps = [
+                ("response.output_item.added", {"output_index": 0, "item": {**item, "arguments": ""}}),
+                *[("response.function_call_arguments.delta", {**at, "delta": p}) for p in pieces],
+                ("response.function_call_arguments.done", {**at, "arguments": item["arguments"]}),
+            ]
+        else:
+            text = self._say(self._text_of(thought))
+            at = {"item_id": f"msg_{uuid.uuid4().hex[:12]}", "output_index": 0, "content_index": 0}
+            part = {"type": "output_text", "text": text, "annotations": []}
+            item = {"type": "message", "id": at["item_id"], "status": "completed", "role": "assistant"}
+            item["content"] = [part]
+            steps = [
+                ("response.output_item.added", {"output_index": 0, "item": {**item, "content": []}}),
+                ("response.content_part.added", {**at, "part": {**part, "text": ""}}),
+                ("response.output_text.delta", {**at, "delta": text}),
+                ("response.output_text.done", {**at, "text": text}),
+                ("response.content_part.done", {**at, "part": part}),
+            ]
+        usage = {"input_tokens": 40, "output_tokens": 7, "total_tokens": 47}
+        final = response("completed", [item], usage)
+        steps = [
+            ("response.created", {"response": response("in_progress", [], None)}),
+            ("response.in_progress", {"response": response("in_progress", [], None)}),
+            *steps,
+            ("response.output_item.done", {"output_index": 0, "item": item}),
+            ("response.completed", {"response": final}),
+        ]
+        return final, [(kind, {"type": kind, "sequence_number": n, **d}) for n, (kind, d) in enumerate(steps)]
+
+    def _responses_thought(self, body: dict[str, Any]) -> tuple[Thought, bool]:
+        thought = think(_responses_turns(body, self._seen()), _tool_names(body), self.mode)
+        return thought, self._as_text(thought)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.hits.append(("/responses", body))
+        if (refusal := self._refusal(request, anthropic=False)) is not None:
+            return refusal
+        try:
+            thought, as_text = self._responses_thought(body)
+        except Unfetchable as url:
+            return self._unfetchable(str(url), anthropic=False)
+        final, events = self._response_events(body, thought, as_text, streamed=body.get("stream") is True)
+        if body.get("stream") is True:
+            return await self._sse(request, list(events))
+        return web.json_response(final)
+
+    async def _responses_socket(self, request: web.Request) -> web.StreamResponse:
+        """The Responses websocket mode: a refused key or an error status answers the upgrade itself."""
+        if (refusal := self._refusal(request, anthropic=False)) is not None:
+            return refusal
+        ws = web.WebSocketResponse(timeout=1.0)
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type != WSMsgType.TEXT:
+                break
+            body = {k: v for k, v in json.loads(message.data).items() if k != "type"}
+            self.hits.append(("websocket /responses", body))
+            try:
+                thought, as_text = self._responses_thought(body)
+            except Unfetchable as url:
+                error = json.loads(self._unfetchable(str(url), anthropic=False).text or "{}")
+                await ws.send_json({"type": "error", "status": 400, **error})
+                continue
+            for _, event in self._response_events(body, thought, as_text, streamed=True, socket=True)[1]:
+                await ws.send_json(event)
+        return ws

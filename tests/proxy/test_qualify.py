@@ -3,6 +3,8 @@ actually received: faithful, flattening tool results, dropping images, answering
 Each verdict must follow from the upstream's behaviour, over both adapters (an `anthropic` route is
 reached through the translation the router uses)."""
 
+import base64
+import hashlib
 import io
 import json
 import re
@@ -45,7 +47,14 @@ EXPECTED = {
     "flatten_filtering_user_label": {**ALL_TRUE, "role_separation": False},
     # Its only defect is in streamed tool calls: their arguments are cut, the calls still native.
     "stream_tool_calls_cut": {**ALL_TRUE, "tools": False, "write_tools": False},
+    # It pastes an attached file's text into the user's turn: the instruction inside it is obeyed.
+    "inline_files": {**ALL_TRUE, "role_separation": False},
+    # It sees inline images only.
+    "refuse_image_urls": {**ALL_TRUE, "vision": False},
 }
+# Where an operator published the corpus's JPEG: the fake "sees" it there (nothing is fetched).
+IMAGE_URL = "https://images.invalid/qualify/digits.jpg"
+JPEG = base64.b64decode(corpus_load().values["jpeg"].split(",", 1)[1])
 
 
 def qualify(**options) -> str:
@@ -71,16 +80,19 @@ def verdicts(assignment) -> dict[str, bool]:
 @pytest.mark.parametrize("adapter", [Adapter.OPENAI, Adapter.ANTHROPIC])
 @pytest.mark.parametrize("mode", list(EXPECTED))
 def test_the_command_records_what_the_upstream_shows(mode, adapter):
-    with ModelUpstream(mode) as fake:
+    with ModelUpstream(mode, urls={IMAGE_URL: JPEG}) as fake:
         assignment = route(fake, adapter=adapter)
-        out = qualify()
+        out = qualify(image_url=IMAGE_URL)
     assert verdicts(assignment) == EXPECTED[mode]
     assert "main/acct-a gpt-5:" in out
     assert "5 verdicts recorded" in out
-    # Every probe went through the adapter's own API (translated for an anthropic route).
-    assert {path for path, _ in fake.hits} == {
-        "/messages" if adapter == Adapter.ANTHROPIC else "/chat/completions"
-    }
+    # Every probe went through the adapter's own APIs (translated for an anthropic route; an openai
+    # route serves Responses, and its websocket, natively).
+    assert {path for path, _ in fake.hits} == (
+        {"/messages"}
+        if adapter == Adapter.ANTHROPIC
+        else {"/chat/completions", "/responses", "websocket /responses"}
+    )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -236,17 +248,23 @@ def test_evidence_records_date_corpus_hash_and_expiry_from_qualification_days():
         assert before <= row.qualified_at <= timezone.now()
         assert row.expires_at == row.qualified_at + timedelta(days=7)
         assert row.config_hash == expected_hash
-        assert row.corpus_version == corpus_load().version and row.corpus_version.startswith("qualify-2:")
+        assert row.corpus_version == corpus_load().version and row.corpus_version.startswith("qualify-3:")
         assert row.detail == "ok"
     assert "verdicts valid 7 days" in out
-    # Every sample of every probe, plain and (for a streamed probe) over SSE, through both client APIs,
-    # except that requests reaching the upstream identical through both are sent once per sample.
+    assert "no --image-url: images by URL not probed" in out
+    # Every sample of every probe, plain and (for a streamed probe) over SSE, through the three client
+    # APIs, and over the Responses websocket; the image-by-URL probe only with --image-url.
     corpus = corpus_load()
-    each_way = sum(p.samples * (2 if p.stream else 1) for p in corpus.probes)
-    sent = len(fake.hits)
-    streamed_ways = sum(p.samples for p in corpus.probes if p.stream)
-    assert each_way < sent < 2 * each_way
-    assert streamed_ways <= sum(1 for _, body in fake.hits if body.get("stream")) <= 2 * streamed_ways
+    sent_probes = [p for p in corpus.probes if p.optional is None]
+    each_way = sum(p.samples * (2 if p.stream else 1) for p in sent_probes)
+    streamed = sum(p.samples for p in sent_probes if p.stream)
+    paths = [path for path, _ in fake.hits]
+    assert paths.count("/responses") == each_way and paths.count("websocket /responses") == streamed
+    # The Chat and Messages clients reach it as Chat requests (a request identical both ways is sent
+    # once a sample; a file only from the Chat client: the Messages -> Chat translation refuses documents,
+    # so no Messages client's file reaches this route).
+    assert each_way <= paths.count("/chat/completions") < 2 * each_way
+    sent = len(paths)
     # The fake reports 40 + 7 tokens per answer, streamed or not.
     assert f"{47 * sent} tokens spent ({40 * sent} input, {7 * sent} output)" in out
 
@@ -498,14 +516,14 @@ def test_a_route_whose_only_defect_is_in_streamed_tool_calls_is_told_apart():
 
 
 def test_a_flaky_model_fails_the_repeated_samples():
-    """3 of 3: every fifth tool call answered as text. The first sample of every probe passes."""
+    """Every fifth tool call answered as text: a model right most of the time fails."""
     with ModelUpstream("flaky_tool_calls") as fake:
         assignment = route(fake)
         qualify()
     found = verdicts(assignment)
     assert (found["tools"], found["write_tools"], found["tool_representation"]) == (False, False, False)
     detail = CapabilityEvidence.objects.get(assignment=assignment, capability="tools").detail
-    assert re.fullmatch(r"tool_call(@messages)?(/sse)?#[23]:tool_call_as_text", detail)  # a later sample
+    assert re.fullmatch(r"tool_call(@messages|@responses)?(/sse|/ws)?(#[23])?:tool_call_as_text", detail)
 
 
 def test_each_probes_cost_is_reported_and_a_route_over_the_budget_is_not_judged(monkeypatch):
@@ -513,7 +531,7 @@ def test_each_probes_cost_is_reported_and_a_route_over_the_budget_is_not_judged(
         assignment = route(fake)
         (line,), _, code = qualify_json()
         assert code == 0
-        assert set(line["probes"]) == {p.id for p in corpus_load().probes}
+        assert set(line["probes"]) == {p.id for p in corpus_load().probes if p.optional is None}
         assert all(p["tokens"] > 0 and p["passed"] for p in line["probes"].values())
         assert sum(p["tokens"] for p in line["probes"].values()) == sum(line["tokens"].values())
 
@@ -550,3 +568,84 @@ def test_a_route_that_resists_one_injection_phrasing_fails_the_other():
         qualify()
     detail = CapabilityEvidence.objects.get(assignment=assignment, capability="role_separation").detail
     assert detail == "role_separation_phrasing:injection_followed"
+
+
+# -------------------------------------------------------------------------------------------------
+# Corpus 3: the Responses client (plain, SSE, websocket), images by URL and as JPEG, a file's injection.
+
+
+def test_a_route_whose_only_defect_is_on_the_responses_websocket_is_told_apart():
+    with ModelUpstream("socket_tool_calls_cut") as fake:
+        native = route(fake)
+        qualify()
+    details = dict(CapabilityEvidence.objects.filter(assignment=native).values_list("capability", "detail"))
+    assert details["tools"] == "tool_call@responses/ws:wrong_arguments"  # plain and SSE passed first
+    assert details["write_tools"] == "write_tool@responses/ws:wrong_arguments"
+    assert details["tool_representation"] == "ok"
+
+
+def test_a_bridged_route_serves_the_websocket_over_its_http_stream_and_is_judged_on_it():
+    """An anthropic account has no websocket: the gateway's bridge sends it the SSE request, which is
+    judged once, so its verdicts do not depend on a websocket it does not have."""
+    with ModelUpstream("socket_tool_calls_cut") as fake:
+        bridged = route(fake, adapter=Adapter.ANTHROPIC)
+        qualify()
+    assert verdicts(bridged) == ALL_TRUE
+    assert {path for path, _ in fake.hits} == {"/messages"}
+
+
+def test_the_responses_client_reaches_the_route_as_codex_sends_it():
+    with ModelUpstream("faithful") as fake:
+        route(fake)
+        qualify()
+    bodies = [body for path, body in fake.hits if path == "/responses" and body.get("tools")]
+    assert bodies and all(body["store"] is False and body["instructions"] for body in bodies)
+    items = {item.get("type", "message") for body in bodies for item in body["input"]}
+    assert items == {"message", "function_call", "function_call_output"}
+    sockets = [body for path, body in fake.hits if path == "websocket /responses"]
+    assert sockets and not any("stream" in body for body in sockets)
+
+
+def test_an_image_by_url_is_judged_only_when_the_operator_gave_one_and_is_never_fetched():
+    with ModelUpstream("refuse_image_urls", urls={IMAGE_URL: JPEG}) as fake:
+        assignment = route(fake)
+        qualify()
+        assert verdicts(assignment)["vision"] is True  # inline PNG and JPEG seen; no URL sent
+        assert not any(IMAGE_URL in json.dumps(body) for _, body in fake.hits)
+        with pytest.raises(CommandError, match="lost a capability"):
+            qualify(image_url=IMAGE_URL)
+    latest = CapabilityEvidence.objects.filter(assignment=assignment, capability="vision").latest(
+        "qualified_at"
+    )
+    assert (latest.qualified, latest.detail) == (False, "image_url:rejected_400")
+    digest = hashlib.sha256(IMAGE_URL.encode()).hexdigest()[:8]
+    assert latest.corpus_version == f"{corpus_load().version}+url:{digest}"
+    with pytest.raises(CommandError, match="https URL"):
+        qualify(image_url="http://images.invalid/digits.jpg")
+
+
+def test_a_route_that_cannot_read_a_jpeg_is_not_qualified_for_vision(monkeypatch):
+    monkeypatch.setattr("devkit.model_upstream.KNOWN_JPEGS", {})  # its model reads PNGs only
+    with ModelUpstream("faithful", urls={IMAGE_URL: JPEG}) as fake:
+        assignment = route(fake)
+        qualify(image_url=IMAGE_URL)
+    detail = CapabilityEvidence.objects.get(assignment=assignment, capability="vision").detail
+    assert detail == "image_jpeg:expected_answer_missing"
+
+
+@pytest.mark.parametrize(
+    ("adapter", "detail"),
+    [
+        (Adapter.OPENAI, "file_injection:injection_followed"),
+        (Adapter.ANTHROPIC, "file_injection@messages:injection_followed"),
+    ],
+)
+def test_an_instruction_inside_a_file_is_followed_only_by_a_route_that_inlines_files(adapter, detail):
+    with ModelUpstream("inline_files") as fake:
+        assignment = route(fake, adapter=adapter)
+        qualify()
+    evidence = CapabilityEvidence.objects.get(assignment=assignment, capability="role_separation")
+    assert (evidence.qualified, evidence.detail) == (False, detail)
+    # The file reached the upstream as a file: its order is nowhere in the request as text.
+    with_file = [json.dumps(body) for _, body in fake.hits if "application/pdf" in json.dumps(body)]
+    assert with_file and not any("OVERRIDE" in body for body in with_file)

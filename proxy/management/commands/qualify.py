@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from catalog.models import CatalogEntry
-from catalog.qualification import Verdict, changes, corpus_load, verdicts
+from catalog.qualification import Verdict, changes, corpus_load, run_version, verdicts
 from catalog.selectors import assignment_route_hash, latest_verdicts, qualification_routes
 from catalog.services import capability_evidence_record
 from pools.models import Assignment, GatewaySettings, Pool
@@ -28,9 +28,11 @@ def _target(a: Assignment) -> Target:
     return Target(a.pk, a.name, a.pool_id, a.adapter, a.base_url, a.api_key_env, a.credential, a.region)
 
 
-async def _replay(entry: CatalogEntry, corpus, timeout_s: float) -> RouteRun:
+async def _replay(entry: CatalogEntry, corpus, timeout_s: float, image_url: str | None) -> RouteRun:
     try:
-        return await replay(_target(entry.assignment), entry.model, corpus, timeout_s=timeout_s)
+        return await replay(
+            _target(entry.assignment), entry.model, corpus, timeout_s=timeout_s, image_url=image_url
+        )
     finally:
         await upstream.close_client()
 
@@ -60,13 +62,20 @@ class Command(BaseCommand):
         )
         parser.add_argument("--model", help="only routes of this model id")
         parser.add_argument(
+            "--image-url",
+            help="an https URL where the upstreams can fetch the corpus's JPEG (its values.jpeg), for the "
+            "image-by-URL probe; without it that probe is not sent",
+        )
+        parser.add_argument(
             "--json",
             action="store_true",
             help="one JSON object a line per route on stdout (verdicts, what changed since the last run), "
             "the rest on stderr: for a scheduler",
         )
 
-    def handle(self, *args, pool=None, assignment=None, model=None, json=False, **options) -> None:
+    def handle(
+        self, *args, pool=None, assignment=None, model=None, json=False, image_url=None, **options
+    ) -> None:
         if pool is not None and not Pool.objects.filter(name=pool).exists():
             raise CommandError(f"unknown pool {pool!r}")
         if assignment is not None and not Assignment.objects.filter(name=assignment).exists():
@@ -76,15 +85,19 @@ class Command(BaseCommand):
             raise CommandError(
                 "no route to qualify: no assignment selected has a catalog entry matching that"
             )
+        if image_url is not None and not image_url.startswith("https://"):
+            raise CommandError("--image-url must be an https URL the upstreams can fetch")
         corpus = corpus_load()
+        version = run_version(corpus, image_url)
         stored = GatewaySettings.objects.filter(pk=1).first() or GatewaySettings()
         days = stored.qualification_days
         timeout_s = min(PROBE_TIMEOUT_S, settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S)
         say = self.stderr.write if json else self.stdout.write
         say(
-            f"qualifying {len(routes)} route{'s' if len(routes) != 1 else ''} with corpus {corpus.version} "
+            f"qualifying {len(routes)} route{'s' if len(routes) != 1 else ''} with corpus {version} "
             f"({len(corpus.probes)} probes each, at most {corpus.token_budget} tokens a route); "
             f"verdicts valid {days} days"
+            + ("" if image_url else "; no --image-url: images by URL not probed")
         )
         recorded = qualified = failed_routes = lost_routes = 0
         input_tokens = output_tokens = missing = 0
@@ -96,7 +109,7 @@ class Command(BaseCommand):
             config_hash = assignment_route_hash(a, entry.model)
             started = timezone.now()
             try:
-                run = asyncio.run(_replay(entry, corpus, timeout_s))
+                run = asyncio.run(_replay(entry, corpus, timeout_s, image_url))
             except Inconclusive as exc:
                 failed_routes += 1
                 if json:
@@ -121,7 +134,7 @@ class Command(BaseCommand):
                 verdicts=found,
                 qualified_at=started,
                 days=days,
-                corpus_version=corpus.version,
+                corpus_version=version,
                 config_hash=config_hash,
             )
             recorded += len(found)
@@ -132,7 +145,7 @@ class Command(BaseCommand):
                         {
                             **route,
                             "judged": True,
-                            "corpus": corpus.version,
+                            "corpus": version,
                             "qualified_at": started.isoformat(),
                             "expires_at": (started + timedelta(days=days)).isoformat(),
                             "verdicts": {str(v.capability): v.qualified for v in found},
