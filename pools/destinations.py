@@ -13,6 +13,8 @@ superusers set a `base_url`.
 import asyncio
 import ipaddress
 import socket
+import string
+import unicodedata
 from urllib.parse import urlsplit
 
 # Names of metadata services that resolve only inside their cloud (so a resolver check alone would
@@ -56,9 +58,54 @@ def address_forbidden(address: str) -> bool:
     return ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip in FORBIDDEN_ADDRESSES
 
 
+# The dots IDNA reads as a full stop besides ".", after NFKC (which maps the full-width one to ".").
+_DOTS = str.maketrans({"\u3002": ".", "\uff61": "."})
+
+
+def _ipv4_number(part: str) -> int | None:
+    """One part of an IPv4 address as inet_aton reads it: decimal, 0x hexadecimal or 0 octal."""
+    if part.startswith("0x"):
+        base, digits, rest = 16, string.hexdigits, part[2:]
+    elif part.startswith("0") and len(part) > 1:
+        base, digits, rest = 8, string.octdigits, part[1:]
+    else:
+        base, digits, rest = 10, string.digits, part
+    if (not rest and base != 16) or any(c not in digits for c in rest):
+        return None
+    return int(rest or "0", base)
+
+
+def _ipv4(name: str) -> ipaddress.IPv4Address | None:
+    """`name` read as inet_aton and the URL standard read a host of numbers (`2852039166`,
+    `0251.0376.0251.0376`, `0xa9fea9fe`, `169.254.43518`): the address, or None for a name."""
+    parts = name.split(".")
+    numbers = [_ipv4_number(part) for part in parts]
+    if not 1 <= len(parts) <= 4 or any(n is None for n in numbers):
+        return None
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (5 - len(parts)):
+        return None
+    return ipaddress.IPv4Address(sum(n << (8 * (3 - i)) for i, n in enumerate(head)) + last)
+
+
+def _folded(host: str) -> str:
+    return unicodedata.normalize("NFKC", host).translate(_DOTS).strip("[]").rstrip(".").lower()
+
+
+def canonical_host(host: str) -> str:
+    """The one normalisation of a host both checks use (when a `base_url` is written and at dispatch):
+    full-width and other compatibility characters folded (NFKC), IDNA's other full stops read as
+    dots, lower case, no brackets or trailing dot, and an address of numbers spelled in any base read as
+    the address it names (`2852039166` is `169.254.169.254`)."""
+    name = _folded(host)
+    ipv4 = _ipv4(name)
+    return name if ipv4 is None else str(ipv4)
+
+
 def host_forbidden(host: str) -> bool:
-    """A host name or address literal that is refused before any resolution."""
-    name = host.strip("[]").rstrip(".").lower()
+    """A host name or address literal (in any spelling `canonical_host` reads) that is refused before
+    any resolution."""
+    name = canonical_host(host)
     if name in FORBIDDEN_HOSTS:
         return True
     try:
@@ -84,6 +131,9 @@ def base_url_problem(url: str) -> str | None:
         return "must not have a query or fragment"
     if host_forbidden(parts.hostname):
         return "must not point at a link-local or cloud-metadata address"
+    if _ipv4(_folded(parts.hostname)) is not None and canonical_host(parts.hostname) != parts.hostname:
+        # `2852039166`, `0x7f.1`, full-width digits: the HTTP client connects to none of them.
+        return "must spell its host plainly (an IPv4 address as four decimal numbers)"
     return None
 
 

@@ -10,8 +10,8 @@ carries a cookie (no jar: one account's cookie would reach another's requests), 
 `Response`: its status, its headers, its body decoded as it is read.
 
 The dispatch state is decided from aiohttp's own exception, conservatively: only a failure to connect
-(refused, or its connect timeout) is "not sent"; a disconnect or reset once connected may have
-executed the request, and a read timeout is one.
+(refused, its connect timeout, or an URL the client refuses to connect to) is "not sent"; a disconnect
+or reset once connected may have executed the request, and a read timeout is one.
 """
 
 import asyncio
@@ -115,7 +115,9 @@ async def close_client() -> None:
 def transport_event(exc: BaseException) -> TransportEvent:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return TransportEvent.CONNECT_TIMEOUT
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.InvalidURL)):
+        # An URL the client refuses (`http://2130706433/v1`: yarl takes only an address's canonical
+        # spelling) is refused before any connection: nothing was sent.
         return TransportEvent.CONNECT_REFUSED
     if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
         return TransportEvent.READ_TIMEOUT
