@@ -22,8 +22,10 @@ requests, lenient answers) is `proxy.adapters.translate`'s. Decisions of this pa
 - Tools: a `function` tool is a Chat function; the functions of a `namespace` tool are Chat functions
   named `<namespace>__<name>` (Chat has no namespaces; Codex sends one on every request); an
   `additional_tools` input item (tools declared inside the conversation, Codex's code mode) adds its
-  tools the same way. Hosted tools (`web_search`, `web_search_preview`, `tool_search`, `file_search`,
-  `code_interpreter`, `image_generation`, `mcp`) run at OpenAI: they are dropped, so the model answers
+  tools the same way. A call of such a function comes back as the client declared it (`name` and
+  `namespace`, `namespaced`), and a `function_call` input item with a `namespace` is flattened again.
+  Hosted tools (`web_search`, `web_search_preview`, `tool_search`, `file_search`, `code_interpreter`,
+  `image_generation`, `mcp`) run at OpenAI: they are dropped, so the model answers
   from what it has without looking anything up; choosing one in `tool_choice` is refused. A `custom`
   tool is refused: its call is free text rather than JSON arguments, and a grammar-defined one
   (`format.type: grammar`, Codex's `exec` and `apply_patch`) constrains that text in a way no Chat or
@@ -320,9 +322,12 @@ def _image_to_chat(part: Mapping[str, Any], param: str) -> dict[str, Any]:
 
 
 def _function_call_to_chat(item: Mapping[str, Any], param: str) -> dict[str, Any]:
-    _check_keys(item, frozenset({"call_id", "name", "arguments"}), param)
+    _check_keys(item, frozenset({"call_id", "name", "namespace", "arguments"}), param)
+    name = _string(item.get("name"), f"{param}.name")
+    if "namespace" in item:
+        name = _flat(_string(item["namespace"], f"{param}.namespace"), name)
     function = {
-        "name": _string(item.get("name"), f"{param}.name"),
+        "name": name,
         "arguments": _string(item.get("arguments"), f"{param}.arguments"),
     }
     return {"id": _string(item.get("call_id"), f"{param}.call_id"), "type": "function", "function": function}
@@ -369,8 +374,33 @@ def _tools_to_chat(tool: object, param: str, namespace: str = "") -> list[tuple[
         _refuse(f"{param}.format")
     function = _tool_to_chat(tool, param)
     if namespace:
-        function["function"]["name"] = f"{namespace}__{function['function']['name']}"
+        function["function"]["name"] = _flat(namespace, function["function"]["name"])
     return [(function, param)]
+
+
+def _flat(namespace: str, name: str) -> str:
+    """A namespaced function's Chat name (module docstring)."""
+    return f"{namespace}__{name}"
+
+
+def namespaced(body: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """The Chat name of each namespaced function a Responses request declares (in `tools` and in its
+    `additional_tools` items) -> (namespace, name): how its calls reach the client. `body` is one
+    `responses_to_chat_request` took."""
+    items = body.get("input")
+    declared = [
+        tool
+        for item in (items if isinstance(items, list) else [])
+        if isinstance(item, Mapping) and item.get("type") == "additional_tools"
+        for tool in item.get("tools") or []
+    ]
+    found: dict[str, tuple[str, str]] = {}
+    for tool in [*(body.get("tools") or []), *declared]:
+        if isinstance(tool, Mapping) and tool.get("type") == "namespace":
+            for inner in tool.get("tools") or []:
+                if isinstance(inner, Mapping) and isinstance(inner.get("name"), str):
+                    found[_flat(tool["name"], inner["name"])] = (tool["name"], inner["name"])
+    return found
 
 
 def _tool_to_chat(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
@@ -498,8 +528,12 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _function_item(call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {
+def _function_item(
+    call_id: str, name: str, arguments: str, status: str, names: Mapping[str, tuple[str, str]]
+) -> dict[str, Any]:
+    """A `function_call` item; `names`: `namespaced(request)`, a namespaced call's name as the client
+    declared it."""
+    item = {
         "id": f"fc_{anthropic_tool_id(call_id)}",
         "type": "function_call",
         "status": status,
@@ -507,13 +541,22 @@ def _function_item(call_id: str, name: str, arguments: str, status: str) -> dict
         "name": name,
         "arguments": arguments,
     }
+    if name in names:
+        item["namespace"], item["name"] = names[name]
+    return item
 
 
 def chat_to_responses_response(
-    chat_json: Mapping[str, Any], *, model: str, echoed: Mapping[str, Any], created: int, response_id: str
+    chat_json: Mapping[str, Any],
+    *,
+    model: str,
+    echoed: Mapping[str, Any],
+    created: int,
+    response_id: str,
+    names: Mapping[str, tuple[str, str]],
 ) -> dict[str, Any]:
     """A Chat Completions answer as Responses object `response_id` reporting `model`, created at `created`
-    (Unix seconds); `echoed`: `echo(request)`."""
+    (Unix seconds); `echoed`: `echo(request)`, `names`: `namespaced(request)`."""
     choices = chat_json.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
         raise ResponseTranslationError("choices")
@@ -544,7 +587,7 @@ def chat_to_responses_response(
         if not isinstance(arguments, str):
             raise ResponseTranslationError(f"{where}.function.arguments")
         call_id = call.get("id") if isinstance(call.get("id"), str) and call["id"] else f"call_{index}"
-        output.append(_function_item(call_id, function["name"], arguments, "completed"))
+        output.append(_function_item(call_id, function["name"], arguments, "completed", names))
     return _response(
         response_id,
         model,

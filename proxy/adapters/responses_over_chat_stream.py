@@ -37,10 +37,19 @@ class ChatToResponsesStream(ChatChunkReader):
     the usage is known.
     """
 
-    def __init__(self, *, model: str, echoed: Mapping[str, Any], created: int, response_id: str) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        echoed: Mapping[str, Any],
+        created: int,
+        response_id: str,
+        names: Mapping[str, tuple[str, str]],
+    ) -> None:
         super().__init__()
         self._model = model
         self._echoed = echoed
+        self._names = names  # `namespaced(request)`: a namespaced call's name as the client declared it
         self._created = created  # every snapshot's `created_at` (Unix seconds)
         self._sequence = 0
         self._id = response_id  # the gateway's, whatever ids the chunks carry
@@ -129,7 +138,7 @@ class ChatToResponsesStream(ChatChunkReader):
             call_id = given if isinstance(given, str) and given else f"call_{position}"
             name = named if isinstance(named, str) else ""
             self._tools[position] = len(self._output)
-            item = _function_item(call_id, name, "", "in_progress")
+            item = _function_item(call_id, name, "", "in_progress", self._names)
             self._output.append(item)
             out += self._event(
                 "response.output_item.added", output_index=self._tools[position], item=dict(item)

@@ -32,15 +32,23 @@ def responses_to_anthropic_request(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def anthropic_to_responses_response(
-    msg_json: Mapping[str, Any], *, model: str, echoed: Mapping[str, Any], created: int, response_id: str
+    msg_json: Mapping[str, Any],
+    *,
+    model: str,
+    echoed: Mapping[str, Any],
+    created: int,
+    response_id: str,
+    names: Mapping[str, tuple[str, str]],
 ) -> dict[str, Any]:
-    """An Anthropic Message as Responses object `response_id` reporting `model`, created at `created`."""
+    """An Anthropic Message as Responses object `response_id` reporting `model`, created at `created`;
+    `names`: `namespaced(request)`."""
     return chat_to_responses_response(
         anthropic_to_chat_response(msg_json, model=model, created=created),
         model=model,
         echoed=echoed,
         created=created,
         response_id=response_id,
+        names=names,
     )
 
 
@@ -48,12 +56,20 @@ class AnthropicToResponsesStream:
     """Anthropic Messages events in, Responses events out: each Messages event becomes Chat chunks, read
     back as blocks and fed to the Chat -> Responses translator. One per upstream response."""
 
-    def __init__(self, *, model: str, echoed: Mapping[str, Any], created: int, response_id: str) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        echoed: Mapping[str, Any],
+        created: int,
+        response_id: str,
+        names: Mapping[str, tuple[str, str]],
+    ) -> None:
         # Usage always: a Responses stream reports it in its terminal event.
         self._chat = AnthropicToChatStream(model=model, include_usage=True, created=created)
         self._parser = SSEParser()
         self._responses = ChatToResponsesStream(
-            model=model, echoed=echoed, created=created, response_id=response_id
+            model=model, echoed=echoed, created=created, response_id=response_id, names=names
         )
 
     @property

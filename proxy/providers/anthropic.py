@@ -14,7 +14,6 @@ from proxy.adapters.chat_over_messages import (
     anthropic_to_chat_response,
     chat_to_anthropic_request,
 )
-from proxy.adapters.responses_over_chat import echo
 from proxy.adapters.responses_over_messages import (
     AnthropicToResponsesStream,
     anthropic_to_responses_response,
@@ -29,10 +28,10 @@ from proxy.providers.base import (
     Json,
     ModelPage,
     UpstreamCall,
+    answered_as,
     data_ids,
     include_usage,
     json_headers,
-    new_response_id,
     url,
 )
 from proxy.sse import Dialect
@@ -79,7 +78,7 @@ class Anthropic:
                 ),
             )
         if path == RESPONSES:
-            echoed, minted = echo(body), new_response_id()
+            answered = answered_as(body, model=model, created=created)
             return UpstreamCall(
                 url(target.base_url, MESSAGES),
                 headers,
@@ -87,20 +86,8 @@ class Anthropic:
                 Dialect.ANTHROPIC,
                 path,
                 model,
-                answer=partial(
-                    anthropic_to_responses_response,
-                    model=model,
-                    echoed=echoed,
-                    created=created,
-                    response_id=minted,
-                ),
-                translator=partial(
-                    AnthropicToResponsesStream,
-                    model=model,
-                    echoed=echoed,
-                    created=created,
-                    response_id=minted,
-                ),
+                answer=partial(anthropic_to_responses_response, **answered),
+                translator=partial(AnthropicToResponsesStream, **answered),
             )
         if anthropic_beta:
             headers["anthropic-beta"] = anthropic_beta

@@ -17,7 +17,12 @@ from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.adapters.messages_over_chat import ChatToAnthropicStream, chat_to_anthropic_response
-from proxy.adapters.responses_over_chat import chat_to_responses_response, echo, responses_to_chat_request
+from proxy.adapters.responses_over_chat import (
+    chat_to_responses_response,
+    echo,
+    namespaced,
+    responses_to_chat_request,
+)
 from proxy.adapters.responses_over_chat_stream import ChatToResponsesStream
 from proxy.adapters.translate import ResponseTranslationError
 from proxy.sse import Block, Dialect
@@ -280,6 +285,18 @@ def new_response_id() -> str:
     return f"resp_{secrets.token_hex(16)}"
 
 
+def answered_as(body: Json, *, model: str, created: int) -> Json:
+    """The arguments a Responses answer translated for `body` is made with (its echoed fields, the
+    client's names of its namespaced functions, and a response id of the gateway's own)."""
+    return {
+        "model": model,
+        "echoed": echo(body),
+        "names": namespaced(body),
+        "created": created,
+        "response_id": new_response_id(),
+    }
+
+
 def responses_over_chat(
     where: str,
     headers: dict[str, str],
@@ -299,7 +316,8 @@ def responses_over_chat(
     with chat.refusals():
         payload = {**chat.body, "model": model}
         payload = upstream(payload) if upstream is not None else payload
-    echoed, minted = echo(body), new_response_id()
+    # What the answer says of the request, in either form: the same minted id for both.
+    answered = answered_as(body, model=model, created=created)
     return UpstreamCall(
         where,
         headers,
@@ -307,11 +325,7 @@ def responses_over_chat(
         Dialect.CHAT,
         RESPONSES,
         model,
-        answer=partial(
-            chat_to_responses_response, model=model, echoed=echoed, created=created, response_id=minted
-        ),
-        translator=partial(
-            ChatToResponsesStream, model=model, echoed=echoed, created=created, response_id=minted
-        ),
+        answer=partial(chat_to_responses_response, **answered),
+        translator=partial(ChatToResponsesStream, **answered),
         wire=wire,
     )

@@ -259,7 +259,12 @@ CHAT_ANSWER = {
 
 def test_a_chat_answer_is_a_responses_object_the_sdk_reads():
     answer = chat_to_responses_response(
-        CHAT_ANSWER, model="m", echoed=echo(RESPONSES_ADVERSARIAL), created=0, response_id="resp_test"
+        CHAT_ANSWER,
+        model="m",
+        echoed=echo(RESPONSES_ADVERSARIAL),
+        created=0,
+        response_id="resp_test",
+        names={},
     )
     parsed = Response.model_validate(answer)
     assert (parsed.id, parsed.status, parsed.model, parsed.output_text) == (
@@ -285,7 +290,9 @@ def test_a_chat_answer_is_a_responses_object_the_sdk_reads():
 )
 def test_a_cut_answer_is_incomplete(finish, reason):
     chat = {**CHAT_ANSWER, "choices": [{"index": 0, "message": {"content": "par"}, "finish_reason": finish}]}
-    answer = chat_to_responses_response(chat, model="m", echoed=echo({}), created=0, response_id="resp_test")
+    answer = chat_to_responses_response(
+        chat, model="m", echoed=echo({}), created=0, response_id="resp_test", names={}
+    )
     assert (answer["status"], answer["incomplete_details"]) == ("incomplete", {"reason": reason})
     assert answer["output"][0]["status"] == "incomplete"
 
@@ -300,7 +307,7 @@ def test_an_anthropic_answer_with_a_tool_call_is_a_function_call_item():
     }
     parsed = Response.model_validate(
         anthropic_to_responses_response(
-            message, model="m", echoed=echo({}), created=0, response_id="resp_test"
+            message, model="m", echoed=echo({}), created=0, response_id="resp_test", names={}
         )
     )
     (item,) = parsed.output
@@ -376,7 +383,9 @@ EXPECTED_TYPES = [
 
 
 def test_a_chat_stream_is_the_responses_event_sequence():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0, response_id="resp_test")
+    translator = ChatToResponsesStream(
+        model="m", echoed=echo({}), created=0, response_id="resp_test", names={}
+    )
     out = b"".join(translator.feed(block) for block in blocks(CHAT_STREAM))
     parsed = events(out)
     assert [e.type for e in parsed] == EXPECTED_TYPES
@@ -389,7 +398,9 @@ def test_a_chat_stream_is_the_responses_event_sequence():
 
 
 def test_a_stream_cut_before_its_end_is_never_completed():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0, response_id="resp_test")
+    translator = ChatToResponsesStream(
+        model="m", echoed=echo({}), created=0, response_id="resp_test", names={}
+    )
     out = b"".join(
         translator.feed(block)
         for block in blocks(
@@ -402,7 +413,9 @@ def test_a_stream_cut_before_its_end_is_never_completed():
 
 
 def test_a_length_finish_ends_with_response_incomplete_at_eof():
-    translator = ChatToResponsesStream(model="m", echoed=echo({}), created=0, response_id="resp_test")
+    translator = ChatToResponsesStream(
+        model="m", echoed=echo({}), created=0, response_id="resp_test", names={}
+    )
     raw = chat_chunk({"content": "par"}) + chat_chunk({}, "length")
     out = b"".join(translator.feed(block) for block in blocks(raw)) + translator.finish()
     final = events(out)[-1]
@@ -446,7 +459,9 @@ def test_an_anthropic_stream_with_a_tool_call_is_the_responses_event_sequence():
             anthropic_event("message_stop"),
         ]
     )
-    translator = AnthropicToResponsesStream(model="m", echoed=echo({}), created=0, response_id="resp_test")
+    translator = AnthropicToResponsesStream(
+        model="m", echoed=echo({}), created=0, response_id="resp_test", names={}
+    )
     out = b"".join(translator.feed(block) for block in blocks(raw))
     parsed = events(out)
     # One text delta (the Chat stream above has two), else the same sequence.
@@ -477,9 +492,9 @@ def test_adversarial_model_output_stays_assistant_output_across_a_continuation()
             }
         ],
     }
-    output = chat_to_responses_response(chat, model="m", echoed=echo({}), created=0, response_id="resp_test")[
-        "output"
-    ]
+    output = chat_to_responses_response(
+        chat, model="m", echoed=echo({}), created=0, response_id="resp_test", names={}
+    )["output"]
     assert [(item["type"], item.get("role")) for item in output] == [
         ("message", "assistant"),
         ("function_call", None),
