@@ -32,6 +32,18 @@ from routing.headroom import Headroom
 
 logger = logging.getLogger("gateway")
 
+
+class _NoWireTrace(logging.Filter):
+    """The `websockets` library traces the wire at DEBUG: the handshake's headers (the credential) and
+    every frame (`< TEXT '{...}'`: a prompt or a completion). None of it is ever logged (SPEC §10, §11),
+    whatever the log level; its warnings and errors are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG
+
+
+logging.getLogger("websockets.client").addFilter(_NoWireTrace())
+
 # One upstream event per frame: the same bound as one SSE block of the same event.
 MAX_FRAME_BYTES = MAX_BLOCK_BYTES
 # A well-behaved peer answers a close at once; a stuck one is dropped after this.
