@@ -48,8 +48,8 @@ def test_busiest_share_is_over_the_steady_accounts_mean_and_heal_time_from_the_f
     found = busiest_share(events, SPECS)
     assert (found["busiest"], found["share"], found["idle"]) == ("a", 1.5, 0)
     heals = heal_times(events, {"c": 20.0, "b": 30.0}, [])
-    assert heals["c"] == {"after_s": 4.0, "cooldown_s": 0, "met": True}
-    assert heals["b"] == {"after_s": None, "cooldown_s": 0, "met": False}
+    assert heals["c"] == {"after_s": 4.0, "cooldown_s": 0, "met": True, "first_new_s": None}
+    assert heals["b"] == {"after_s": None, "cooldown_s": 0, "met": False, "first_new_s": None}
     accounts = per_account([*events, event(4.5, "b", "", 0, status=429, headroom=0.0)], SPECS, windows=2)
     assert accounts["a"]["served_by_window"] == [3, 0]
     assert (accounts["b"]["rate_limited"], accounts["b"]["headroom_least"]) == (1, 0.0)
@@ -69,12 +69,15 @@ def test_a_heal_is_judged_against_the_cooldown_in_force_when_it_healed_not_the_c
         CircuitSample(1.5, "b", "m:http", "open", 5, 1.0),
         CircuitSample(6.5, "b", "m:http", "closed", 0, None),
     ]
-    events = [event(15, "c", "", 0, status=503), event(32, "c", "", 0), event(37, "b", "", 0)]
+    events = [event(15, "c", "x", 3, status=503), event(32, "c", "x", 4), event(36, "a", "y", 1)]
+    events.append(event(37, "b", "y", 2))
     found = heal_times(events, {"c": 20.0, "b": 30.0}, circuits)
-    assert found["c"] == {"after_s": 12.0, "cooldown_s": 10, "met": True}
-    assert found["b"] == {"after_s": 7.0, "cooldown_s": 0, "met": False}
+    assert found["c"] == {"after_s": 12.0, "cooldown_s": 10, "met": True, "first_new_s": 16.0}
+    assert found["b"] == {"after_s": 7.0, "cooldown_s": 0, "met": False, "first_new_s": 6.0}
     assert report.heal_cell(found["c"]) == "**met**: 12.0 s (cooldown 10 s)"
-    assert report.heal_cell(found["b"]) == "**MISSED**: 7.0 s (circuit closed)"
+    assert report.heal_cell(found["b"]) == (
+        "**MISSED**: 7.0 s (circuit closed; the first new conversation came 6.0 s after the heal)"
+    )
 
 
 def test_client_outcomes_count_429s_and_no_eligible_backend_apart():

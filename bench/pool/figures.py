@@ -12,6 +12,8 @@ Heal time: SPEC §13 wants a healed account serving again "within one cooldown p
 cooldown that applies is the one in force when the account healed: each failed probe doubled it (SPEC
 §7.1), so it is not the configured first one. Met when the first request it served after its heal came
 at most that cooldown plus PROBE_S later (an account whose circuit was closed at its heal: PROBE_S).
+Beside it, when the first new conversation after the heal came: a continuing conversation keeps its
+account, so a closed account gets work again only when a new one is drawn.
 
 Affinity: a turn hits when the account that served it also served the conversation's previous turn;
 it counts only when that account was healthy from the previous turn to this one (no outage scheduled
@@ -99,16 +101,19 @@ def heal_times(
     events: list[Event], heals: dict[str, float], circuits: list[CircuitSample]
 ) -> dict[str, dict[str, Any]]:
     """Per healed account: seconds from its heal to the first request it served after it (None: never),
-    the cooldown in force at its heal, and whether it served within that cooldown plus PROBE_S."""
+    the cooldown in force at its heal, whether it served within that cooldown plus PROBE_S, and seconds
+    from its heal to the first turn of a new conversation on any account (None: none came)."""
     found: dict[str, dict[str, Any]] = {}
     for name, healed in heals.items():
         served = [e[0] for e in events if e[1] == name and e[4] == 200 and e[0] >= healed]
         after = min(served) - healed if served else None
         cooldown = cooldown_in_force(circuits, name, healed)
+        new = [e[0] for e in events if e[3] == 1 and e[0] >= healed]
         found[name] = {
             "after_s": after,
             "cooldown_s": cooldown,
             "met": after is not None and after <= cooldown + PROBE_S,
+            "first_new_s": min(new) - healed if new else None,
         }
     return found
 

@@ -205,8 +205,13 @@ def rows(ctx: dict[str, Any], phases: dict[str, dict[str, Any]]) -> list[tuple[s
 def heal_cell(heal: dict[str, Any]) -> str:
     """`figures.heal_times`' judgement of one healed account, with the cooldown it was judged by."""
     after = "never" if heal["after_s"] is None else f"{heal['after_s']:.1f} s"
-    cooldown = f"cooldown {heal['cooldown_s']} s" if heal["cooldown_s"] else "circuit closed"
-    return f"**{'met' if heal['met'] else 'MISSED'}**: {after} ({cooldown})"
+    if heal["cooldown_s"]:
+        why = f"cooldown {heal['cooldown_s']} s"
+    elif heal["first_new_s"] is None:
+        why = "circuit closed; no new conversation after the heal"
+    else:
+        why = f"circuit closed; the first new conversation came {heal['first_new_s']:.1f} s after the heal"
+    return f"**{'met' if heal['met'] else 'MISSED'}**: {after} ({why})"
 
 
 def render(ctx: dict[str, Any], phases: dict[str, dict[str, Any]]) -> str:

@@ -259,6 +259,7 @@ def phase(
         "postgres": None if backends is None else backends * 1000 / len(turns),
     }
     (workdir / "figures.json").write_text(json.dumps(found, indent=2) + "\n")
+    (workdir / "events.json").write_text(json.dumps(events) + "\n")
     log(f"{name}: {json.dumps(found['client'])}")
     return found
 
