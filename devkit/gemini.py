@@ -13,6 +13,15 @@ Contract (as the API answers, checked against the `google-genai` client in tests
   are listed too, with `embedContent` as their only method, and serve no `generateContent`.
 - The key comes in `x-goog-api-key` (or `?key=`); a wrong one is Google's 400 `INVALID_ARGUMENT` with
   reason `API_KEY_INVALID` (not a 401). An unknown model is 404 `NOT_FOUND`.
+- Tools, as Gemini 3 answers them: when the request declares functions (and `toolConfig` does not say
+  NONE) and the current turn (the contents after the last user text) holds fewer than `tool_steps`
+  (default 2) model steps, the answer calls every declared function at once (`functionCall` parts with
+  `args {"step": n}`, the first part carrying a fresh `thoughtSignature`, standard base64 with `+`, `/`
+  and `=` in it); after them it answers `done: <the last functionResponse's content>`. A request whose
+  current turn has a model step whose first `functionCall` part lacks its `thoughtSignature` is 400
+  `INVALID_ARGUMENT`, as is a signature this fake never gave (Gemini: "Corrupted thought signature");
+  Google's documented dummy values for history from another model (`DUMMY_SIGNATURES`) are accepted.
+  `signatures` holds every signature given.
 - Errors: `{"error": {"code", "message", "status"}}`; `Reject` renders its `type` as the `status`
   (`RESOURCE_EXHAUSTED`, `UNAVAILABLE`...). `Refusal` is an answer cut with `finishReason: SAFETY` and
   no content; `prompt_blocked()` a 200 with `promptFeedback.blockReason` and no candidates.
@@ -20,9 +29,11 @@ Contract (as the API answers, checked against the `google-genai` client in tests
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -55,6 +66,23 @@ _STATUS_CODES = {
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
 }
+
+
+DUMMY_SIGNATURES = frozenset({"skip_thought_signature_validator", "context_engineering_is_the_way_to_go"})
+
+
+def _current_turn(contents: list[Any]) -> list[dict[str, Any]]:
+    """The contents after the last user content holding a text part (Gemini's "current turn")."""
+    start = 0
+    for index, content in enumerate(contents):
+        parts = content.get("parts") if isinstance(content, dict) else None
+        if content.get("role") == "user" and any("text" in p for p in parts or [] if isinstance(p, dict)):
+            start = index + 1
+    return [c for c in contents[start:] if isinstance(c, dict)]
+
+
+def _calls(content: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in content.get("parts") or [] if isinstance(p, dict) and "functionCall" in p]
 
 
 @dataclass(frozen=True)
@@ -102,6 +130,41 @@ class GeminiFake(FakeUpstream):
         super().__init__(name, models, **kw)
         self.embedders = embedders
         self.page_size = _PAGE_SIZE  # when the request names no pageSize
+        self.tool_steps = 2
+        self.signatures: set[str] = set()
+
+    def _signature_problem(self, contents: list[Any]) -> str | None:
+        for content in _current_turn(contents):
+            calls = _calls(content) if content.get("role") == "model" else []
+            signature = calls[0].get("thoughtSignature") if calls else None
+            if calls and signature is None:
+                name = calls[0]["functionCall"].get("name")
+                return f"Function call `{name}` in the current turn is missing a `thought_signature`."
+            if calls and signature not in self.signatures and signature not in DUMMY_SIGNATURES:
+                return "Corrupted thought signature."
+        return None
+
+    def _tool_answer(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The parts of a tool step this request gets, or None for a text answer (module docstring)."""
+        declared = [d for tool in body.get("tools") or [] for d in tool.get("functionDeclarations") or []]
+        mode = ((body.get("toolConfig") or {}).get("functionCallingConfig") or {}).get("mode")
+        turn = _current_turn(body["contents"])
+        steps = sum(1 for c in turn if c.get("role") == "model" and _calls(c))
+        if not declared or mode == "NONE":
+            return None
+        if steps >= self.tool_steps:
+            results = [
+                p["functionResponse"] for c in turn for p in c.get("parts") or [] if "functionResponse" in p
+            ]
+            return {"text": f"done: {results[-1].get('response', {}).get('content')}"} if results else None
+        signature = base64.b64encode(b"\xfb\xff\xbf" + os.urandom(200)).decode()
+        with self._lock:
+            self.signatures.add(signature)
+        parts: list[dict[str, Any]] = [
+            {"functionCall": {"name": d["name"], "args": {"step": steps + 1}}} for d in declared
+        ]
+        parts[0]["thoughtSignature"] = signature
+        return {"parts": parts}
 
     @property
     def endpoint(self) -> str:
@@ -189,6 +252,8 @@ class GeminiFake(FakeUpstream):
             return _error(
                 400, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: contents is not specified"
             )
+        if problem := self._signature_problem(body["contents"]):
+            return _error(400, "INVALID_ARGUMENT", problem)
         behaviour = self._behaviour_for(model)
         match behaviour:
             case Reject(status=status, error=err, delay_s=delay):
@@ -209,6 +274,9 @@ class GeminiFake(FakeUpstream):
                     }
                 )
         answer = _Answer(model)
+        if isinstance(behaviour, Serve) and (tool := self._tool_answer(body)) is not None:
+            behaviour = replace(behaviour, text=tool.get("text", ""))
+            answer.parts = tool.get("parts")
         if not stream:
             if not isinstance(behaviour, Serve | Refusal):
                 return drop(request)
@@ -269,11 +337,15 @@ class _Answer:
     def __init__(self, model: str) -> None:
         self.model = model
         self.id = uuid.uuid4().hex[:22]
+        self.parts: list[dict[str, Any]] | None = None  # a tool step's function calls, in its last chunk
 
     def chunk(self, text: str | None, reply: Any, *, final: bool) -> dict[str, Any]:
         candidate: dict[str, Any] = {"index": 0}
-        if text is not None:
-            candidate["content"] = {"parts": [{"text": text}], "role": "model"}
+        parts = [{"text": text}] if text else []
+        if final and self.parts:
+            parts += self.parts
+        if parts:
+            candidate["content"] = {"parts": parts, "role": "model"}
         if final:
             candidate["finishReason"] = "SAFETY" if reply.refused else "STOP"
         if reply.refused:

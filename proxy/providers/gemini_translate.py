@@ -18,12 +18,18 @@ PURE: standard library and `proxy.sse` only. The rules are `proxy.adapters.trans
   prompt blocked by `promptFeedback.blockReason`, are Chat's `content_filter` (a safety refusal); a
   `thought` part (the model's reasoning summary) has no Chat field and is not relayed;
   MALFORMED_FUNCTION_CALL is a `ResponseTranslationError` (a guessed tool call is worse than a failure).
+  A call Google gives no id gets one derived from the answer's id and its position (`tool_ids`), so ids
+  never repeat across a conversation's answers; a call's `thoughtSignature` (Gemini 3 refuses the next
+  step without it) rides inside the id the client is shown and is put back on that call's part, unchanged,
+  when the client sends the history again: nothing is kept by the gateway. A step another provider took
+  (no signature in its first call's id) gets Google's stand-in signature (`FOREIGN_STEP`).
   Usage: `promptTokenCount` is Chat's prompt, `candidatesTokenCount` + `thoughtsTokenCount` its
   completion (thinking is billed as output), `cachedContentTokenCount` its `cached_tokens`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -50,6 +56,7 @@ from proxy.providers.chat_request import (
     texts,
 )
 from proxy.providers.chat_request import turns as chat_turns
+from proxy.providers.tool_ids import derived_id, signed_id, split_id
 from proxy.sse import Block, encode_block
 
 REFUSALS = frozenset({"SAFETY", "RECITATION", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "IMAGE_SAFETY"})
@@ -75,6 +82,9 @@ _TRANSLATED = frozenset(
 )
 _TOOL_MODES = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
 _DYNAMIC = -1  # a thinking budget the model sets itself (Anthropic's `adaptive`)
+# Google's documented stand-in signature for function calls Gemini did not make (history from another
+# model): Gemini 3 requires one on each step's first call and skips its validation for this value.
+FOREIGN_STEP = "skip_thought_signature_validator"
 
 
 def _user_parts(content: object, param: str) -> list[dict[str, Any]]:
@@ -106,7 +116,13 @@ def _model_parts(message: Mapping[str, Any], param: str, names: dict[str, str]) 
         call_id, name, raw = chat_tool_call(call, where)
         names[call_id] = name
         args = arguments(raw, f"{where}.function.arguments", RequestTranslationError)
-        parts.append({"functionCall": {"id": call_id, "name": name, "args": args}})
+        plain, signature = split_id(call_id)
+        part: dict[str, Any] = {"functionCall": {"id": plain, "name": name, "args": args}}
+        if signature is not None:  # back on the very part it came on, unchanged
+            part["thoughtSignature"] = signature
+        elif index == 0:  # a step another model took: Gemini 3 refuses its first call unsigned
+            part["thoughtSignature"] = FOREIGN_STEP
+        parts.append(part)
     return parts
 
 
@@ -115,7 +131,8 @@ def _tool_result(message: Mapping[str, Any], param: str, names: Mapping[str, str
     if call_id not in names:  # Gemini pairs a result with its call by name: without the call, no pair
         refuse(f"{param}.tool_call_id")
     text = "\n\n".join(texts(message.get("content", ""), f"{param}.content"))
-    return {"functionResponse": {"id": call_id, "name": names[call_id], "response": {"content": text}}}
+    response = {"content": text}
+    return {"functionResponse": {"id": split_id(call_id)[0], "name": names[call_id], "response": response}}
 
 
 def _tool(tool: object, param: str) -> tuple[dict[str, Any], bool]:
@@ -278,7 +295,7 @@ def _parts(payload: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [p for p in parts if isinstance(p, Mapping)] if isinstance(parts, list) else []
 
 
-def _call(part: Mapping[str, Any], ordinal: int) -> dict[str, Any] | None:
+def _call(part: Mapping[str, Any], response_id: str, ordinal: int) -> dict[str, Any] | None:
     call = part.get("functionCall")
     if call is None:
         return None
@@ -287,9 +304,10 @@ def _call(part: Mapping[str, Any], ordinal: int) -> dict[str, Any] | None:
     args = call.get("args", {})
     if not isinstance(args, Mapping):
         raise ResponseTranslationError("candidates[0].content.parts.functionCall.args")
-    call_id = call.get("id") if isinstance(call.get("id"), str) and call["id"] else f"call_{ordinal}"
+    given = call.get("id")
+    call_id = given if isinstance(given, str) and given else derived_id(response_id, ordinal)
     return {
-        "id": call_id,
+        "id": signed_id(call_id, part.get("thoughtSignature")),
         "type": "function",
         "function": {"name": call["name"], "arguments": json.dumps(args, separators=(",", ":"))},
     }
@@ -300,11 +318,22 @@ def _text(part: Mapping[str, Any]) -> str:
     return part["text"] if isinstance(part.get("text"), str) and part.get("thought") is not True else ""
 
 
+def _response_id(payload: Mapping[str, Any]) -> str:
+    """The answer's id (tool-call ids derive from it); when Google gives none, a digest of the answer
+    (each of its signatures is new, so two answers still differ)."""
+    given = payload.get("responseId")
+    if isinstance(given, str) and given:
+        return given
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
 def gemini_to_chat_response(payload: Mapping[str, Any], *, model: str, created: int) -> dict[str, Any]:
     """A generateContent answer as a Chat Completions response reporting `model` (`created`: Unix
     seconds)."""
     parts = _parts(payload)
-    calls = [c for i, p in enumerate(parts) if (c := _call(p, i)) is not None]
+    response_id = _response_id(payload)
+    found = [p for p in parts if p.get("functionCall") is not None]
+    calls = [c for i, p in enumerate(found) if (c := _call(p, response_id, i)) is not None]
     text = "".join(_text(p) for p in parts)
     finish = finish_reason(payload) or "stop"
     message: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None}
@@ -312,7 +341,7 @@ def gemini_to_chat_response(payload: Mapping[str, Any], *, model: str, created: 
         message["tool_calls"] = calls
         finish = "tool_calls" if finish == "stop" else finish
     return {
-        "id": f"chatcmpl-{payload.get('responseId') or 'gateway'}",
+        "id": f"chatcmpl-{response_id}",
         "object": "chat.completion",
         "created": created,
         "model": model,
@@ -333,6 +362,7 @@ class GeminiToChatStream:
     def __init__(self, *, model: str, created: int) -> None:
         self._model = model
         self._id = "chatcmpl-gateway"
+        self._response_id = ""
         self._created = created
         self._started = False
         self._calls = 0
@@ -373,12 +403,13 @@ class GeminiToChatStream:
         out = bytearray()
         if not self._started:
             self._started = True
-            self._id = f"chatcmpl-{payload.get('responseId') or 'gateway'}"
+            self._response_id = _response_id(payload)
+            self._id = f"chatcmpl-{self._response_id}"
             out += self._delta({"role": "assistant", "content": ""})
         for part in _parts(payload):
             if text := _text(part):
                 out += self._delta({"content": text})
-            call = _call(part, self._calls)
+            call = _call(part, self._response_id, self._calls)
             if call is not None:
                 out += self._delta({"tool_calls": [{"index": self._calls, **call}]})
                 self._calls += 1

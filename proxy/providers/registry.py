@@ -19,6 +19,7 @@ from proxy.providers import (
     openrouter,
 )
 from proxy.providers.base import Json, Provider, UpstreamCall
+from proxy.providers.tool_ids import strip_signatures
 from routing.route import Target
 from routing.routes import carrier_table
 from routing.types import Requirements
@@ -63,7 +64,8 @@ def upstream_call(
     `credential` (decrypted, `pools.credentials.credential_of`, read at call time), made at `created`
     (Unix seconds, `Provider.call`). A route the target's provider cannot carry is excluded by
     eligibility before dispatch (`CARRIERS`), so it is a caller bug here; a request the translation
-    refuses raises RequestTranslationError before anything is sent."""
+    refuses raises RequestTranslationError before anything is sent. Gemini's thought signatures ride in
+    tool-call ids (`tool_ids`): only a Gemini account is sent them."""
     chosen = PROVIDERS[target.adapter]
     route = "/files" if path.startswith("/files/") else path
     if route not in chosen.routes:
@@ -71,7 +73,7 @@ def upstream_call(
     return chosen.call(
         path,
         target,
-        body,
+        body if chosen is gemini.PROVIDER else strip_signatures(body),
         model=model,
         requirements=requirements,
         credential=credential,

@@ -173,7 +173,13 @@ def test_tool_calls_and_results_keep_their_roles(gateway, gemini_then_openai):
     contents = google.hits[-1].body["contents"]
     assert contents[1] == {
         "role": "model",
-        "parts": [{"functionCall": {"id": "c1", "name": "read", "args": {}}}],
+        # A call Gemini did not make carries Google's stand-in signature, which Gemini 3 requires.
+        "parts": [
+            {
+                "functionCall": {"id": "c1", "name": "read", "args": {}},
+                "thoughtSignature": "skip_thought_signature_validator",
+            }
+        ],
     }
     assert contents[2] == {
         "role": "user",
