@@ -164,6 +164,9 @@ SESSION_COOKIE_HTTPONLY = True
 # ("%(message)s") never shows: about a quarter of the line's cost (the logging HOWTO's optimisations).
 logging._srcfile = None
 logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+# A database error is logged as its class and SQLSTATE, never its message (which carries rows): a log
+# record factory, installed before LOGGING is applied (gatewaysite.logsafe).
+LOGGING_CONFIG = "gatewaysite.logsafe.configure"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
