@@ -9,7 +9,10 @@ come here (`proxy.providers.bedrock`). The rules are `proxy.adapters.translate`'
   `toolResult` block (in a user turn, as Converse requires) whose text is carried verbatim, never parsed,
   split or promoted; tool calls stay `toolUse` blocks. Tool ids become valid Converse ids by the same
   deterministic rewrite as Anthropic's, so calls and results still pair.
-- Requests are strict (`chat_request`): `seed` and the penalties have no Converse field and are dropped
+- Requests are strict (`chat_request`), within `inferenceConfig`'s ranges: `temperature` and `top_p`
+  from 0 to 1 (OpenAI takes a temperature up to 2), at most 2500 stop sequences; out of range, the field
+  is refused naming it before dispatch, so a `ValidationException` after dispatch still means the model
+  (SPEC §5.6). `seed` and the penalties have no Converse field and are dropped
   as sampling hints; a JSON response format, `tool_choice: "none"` (Converse has no such mode),
   `parallel_tool_calls: false`, a strict tool schema (`function.strict: true`, which Converse cannot
   enforce), an image by URL or of a format Converse does not take, and a final
@@ -46,6 +49,7 @@ from proxy.providers.chat_request import (
     arguments,
     check_fields,
     image_data,
+    in_range,
     kind,
     max_tokens,
     present,
@@ -75,6 +79,7 @@ _TRANSLATED = frozenset(
         "parallel_tool_calls",
     }
 )
+_MOST_STOPS = 2500  # Converse's `inferenceConfig.stopSequences` limit (API reference)
 _IMAGE_FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/gif": "gif", "image/webp": "webp"}
 _TOOL_CHOICE: dict[str, dict[str, Any]] = {"auto": {"auto": {}}, "required": {"any": {}}}
 _FINISH = {
@@ -188,11 +193,11 @@ def chat_to_converse_request(body: Mapping[str, Any]) -> dict[str, Any]:
     if (limit := max_tokens(body)) is not None:
         config["maxTokens"] = limit
     if "temperature" in body:
-        config["temperature"] = kind(body["temperature"], (int, float), "temperature")
+        config["temperature"] = in_range(body, "temperature", 0, 1)
     if "top_p" in body:
-        config["topP"] = kind(body["top_p"], (int, float), "top_p")
+        config["topP"] = in_range(body, "top_p", 0, 1)
     if "stop" in body:
-        config["stopSequences"] = stops(body)
+        config["stopSequences"] = stops(body, _MOST_STOPS)
     if config:
         out["inferenceConfig"] = config
     fmt = body.get("response_format")

@@ -146,9 +146,21 @@ def arguments(value: object, param: str, error: type[Exception]) -> dict[str, An
     raise error(param)
 
 
-def stops(body: Mapping[str, Any]) -> list[str]:
+def in_range(body: Mapping[str, Any], name: str, low: float, high: float | None = None) -> Any:
+    """`body[name]`, a number from `low` to `high` (inclusive; None: unbounded), else refused naming it:
+    a value the target API cannot take is refused before dispatch, so another account may carry it and
+    the target's own rejection after dispatch keeps meaning what SPEC §5.6 says it means."""
+    value = kind(body[name], (int, float), name)
+    if value < low or (high is not None and value > high):
+        refuse(name)
+    return value
+
+
+def stops(body: Mapping[str, Any], most: int) -> list[str]:
+    """The stop sequences, at most `most` of them (the target's limit), else `stop` is refused."""
     value = body["stop"]
-    return [kind(s, str, "stop") for s in ([value] if isinstance(value, str) else kind(value, list, "stop"))]
+    found = [kind(s, str, "stop") for s in ([value] if isinstance(value, str) else kind(value, list, "stop"))]
+    return found if len(found) <= most else refuse("stop")
 
 
 def max_tokens(body: Mapping[str, Any]) -> int | None:

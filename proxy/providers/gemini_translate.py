@@ -8,12 +8,15 @@ PURE: standard library and `proxy.sse` only. The rules are `proxy.adapters.trans
   `tool` message becomes a `functionResponse` part (in a `user` content, as Gemini requires) carrying the
   text verbatim as `response.content`, paired with its call by id and by the call's name; it is never
   parsed, split or promoted. Tool calls stay `functionCall` parts.
-- Requests are strict: every top-level field is translated, dropped as a hint that cannot change what the
-  answer may contain or do, accepted only at its neutral value (`chat_request`), or refused with
-  `RequestTranslationError(param)`; so is any content Gemini cannot take as the same input (an image by
-  URL, audio, files, a final assistant message, a tool result whose call is not in the history). An
-  Anthropic client's `top_k` and `thinking` (carried beside the Chat body, `AnthropicChat`) become
-  `generationConfig.topK` and `thinkingConfig.thinkingBudget` (`adaptive` is Gemini's dynamic budget, -1).
+- Requests are strict, within `generationConfig`'s ranges (`temperature` 0 to 2, `top_p` 0 to 1, the
+  penalties -2 to 2, `top_k` from 1, at most 5 stop sequences; `n` only ever 1, `candidateCount`'s
+  default): out of range, the field is refused naming it before dispatch. Every top-level field is
+  translated, dropped as a hint that cannot change what the answer may contain or do, accepted only at
+  its neutral value (`chat_request`), or refused with `RequestTranslationError(param)`; so is any content
+  Gemini cannot take as the same input (an image by URL, audio, files, a final assistant message, a tool
+  result whose call is not in the history). An Anthropic client's `top_k` and `thinking` (carried beside
+  the Chat body, `AnthropicChat`) become `generationConfig.topK` and `thinkingConfig.thinkingBudget`
+  (`adaptive` is Gemini's dynamic budget, -1).
 - Answers: `finishReason` SAFETY, RECITATION, PROHIBITED_CONTENT, BLOCKLIST, SPII or IMAGE_SAFETY, and a
   prompt blocked by `promptFeedback.blockReason`, are Chat's `content_filter` (a safety refusal); a
   `thought` part (the model's reasoning summary) has no Chat field and is not relayed;
@@ -48,6 +51,7 @@ from proxy.providers.chat_request import (
     arguments,
     check_fields,
     image_data,
+    in_range,
     kind,
     max_tokens,
     present,
@@ -80,6 +84,7 @@ _TRANSLATED = frozenset(
         "parallel_tool_calls",
     }
 )
+_MOST_STOPS = 5  # generationConfig.stopSequences: "up to 5" (API reference)
 _TOOL_MODES = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
 _DYNAMIC = -1  # a thinking budget the model sets itself (Anthropic's `adaptive`)
 # Google's documented stand-in signature for function calls Gemini did not make (history from another
@@ -195,7 +200,7 @@ def chat_to_gemini_request(body: Mapping[str, Any]) -> dict[str, Any]:
 def _anthropic_config(carried: Mapping[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if "top_k" in carried:
-        config["topK"] = carried["top_k"]
+        config["topK"] = in_range(carried, "top_k", 1)
     if "thinking" in carried:
         budget = carried["thinking"].get("budget_tokens", _DYNAMIC)
         config["thinkingConfig"] = {"thinkingBudget": budget}
@@ -206,18 +211,18 @@ def _generation_config(body: Mapping[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if (limit := max_tokens(body)) is not None:
         config["maxOutputTokens"] = limit
-    for chat_name, name in (
-        ("temperature", "temperature"),
-        ("top_p", "topP"),
-        ("presence_penalty", "presencePenalty"),
-        ("frequency_penalty", "frequencyPenalty"),
+    for chat_name, name, low, high in (
+        ("temperature", "temperature", 0, 2),
+        ("top_p", "topP", 0, 1),
+        ("presence_penalty", "presencePenalty", -2, 2),
+        ("frequency_penalty", "frequencyPenalty", -2, 2),
     ):
         if chat_name in body:
-            config[name] = kind(body[chat_name], (int, float), chat_name)
+            config[name] = in_range(body, chat_name, low, high)
     if "seed" in body:
         config["seed"] = kind(body["seed"], int, "seed")
     if "stop" in body:
-        config["stopSequences"] = stops(body)
+        config["stopSequences"] = stops(body, _MOST_STOPS)
     if "response_format" in body:
         fmt = block_fields(body["response_format"], "response_format", frozenset({"type", "json_schema"}))
         if fmt.get("type") == "json_object":

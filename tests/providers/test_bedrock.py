@@ -268,3 +268,28 @@ def test_a_discovery_refused_for_its_signature_keeps_what_was_discovered(bedrock
     assert (failed.ok, failed.reason, failed.preserved) == (False, "HTTP 403", 1)
     found = dict(CatalogEntry.objects.filter(assignment__name="bedrock").values_list("model", "provenance"))
     assert found == {MODEL: "configured", "meta.llama3-70b-instruct-v1:0": "preserved"}
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", 1.5), ("top_p", 1.2), ("temperature", -0.1)])
+def test_a_parameter_outside_converse_ranges_goes_to_an_account_that_takes_it(
+    gateway, bedrock_then_openai, field, value
+):
+    aws, _ = bedrock_then_openai
+    answer = _openai(gateway).chat.completions.create(model=MODEL, messages=TURN, **{field: value})
+    assert answer.choices[0].message.content == "hello from openai"
+    assert aws.hits == []  # refused before dispatch, never taken for "the model is not here"
+    first = _attempts()[0]
+    assert (first.status, first.ineligible_reason) == ("ineligible", "capability")
+
+
+def test_a_parameter_no_account_can_take_is_a_typed_400_naming_it(gateway, bedrock_then_openai):
+    aws, _ = bedrock_then_openai
+    Assignment.objects.filter(name="openai").delete()
+    with pytest.raises(openai.BadRequestError) as refused:
+        _openai(gateway).chat.completions.create(model=MODEL, messages=TURN, temperature=1.5)
+    assert refused.value.body["param"] == "temperature"
+    assert aws.hits == []
+    # Within the range, the same request is served: the refusal was the range, not the field.
+    served = _openai(gateway).chat.completions.create(model=MODEL, messages=TURN, temperature=1)
+    assert aws.hits[-1].body["inferenceConfig"]["temperature"] == 1
+    assert served.choices[0].message.content

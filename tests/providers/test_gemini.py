@@ -222,3 +222,21 @@ def test_catalog_discovery_pages_through_the_models_gemini_can_generate_with(gem
     assert all(hit.headers["x-goog-api-key"] == GEMINI_KEY for hit in google.hits)
     found = dict(CatalogEntry.objects.filter(assignment__name="gemini").values_list("model", "provenance"))
     assert found == {MODEL: "configured", "gemini-2.5-pro": "observed", "gemini-2.0-flash": "observed"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("temperature", 2.5), ("top_p", 1.5), ("stop", ["a", "b", "c", "d", "e", "f"])]
+)
+def test_a_parameter_outside_generation_config_ranges_goes_to_an_account_that_takes_it(
+    gateway, gemini_then_openai, field, value
+):
+    google, _ = gemini_then_openai
+    answer = _openai(gateway).chat.completions.create(model=MODEL, messages=TURN, **{field: value})
+    assert answer.choices[0].message.content == "hello from openai"
+    assert google.hits == []
+
+
+def test_a_temperature_gemini_takes_and_openai_takes_too_is_sent_as_given(gateway, gemini_then_openai):
+    google, _ = gemini_then_openai
+    _openai(gateway).chat.completions.create(model=MODEL, messages=TURN, temperature=2, top_p=1)
+    assert google.hits[-1].body["generationConfig"] == {"temperature": 2, "topP": 1}
