@@ -201,8 +201,8 @@ class LedgerWriter:
         """A transient failure (a lock, a restart) is retried briefly with backoff; a database that
         stays unreachable gets the batch spooled to local disk (`proxy.spool`), replayed once it is
         back. A batch that the database refuses for its data is saved record by record, so one bad
-        record cannot take the others with it; what cannot be saved is logged as a count, never as
-        content."""
+        record cannot take the others with it; a record refused alone is recorded sanitized
+        (`_save_refused`). Nothing of a refused record's content is logged."""
         for attempt in range(RETRIES):
             try:
                 db.reuse()  # the connection aged, and checked only when it may be broken
@@ -216,9 +216,8 @@ class LedgerWriter:
                 time.sleep(min(0.05 * 2**attempt, 2.0))
             except (DatabaseError, ValueError):
                 if len(batch) == 1:
-                    log.exception("ledger: a request record was refused by the database")
                     try:
-                        self._settle_refused(batch)
+                        self._save_refused(batch[0], write)
                     except (OperationalError, InterfaceError):  # settled when its replay is refused
                         connection.close()
                         self._spool(batch)
@@ -228,6 +227,25 @@ class LedgerWriter:
                     self._save([one], write)
                 return True
         return False
+
+    def _save_refused(self, exchange: Exchange, write) -> None:
+        """A record the database refused for its data (a number out of its column's range) is
+        recorded sanitized (`proxy.services.sanitized`: its numbers nulled, its attempts flagged), its
+        hold released and its reservation charged with it. Refused even so, the record is lost but its
+        hold is still settled (`_settle_refused`). A database that is away is the caller's."""
+        from proxy.services import sanitized
+
+        log.warning(
+            "ledger: request record %s refused by the database, recorded with its numbers nulled",
+            exchange.request_id,
+        )
+        try:
+            write(exchanges=[sanitized(exchange)])
+        except (OperationalError, InterfaceError):
+            raise
+        except (DatabaseError, ValueError):
+            log.exception("ledger: a request record was refused by the database")
+            self._settle_refused([exchange])
 
     @staticmethod
     def _settle_refused(batch: list[Exchange]) -> None:
@@ -258,15 +276,17 @@ class LedgerWriter:
         """Replay the spool (idempotent by request id); on a database still away, try again later."""
         from proxy.services import request_records_write
 
+        def idempotent(*, exchanges: list[Exchange]) -> None:
+            request_records_write(exchanges=exchanges, idempotent=True)
+
         def write(batch: list[Exchange]) -> None:
             try:
-                request_records_write(exchanges=batch, idempotent=True)
+                idempotent(exchanges=batch)
             except (OperationalError, InterfaceError):
                 raise
             except (DatabaseError, ValueError):
                 if len(batch) == 1:
-                    log.exception("ledger: a spooled request record was refused by the database")
-                    self._settle_refused(batch)
+                    self._save_refused(batch[0], idempotent)
                     return
                 for one in batch:
                     write([one])
@@ -346,9 +366,8 @@ class Observations:
 
 def observe(exchange: Exchange) -> None:
     """Counts the exchange in the metrics, traces it and logs one line: ids, outcome, counts and
-    duration, never content (the server's own access line is off, gatewaysite.server)."""
-    observe_exchange(exchange)
-    tracing.record(exchange)
+    duration, never content (the server's own access line is off, gatewaysite.server). The line
+    first: a count or trace that fails (a bug) does not lose it."""
     attempts = exchange.attempts_made
     log.info(
         json.dumps(
@@ -366,6 +385,8 @@ def observe(exchange: Exchange) -> None:
             }
         )
     )
+    observe_exchange(exchange)
+    tracing.record(exchange)
 
 
 observations = Observations()

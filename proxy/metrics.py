@@ -213,10 +213,11 @@ def observe_exchange(exchange: Exchange) -> None:
         _child(UPSTREAM_LATENCY, route_class).observe(attempt.elapsed_ms / 1000)
         where = (_name(attempt.pool), _name(attempt.assignment), _name(attempt.model))
         _child(UPSTREAM_ATTEMPTS, *where, status).inc()
+        # A counter raises on a negative amount: whatever an attempt holds, only a positive one counts.
         for direction, tokens in (("input", attempt.input_tokens), ("output", attempt.output_tokens)):
-            if tokens:
+            if tokens is not None and tokens > 0:
                 _child(TOKENS, *where, direction).inc(tokens)
-        if attempt.cost_micros:
+        if attempt.cost_micros is not None and attempt.cost_micros > 0:
             _child(COST, *where).inc(attempt.cost_micros)
     if exchange.first_output_at is not None:
         ttft = (exchange.first_output_at - exchange.started_at).total_seconds()

@@ -1,5 +1,6 @@
 """Ledger writes (SPEC §7.3)."""
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from django.db import connection, transaction
@@ -82,7 +83,12 @@ def _copy(model: type[Model], columns: tuple[str, ...], rows: list[tuple], retur
             )
             rows = [(pk, *row) for (pk,), row in zip(cursor.fetchall(), rows, strict=True)]
             columns = ("id", *columns)
-        with cursor.copy(f"COPY {qn(table)} ({', '.join(map(qn, columns))}) FROM STDIN") as copy:
+        # psycopg's own errors from COPY, as Django's (which `execute` raises): the writer tells a
+        # refused row (DataError, IntegrityError) from a database that is away by them.
+        with (
+            connection.wrap_database_errors,
+            cursor.copy(f"COPY {qn(table)} ({', '.join(map(qn, columns))}) FROM STDIN") as copy,
+        ):
             for row in rows:
                 copy.write_row(row)
     if not returning:
@@ -97,6 +103,33 @@ def _insert_sql(model: type[Model], columns: tuple[str, ...], returning: str) ->
     names = ", ".join(map(qn, columns))
     tail = f" RETURNING {qn('id')}, {qn(returning)}" if returning else ""
     return f"INSERT INTO {qn(model._meta.db_table)} ({names}) ", tail
+
+
+SANITIZED = "ledger_row_sanitized"
+
+
+def sanitized(x: Exchange) -> Exchange:
+    """How a record the database refused for its data is recorded instead (issue 45): its ids, route,
+    models, outcome and times kept, every number in it nulled (the status, the retries, and each
+    attempt's upstream status, time, token counts and cost, its ordinal renumbered), each attempt
+    flagged with the error code `ledger_row_sanitized`. With no cost left, settling it charges what its
+    request held (`charge_micros`), never a refund."""
+    attempts = [
+        replace(
+            a,
+            ordinal=ordinal,
+            upstream_status=None,
+            error_code=SANITIZED,
+            elapsed_ms=0,
+            input_tokens=None,
+            output_tokens=None,
+            cached_read_tokens=None,
+            cached_write_tokens=None,
+            cost_micros=None,
+        )
+        for ordinal, a in enumerate(x.attempts, start=1)
+    ]
+    return replace(x, status_code=None, retry_count=0, config_version=None, attempts=attempts)
 
 
 def exchanges_settle(*, exchanges: list[Exchange], recorded: list[Exchange] | None = None) -> None:
