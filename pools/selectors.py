@@ -8,7 +8,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from pools.models import ConfigVersion, GatewayKey, Pool, hash_key
-from routing.budget import period_start, spent_in_period
+from routing.budget import period_start, refusal_message, spent_in_period
 from routing.route import KeyPolicy
 from routing.types import Requirements
 from runtime import rawsql
@@ -43,6 +43,20 @@ def budget_left(key: Key, now: datetime) -> int | None:
         return None
     spent = spent_in_period(key.spent_micros, key.period_start, period_start(key.budget_period, now))
     return max(key.budget_micros - spent - key.reserved_micros, 0)
+
+
+def budget_refusal(key_id: int, now: datetime) -> str:
+    """Why the key's budget refused a request, with its amounts as they are now (a refusal's answer,
+    off the served requests' path: one read)."""
+    key = GatewayKey.objects.get(pk=key_id)
+    spent = spent_in_period(key.spent_micros, key.period_start, period_start(key.budget_period, now))
+    return refusal_message(
+        budget=key.budget_micros or 0,
+        spent=spent,
+        held=key.reserved_micros,
+        period=key.budget_period,
+        now=now,
+    )
 
 
 def key_requirements(key: Key, now: datetime | None = None) -> Requirements:

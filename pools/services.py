@@ -161,6 +161,39 @@ def budget_holds_take(*, request_ids: list[str]) -> dict[str, int]:
     return dict(rawsql.fetch(sql, request_ids))
 
 
+def key_budget_release_statement(*, key_id: int, request_id: str, amount: int) -> tuple[str, list[object]]:
+    """Release `amount` of what the request holds (the part of its reservation its answer did not
+    cost), from its hold and its key together, as one statement (a data-modifying WITH on PostgreSQL,
+    run on the event loop by runtime.loopdb; `key_budget_release` elsewhere). Only what its hold still
+    has: a hold its ledger record settled meanwhile is not released twice."""
+    holds, keys = BudgetHold._meta.db_table, GatewayKey._meta.db_table
+    sql = (
+        f"WITH released AS (UPDATE {holds} SET micros = micros - %s "  # noqa: S608
+        "WHERE request_id = %s AND key_id = %s AND micros >= %s RETURNING key_id) "
+        f"UPDATE {keys} SET reserved_micros = CASE WHEN reserved_micros > %s THEN reserved_micros - %s "
+        "ELSE 0 END WHERE id IN (SELECT key_id FROM released)"
+    )
+    return sql, [amount, request_id, key_id, amount, amount, amount]
+
+
+@transaction.atomic
+def key_budget_release(*, key_id: int, request_id: str, amount: int) -> None:
+    """`key_budget_release_statement` without a WITH that writes (SQLite): two statements, one transaction."""
+    holds, keys = BudgetHold._meta.db_table, GatewayKey._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {holds} SET micros = micros - %s "  # noqa: S608
+            "WHERE request_id = %s AND key_id = %s AND micros >= %s",
+            [amount, request_id, key_id, amount],
+        )
+        if cursor.rowcount == 1:
+            cursor.execute(
+                f"UPDATE {keys} SET reserved_micros = CASE WHEN reserved_micros > %s "  # noqa: S608
+                "THEN reserved_micros - %s ELSE 0 END WHERE id = %s",
+                [amount, amount, key_id],
+            )
+
+
 @transaction.atomic
 def key_budget_give_back(*, key_id: int, request_id: str, amount: int, period: str, now: datetime) -> None:
     """Give back a reservation of `amount` the request stopped waiting for (`runtime.db.write_within`'s

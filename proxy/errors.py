@@ -15,6 +15,8 @@ TYPED_ERRORS: dict[str, tuple[int, str]] = {
     "request_too_large": (413, "The request body is too large."),
     "request_timeout": (408, "The request body did not arrive in time."),
     "rate_limit_exceeded": (429, "This key's rate limit is reached."),
+    # The key's own budget (SPEC §7.4): its condition, not an outage; the relay's answer names the amounts.
+    "budget_exceeded": (429, "This key's budget cannot cover this request."),
     "no_eligible_backend": (503, "No eligible backend can serve this request."),
     "pin_unavailable": (503, "The pinned upstream cannot serve this request."),
     "gateway_unavailable": (503, "The gateway cannot reach its database; try again shortly."),

@@ -29,6 +29,12 @@ class Unserved:
     excluded: IneligibleReason | None  # why the last candidate was passed over at its turn
     untranslatable: str | None  # the param a translation refused (the last candidate passed over)
     budget_unreachable: bool  # a reservation could not reach the database
+    budget_refusal: str | None = None  # the key's budget refused it: why, with its amounts (SPEC §7.4)
+
+
+def exclusion(unserved: Unserved, plan: Plan) -> IneligibleReason:
+    """Why nothing was sent, when nothing was: the condition that excluded the last candidate."""
+    return unserved.excluded or plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
 
 
 def _typed(
@@ -70,8 +76,16 @@ def unserved_answer(
             framing, 503, code=code, type=code, message=TYPED_ERRORS[code][1], param=None, retry=True
         )
     anthropic = path.startswith("/messages")
+    if last is None and exclusion(unserved, plan) is IneligibleReason.BUDGET:
+        # The key's own condition, not an outage: a 429 the SDKs do not retry (SPEC §7.4); Anthropic
+        # clients read its 429 as a rate_limit_error.
+        code = "budget_exceeded"
+        message = unserved.budget_refusal or TYPED_ERRORS[code][1]
+        return _typed(
+            framing, 429, code=code, type="insufficient_quota", message=message, param=None, retry=False
+        )
     if last is None:
-        reason = unserved.excluded or plan.exclusion_reason or IneligibleReason.CIRCUIT_OPEN
+        reason = exclusion(unserved, plan)
         return _typed(
             framing,
             503,

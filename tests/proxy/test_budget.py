@@ -95,7 +95,7 @@ def test_an_exhausted_budget_is_ineligible_and_without_a_budget_unknown_cost_is_
     _price(1_000_000, 1_000_000)
     GatewayKey.objects.update(budget_micros=5, spent_micros=0)  # reservation: prompt estimate + 10 > 5
     response = httpx.post(f"{gateway}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=10)
-    assert (response.status_code, response.json()["error"]["param"]) == (503, "budget")
+    assert (response.status_code, response.json()["error"]["code"]) == (429, "budget_exceeded")
     assert a.hits == [] and b.hits == []
 
     GatewayKey.objects.update(budget_micros=None)
@@ -163,8 +163,8 @@ def test_a_reservation_that_does_not_fit_beside_those_in_flight_sends_nothing(ga
     # Other requests in flight hold all but one micro of what this one needs.
     GatewayKey.objects.update(budget_micros=RESERVATION, reserved_micros=1)
     response = _send(gateway)
-    assert (response.status_code, response.json()["error"]["param"]) == (503, "budget")
-    assert response.json()["error"]["message"] == "no eligible backend: budget"
+    assert (response.status_code, response.json()["error"]["code"]) == (429, "budget_exceeded")
+    assert "$0.000001 held by requests in flight" in response.json()["error"]["message"]
     assert a.hits == [] and b.hits == []
     assert (_key().spent_micros, _key().reserved_micros) == (0, 1)  # nothing of its own was held
 
@@ -189,7 +189,7 @@ def test_a_daily_budget_starts_again_each_utc_day(gateway, two_assignments):
         budget_micros=RESERVATION, budget_period="day", spent_micros=RESERVATION, period_start=today
     )
     spent_today = _send(gateway)
-    assert (spent_today.status_code, spent_today.json()["error"]["param"]) == (503, "budget")
+    assert (spent_today.status_code, spent_today.json()["error"]["code"]) == (429, "budget_exceeded")
 
     GatewayKey.objects.update(period_start=today - timedelta(days=1))  # yesterday's spend
     served = _send(gateway)
@@ -401,11 +401,14 @@ def test_a_healthy_request_makes_no_extra_round_trip_and_a_budget_costs_one_stat
     budgeted = [sql.lstrip().upper() for sql in request_path_queries]
     # One conditional UPDATE holds the reservation, the request's hold written with it (in the same
     # statement on PostgreSQL; SQLite has no UPDATE in a WITH: a second statement in its transaction);
-    # the settlement rides in the ledger's batch.
+    # once answered, what the answer did not cost is given back the same way (the key's next request
+    # must not find it held, SPEC §7.4); the settlement of the cost rides in the ledger's batch.
     if connection.vendor == "postgresql":
-        assert len(budgeted) == 2 and budgeted[-1].startswith("WITH RESERVED AS (UPDATE"), budgeted
+        assert len(budgeted) == 3 and budgeted[1].startswith("WITH RESERVED AS (UPDATE"), budgeted
+        assert budgeted[2].startswith("WITH RELEASED AS (UPDATE"), budgeted
     else:
-        assert [sql.split()[0] for sql in budgeted[1:]] == ["BEGIN", "UPDATE", "INSERT"], budgeted
+        verbs = [sql.split()[0] for sql in budgeted[1:]]
+        assert verbs == ["BEGIN", "UPDATE", "INSERT", "BEGIN", "UPDATE", "UPDATE"], budgeted
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's writes wait for its writer's lock")
@@ -424,8 +427,8 @@ def test_a_reservation_runs_on_the_event_loop_and_on_a_thread_when_the_loop_has_
     statement_places.clear()
     assert _send(gateway).status_code == 200
     writer.flush()
-    assert [where for where, _ in statement_places] == ["loop", "loop"], statement_places
-    assert statement_places[-1][1].lstrip().upper().startswith("WITH RESERVED AS (UPDATE")
+    assert [where for where, _ in statement_places] == ["loop", "loop", "loop"], statement_places
+    assert statement_places[1][1].lstrip().upper().startswith("WITH RESERVED AS (UPDATE")
 
     async def no_connection(conn, sql, params):
         raise loopdb.NoConnection
