@@ -7,7 +7,8 @@ Relay runs it through `proxy.ws_relay.WebsocketDispatch`; the upstream's events 
 each. Once an upstream connection has served a response it is live, and every later frame is
 hard-pinned to it (`PinKind.WEBSOCKET`). A response a Chat- or Messages-shaped account served (over
 HTTP, translated) keeps its conversation in this connection's memory (`proxy.ws_relay.Conversations`),
-so a later frame can continue it with `previous_response_id`.
+so a later frame can continue it with `previous_response_id`; so does a prewarm (`generate: false`) the
+gateway answered itself because its plan went to such an account first (`proxy.ws_relay.prewarm`).
 
 Frames are handled one at a time, in order: a frame sent while a response streams waits its turn
 (at most MAX_PENDING wait); a frame's deadline (`x-gateway-deadline-ms` of the handshake) runs from
@@ -57,7 +58,7 @@ from proxy.exchange import Exchange, Final, Stream, settle
 from proxy.ingress import RequestFailed, answering, bearer, decode_json, prepare, validate_body
 from proxy.ledger import record
 from proxy.sse import Dialect
-from proxy.ws_relay import Conversations, UpstreamLink, WebsocketDispatch, error_frame
+from proxy.ws_relay import Conversations, UpstreamLink, WebsocketDispatch, error_frame, prewarm
 from routing.conversation import SESSION_HEADERS
 from routing.plan import HardPin, PinKind
 from routing.types import RouteClass
@@ -293,6 +294,14 @@ class ResponsesConsumer(DirectConsumer):
             await self._typed(exchange, failed, bad_frame=False)
             if failed.code == "authentication_error":
                 await self._close(*CLOSE_INVALID_KEY)
+            return
+        answered = prewarm(relay, sent) if live is None else None
+        if answered is not None:
+            frames, response = answered
+            await relay.answered()
+            for frame in frames:
+                await self._send(frame)
+            self.conversations.remember(previous, body, response, size=size + len(frames[-1]))
             return
         result = await relay.run()
         if isinstance(result, Stream):

@@ -28,6 +28,14 @@ Contract:
   candidate serves it). Any other `previous_response_id` is sent as it came. What is kept is bounded by
   bytes (`GATEWAY_MAX_BODY_BYTES` a connection) and cycle-free whatever an upstream's ids are (the
   response ids are the gateway's own, `proxy.providers.base.new_response_id`).
+- A prewarm (`response.create` with `generate: false`, Codex's first frame: the turn's request, to be
+  continued by the next frame with `previous_response_id` and only what is new) is relayed as it is
+  to a native candidate or on the live connection. When the plan's first candidate is bridged, the
+  gateway answers it as OpenAI does, with no upstream call (`prewarm`): `response.created` and
+  `response.completed` with no output, under an id of its own, and its conversation is kept like a
+  completed response's, so the next frame continues it whole. Its ledger row has no attempt (nothing
+  was sent, so no account's health or latency learns anything from it). A bridged candidate later in
+  an attempt loop refuses `generate` (a Chat or Messages upstream would generate).
 """
 
 import json
@@ -38,12 +46,15 @@ from typing import Any
 from django.conf import settings
 
 from proxy import upstream_ws
+from proxy.adapters.responses_over_chat import prewarmed
+from proxy.adapters.translate import RequestTranslationError
 from proxy.apis import responses
 from proxy.apis.responses import responses_error_event
 from proxy.dispatch import HttpDispatch
 from proxy.exchange import Failure, Final
-from proxy.providers.base import UpstreamCall
+from proxy.providers.base import UpstreamCall, new_response_id
 from proxy.providers.registry import provider
+from proxy.relay import Relay, call_for
 from proxy.sse import Block, Dialect, SSEParser
 from proxy.transport import Answer, EventSource, TransportFailure
 from proxy.upstream_ws import HandshakeRejected, UpstreamSocket
@@ -55,6 +66,30 @@ def error_frame(status: int | None, *, type: str, code: str | None, param: str |
     """One gateway `error` event as a websocket frame (UTF-8 JSON)."""
     body = responses_error_event(type=type, code=code, param=param, message=message, status=status)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+_SMALLEST = {"input": "."}
+
+
+def prewarm(relay: Relay, body: dict[str, Any]) -> tuple[list[bytes], dict[str, Any]] | None:
+    """The gateway's answer to a prewarm frame whose plan goes to a bridged candidate first (module
+    docstring): its frames and the response they complete; None when the frame is no prewarm or is
+    relayed (a native candidate first)."""
+    if body.get("generate") is not False or not relay.plan.order:
+        return None
+    first = relay.plan.order[0]
+    # Whether its account speaks Responses is its provider's, whatever the body: asked of the smallest
+    # request (the prewarm's own input may be one no translation carries, e.g. instructions alone,
+    # and is never sent).
+    try:
+        call = call_for(relay.path, relay.view, first, _SMALLEST, relay.requirements, None)
+    except RequestTranslationError:
+        return None
+    if call.dialect is Dialect.RESPONSES:
+        return None
+    events = prewarmed(body, model=first.model, created=int(time.time()), response_id=new_response_id())
+    frames = [json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode() for event in events]
+    return frames, events[-1]["response"]
 
 
 class UpstreamLink:

@@ -524,6 +524,25 @@ def _response(
     }
 
 
+def prewarmed(body: Mapping[str, Any], *, model: str, created: int, response_id: str) -> list[dict[str, Any]]:
+    """The events a Responses websocket answers a `generate: false` frame (a prewarm) with, as OpenAI
+    does: `response.created`, then `response.completed` with no output and no usage (nothing was
+    generated), each with its `sequence_number`."""
+    echoed = echo(body)
+    return [
+        {
+            "type": "response.created",
+            "sequence_number": 0,
+            "response": _response(response_id, model, created, "in_progress", echoed),
+        },
+        {
+            "type": "response.completed",
+            "sequence_number": 1,
+            "response": _response(response_id, model, created, "completed", echoed),
+        },
+    ]
+
+
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 

@@ -30,7 +30,7 @@ from django.core.management import call_command
 
 from devkit.agent_upstream import MARKER, PROOF_FILE, AgentUpstream
 from devkit.egress_trap import EgressTrap
-from proxy.models import Attempt
+from proxy.models import Attempt, RequestRecord
 
 # The tested client versions (the README lists them): one place to move them.
 CLIENTS = {"@anthropic-ai/claude-code": "2.1.332", "@openai/codex": "0.171.0", "opencode-ai": "1.18.33"}
@@ -266,6 +266,12 @@ def test_a_real_agent_completes_a_tool_task_through_a_failover(
     transports = {transport for _, transport, _ in up.hits}
     expected = "websocket" if how == "websocket" and adapter == "openai" else "sse"
     assert expected in transports, transports
+    if client == "codex" and how == "websocket":
+        # Codex's prewarm (`generate: false`): relayed as it is to an OpenAI account, answered by the
+        # gateway itself on an Anthropic one (a ledger row with no attempt: no upstream was called).
+        prewarms = [body for _, transport, body in up.hits if body.get("generate") is False]
+        answered = RequestRecord.objects.filter(transport="websocket", outcome="ok", attempts__isnull=True)
+        assert (len(prewarms), answered.count()) == ((1, 0) if adapter == "openai" else (0, 1))
     attempts = Attempt.objects.select_related("assignment", "request")
     failed_over = {
         a.request_id
