@@ -26,7 +26,14 @@ from functools import partial
 from django.db import DatabaseError
 
 from pools.credentials import credential_of
-from pools.services import key_budget_give_back, key_budget_reserve, key_budget_reserve_statement
+from pools.selectors import budget_refusal
+from pools.services import (
+    key_budget_give_back,
+    key_budget_release,
+    key_budget_release_statement,
+    key_budget_reserve,
+    key_budget_reserve_statement,
+)
 from proxy import ledger
 from proxy.adapters.translate import RequestTranslationError
 from proxy.exchange import AttemptLog, Exchange, Failure, Final, Lease, Memory, Stream, settle
@@ -34,9 +41,10 @@ from proxy.health import HealthWrites, Remembered, db_wait_s, probe_circuit
 from proxy.output import AttemptStream, attempt_cost, plain_answer, relay_body
 from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import upstream_call
+from proxy.services import charge_micros
 from proxy.sse import Dialect
 from proxy.transport import Answer, Body, Dispatch
-from proxy.unserved import Unserved, unserved_answer
+from proxy.unserved import Unserved, exclusion, unserved_answer
 from routing import breaker, services
 from routing.breaker import BreakerSettings
 from routing.eligibility import evaluate
@@ -168,6 +176,7 @@ class Relay:
             await self.health.release_probe(lease.circuit)
         await self.health.written()
         self.exchange.outcome = outcome
+        await self._hold_only_the_cost()
         self.exchange.status_code = status
         self.exchange.finished_at = datetime.now(UTC)
         await self.on_finish(self.exchange)
@@ -271,6 +280,33 @@ class Relay:
         if held:
             exchange.reserved_micros += need
         return held
+
+    async def _hold_only_the_cost(self) -> None:
+        """Before the client has the answer, shrink the request's budget hold to what it cost (SPEC
+        §7.4): the key's next request, sent as soon as this one is answered, finds only this one's
+        cost held, not its whole reservation waiting for the ledger's batch (which then moves what is
+        held into the spend). An attempt that may have run upstream without reporting usage keeps all
+        of it (`charge_micros`)."""
+        exchange = self.exchange
+        spare = exchange.reserved_micros - charge_micros(exchange, exchange.reserved_micros)
+        if spare <= 0 or exchange.key_id is None:
+            return
+        release = {"key_id": exchange.key_id, "request_id": exchange.request_id, "amount": spare}
+        try:
+            try:  # on the loop (PostgreSQL), as the reservation
+                await loopdb.write_within(db_wait_s(self.deadline), *key_budget_release_statement(**release))
+            except loopdb.NoConnection:
+                await db.write_within(db_wait_s(self.deadline), partial(key_budget_release, **release))
+        except DatabaseError:  # the ledger's record settles the whole hold, as it always did
+            logger.warning("budget: a finished request's spare reservation waits for its ledger record")
+            return
+        exchange.reserved_micros -= spare
+
+    async def answered(self) -> None:
+        """The gateway answered the request itself and sent nothing (a websocket prewarm on a bridged
+        account, `proxy.ws_relay.prewarm`): it ends `ok` with no attempt, and what it held (a probe
+        lease, a limits ticket) is given back."""
+        await self._finish(Outcome.OK, 200)
 
     async def answered(self) -> None:
         """The gateway answered the request itself and sent nothing (a websocket prewarm on a bridged
@@ -474,6 +510,16 @@ class Relay:
             untranslatable=self.untranslatable,
             budget_unreachable=self.budget_unreachable,
         )
+        if (
+            last is None
+            and exclusion(unserved, self.plan) is IneligibleReason.BUDGET
+            and self.exchange.key_id
+        ):
+            try:
+                refusal = await db.run(budget_refusal, self.exchange.key_id, datetime.now(UTC))
+            except DatabaseError:  # the typed answer without its amounts
+                refusal = None
+            unserved = replace(unserved, budget_refusal=refusal)
         outcome, status, final = unserved_answer(
             unserved,
             plan=self.plan,
