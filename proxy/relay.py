@@ -308,12 +308,6 @@ class Relay:
         lease, a limits ticket) is given back."""
         await self._finish(Outcome.OK, 200)
 
-    async def answered(self) -> None:
-        """The gateway answered the request itself and sent nothing (a websocket prewarm on a bridged
-        account, `proxy.ws_relay.prewarm`): it ends `ok` with no attempt, and what it held (a probe
-        lease, a limits ticket) is given back."""
-        await self._finish(Outcome.OK, 200)
-
     async def run(self) -> Final | Stream:
         try:
             return await self._run()
