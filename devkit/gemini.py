@@ -15,9 +15,9 @@ Contract (as the API answers, checked against the `google-genai` client in tests
   reason `API_KEY_INVALID` (not a 401). An unknown model is 404 `NOT_FOUND`.
 - Tools, as Gemini 3 answers them: when the request declares functions (and `toolConfig` does not say
   NONE) and the current turn (the contents after the last user text) holds fewer than `tool_steps`
-  (default 2) model steps, the answer calls every declared function at once (`functionCall` parts with
-  `args {"step": n}`, the first part carrying a fresh `thoughtSignature`, standard base64 with `+`, `/`
-  and `=` in it); after them it answers `done: <the last functionResponse's content>`. A request whose
+  (0 unless a test sets it: a plain answer) model steps, the answer calls every declared function at
+  once (`functionCall` parts with `args {"step": n}`, the first part carrying a fresh `thoughtSignature`,
+  standard base64 with `+`, `/` and `=` in it); after them it answers `done: <the last functionResponse's content>`. A request whose
   current turn has a model step whose first `functionCall` part lacks its `thoughtSignature` is 400
   `INVALID_ARGUMENT`, as is a signature this fake never gave (Gemini: "Corrupted thought signature");
   Google's documented dummy values for history from another model (`DUMMY_SIGNATURES`) are accepted.
@@ -130,7 +130,7 @@ class GeminiFake(FakeUpstream):
         super().__init__(name, models, **kw)
         self.embedders = embedders
         self.page_size = _PAGE_SIZE  # when the request names no pageSize
-        self.tool_steps = 2
+        self.tool_steps = 0  # a test sets how many tool steps a turn takes before the text answer
         self.signatures: set[str] = set()
 
     def _signature_problem(self, contents: list[Any]) -> str | None:
@@ -150,7 +150,7 @@ class GeminiFake(FakeUpstream):
         mode = ((body.get("toolConfig") or {}).get("functionCallingConfig") or {}).get("mode")
         turn = _current_turn(body["contents"])
         steps = sum(1 for c in turn if c.get("role") == "model" and _calls(c))
-        if not declared or mode == "NONE":
+        if not declared or mode == "NONE" or not self.tool_steps:
             return None
         if steps >= self.tool_steps:
             results = [

@@ -31,6 +31,7 @@ def google(gemini_then_openai):  # noqa: F811
     Assignment.objects.filter(name="gemini").update(
         tools="true", role_separation="true", tool_representation="native"
     )
+    fake.tool_steps = 2
     return fake
 
 
@@ -167,6 +168,7 @@ def test_a_step_whose_signature_was_lost_is_refused_by_gemini_3(gateway, google)
 
 def test_a_conversation_moving_to_another_provider_sends_it_plain_paired_ids(gateway, gemini_then_openai):  # noqa: F811
     google, other = gemini_then_openai
+    google.tool_steps = 2
     Assignment.objects.filter(name__in=["gemini", "openai"]).update(
         tools="true", role_separation="true", tool_representation="native"
     )
