@@ -135,6 +135,9 @@ class Failure:
     withheld: tuple[bytes, ...] = ()  # the client output held back before the failure
     final: bool = False  # the upstream answered, but not in a relayable form: returned as is, never replayed
     retry_after: int | None = None  # a relayed 429's `retry-after`, whole seconds (bounded)
+    # A context overflow's (tokens, maximum) in its provider's documented words (`canonical_error`):
+    # the only part of an upstream's message ever kept.
+    overflow: tuple[int, int] | None = None
 
     @classmethod
     def observed(
@@ -143,7 +146,8 @@ class Failure:
         """What an attempt's failure was (SPEC §5.6), from what was observed of it."""
         failure = classify(observation) or FailureClass.UPSTREAM_ERROR
         # Only sanitized fields go on (SPEC §4): to the client, the ledger, the log and the metrics.
-        error = sanitized(canonical_error(observation.body, observation.errors), failure)
+        canonical = canonical_error(observation.body, observation.errors)
+        error = sanitized(canonical, failure)
         return cls(
             failure=failure,
             dispatch=dispatch_state(observation.transport, observation.status),
@@ -153,6 +157,7 @@ class Failure:
             param=error.param,
             withheld=withheld,
             retry_after=retry_after if observation.status == 429 else None,
+            overflow=canonical.overflow,
         )
 
     @classmethod

@@ -157,6 +157,8 @@ def failure_message(last: Failure, *, window: int | None, tokens: int, anthropic
     if last.final and last.code in TYPED_ERRORS:
         return TYPED_ERRORS[last.code][1]
     if last.failure is FailureClass.CONTEXT_OVERFLOW:
+        # The upstream's own integers when it said them in its documented words, else the estimate.
+        tokens, window = last.overflow or (tokens, window)
         if anthropic:
             return too_long(tokens, window) or "prompt is too long for the model's context window"
         if window is not None and tokens > window:

@@ -2,20 +2,25 @@
 
 Contract:
 - `canonical_error(body, shape)` extracts only the canonical (type, code, param) strings of a parsed
-  error body, never its message. Where they are is the upstream provider's `ErrorShape` (data of its
-  module in `proxy.providers`): the error object is looked up at its paths in order (by default
-  `response.error`, `error`, `status_details.error`), and a provider whose errors may name their type
-  in a top-level field (AWS's `__type`, `namespace#Type:uri`) reads the type from it when the object has
-  none. Non-string values count as absent.
+  error body, never its message, but for the two integers of a context overflow worded as its
+  provider documents it, read by a strict full match of the whole message (`overflow`: Anthropic's
+  `invalid_request_error` "prompt is too long: N tokens > M maximum", OpenAI's
+  `context_length_exceeded` "This model's maximum context length is M tokens. However, your messages
+  resulted in N tokens."); any other wording yields nothing of the message. Where they are is the
+  upstream provider's `ErrorShape` (data of its module in `proxy.providers`): the error object is
+  looked up at its paths in order (by default `response.error`, `error`, `status_details.error`), and
+  a provider whose errors may name their type in a top-level field (AWS's `__type`,
+  `namespace#Type:uri`) reads the type from it when the object has none. Non-string values count as absent.
 - `classify(observation)` maps one attempt's typed observation (HTTP status, parsed body, transport
   event, finish/stop reason, catalog provenance for (assignment, model)) to a FailureClass, or None
   when nothing failed. A code-less model 404 is a model failure only with provenance; an Anthropic
   `not_found_error` is one only when the provenance is `observed` (this assignment's own discovery
   listed the model, so the account lost it: a sibling of the same model may serve), else it is the
   bare 404 that crosses to another model. Decisions use exact enumerated values only: no message
-  text, no substring. The checks run in this order: refusal; transport event; `code` model_not_found
-  (any status), context_length_exceeded, insufficient_quota; then the HTTP status; then, for a stream
-  error event (no error status), the error's canonical type/code.
+  text, no substring (the overflow's integers are read only from a whole message that is exactly the
+  documented wording). The checks run in this order: refusal; transport event; `code` model_not_found
+  (any status), context_length_exceeded or an Anthropic-worded overflow, insufficient_quota; then the
+  HTTP status; then, for a stream error event (no error status), the error's canonical type/code.
 - `disposition(failure, dispatch)` applies §5.6 in its order: safety refusal is terminal; a
   dispatch not known to be rejected (or not sent) is never replayed; model_unavailable,
   rate_limited, quota, unavailable and credential_rejected go to the next candidate;
@@ -34,6 +39,7 @@ Contract:
 """
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -113,6 +119,7 @@ class CanonicalError:
     type: str | None = None
     code: str | None = None
     param: str | None = None
+    overflow: tuple[int, int] | None = None  # a context overflow's (tokens, maximum), as documented
 
     @property
     def bare(self) -> bool:
@@ -156,16 +163,41 @@ def _namespaced_type(value: object) -> str | None:
     return text.rpartition("#")[2].partition(":")[0] or None
 
 
+# The documented overflow wordings, whole (module docstring); bounded integers, nothing else captured.
+_ANTHROPIC_OVERFLOW = re.compile(r"prompt is too long: ([0-9]{1,9}) tokens > ([0-9]{1,9}) maximum")
+_OPENAI_OVERFLOW = re.compile(
+    r"This model's maximum context length is ([0-9]{1,9}) tokens\. "
+    r"However, your messages resulted in ([0-9]{1,9}) tokens\."
+)
+
+
+def _overflow(type_: str | None, code: str | None, message: object) -> tuple[int, int] | None:
+    """(tokens, maximum) of a context overflow in its provider's documented words; None otherwise."""
+    if not isinstance(message, str):
+        return None
+    if (
+        type_ == "invalid_request_error"
+        and code is None
+        and (found := _ANTHROPIC_OVERFLOW.fullmatch(message))
+    ):
+        return int(found[1]), int(found[2])
+    if code == "context_length_exceeded" and (found := _OPENAI_OVERFLOW.fullmatch(message)):
+        return int(found[2]), int(found[1])
+    return None
+
+
 def canonical_error(body: Mapping[str, object] | None, shape: ErrorShape = ErrorShape()) -> CanonicalError:
     if not isinstance(body, Mapping):
         return CanonicalError()
     error = _error_object(body, shape.paths)
     fields = error if error is not None else {}
     named = _namespaced_type(body.get(shape.type_field)) if shape.type_field is not None else None
+    type_, code = _string(fields.get("type")) or named, _string(fields.get("code"))
     return CanonicalError(
-        type=_string(fields.get("type")) or named,
-        code=_string(fields.get("code")),
+        type=type_,
+        code=code,
         param=_string(fields.get("param")),
+        overflow=_overflow(type_, code, fields.get("message")),
     )
 
 
@@ -230,7 +262,7 @@ def classify(observation: Observation) -> FailureClass | None:
         return FailureClass.INTERRUPTED
     if error.code == "model_not_found":
         return FailureClass.MODEL_UNAVAILABLE
-    if error.code == "context_length_exceeded":
+    if error.code == "context_length_exceeded" or error.overflow is not None:
         return FailureClass.CONTEXT_OVERFLOW
     if "insufficient_quota" in (error.code, error.type):
         return FailureClass.QUOTA
