@@ -17,11 +17,11 @@ Contract (as the API answers, checked against the `google-genai` client in tests
   NONE) and the current turn (the contents after the last user text) holds fewer than `tool_steps`
   (0 unless a test sets it: a plain answer) model steps, the answer calls every declared function at
   once (`functionCall` parts with `args {"step": n}`, the first part carrying a fresh `thoughtSignature`,
-  standard base64 with `+`, `/` and `=` in it); after them it answers `done: <the last functionResponse's content>`. A request whose
-  current turn has a model step whose first `functionCall` part lacks its `thoughtSignature` is 400
-  `INVALID_ARGUMENT`, as is a signature this fake never gave (Gemini: "Corrupted thought signature");
-  Google's documented dummy values for history from another model (`DUMMY_SIGNATURES`) are accepted.
-  `signatures` holds every signature given.
+  standard base64 with `+`, `/` and `=` in it); after them it answers
+  `done: <the last functionResponse's content>`. A request whose current turn has a model step whose
+  first `functionCall` part lacks its `thoughtSignature` is 400 `INVALID_ARGUMENT`, as is a signature
+  this fake never gave (Gemini: "Corrupted thought signature"); Google's documented stand-ins for
+  history from another model (`DUMMY_SIGNATURES`) are accepted. `signatures` holds every one given.
 - Errors: `{"error": {"code", "message", "status"}}`; `Reject` renders its `type` as the `status`
   (`RESOURCE_EXHAUSTED`, `UNAVAILABLE`...). `Refusal` is an answer cut with `finishReason: SAFETY` and
   no content; `prompt_blocked()` a 200 with `promptFeedback.blockReason` and no candidates.
