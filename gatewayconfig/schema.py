@@ -11,7 +11,7 @@ drift apart. The rules between fields (duplicates, references between sections, 
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -19,8 +19,9 @@ from urllib.parse import urlsplit, urlunsplit
 from django.db import models
 
 from catalog.models import CatalogEntry
-from gatewayconfig.checker import INT32_MAX, INT64_MAX, MISSING, Checker, join
+from gatewayconfig.checker import INT32_MAX, INT64_MAX, MISSING, Checker, IssueCode, join
 from pools.models import Adapter, Assignment, GatewayKey, GatewaySettings, Pool
+from routing.budget import micros_from_usd, usd
 from routing.vocabulary import Router, TriState
 
 NAME_MAX = Pool._meta.get_field("name").max_length
@@ -68,6 +69,18 @@ DATETIME = Kind(Checker.optional_datetime, lambda value: None if value is None e
 UPSTREAM_ENV_NAME = Kind(lambda c, value, path: c.upstream_env_name(value, path, max_length=ENV_NAME_MAX))
 
 
+def _dollars(c: Checker, value: object, path: str) -> int:
+    try:
+        return micros_from_usd(value)
+    except ValueError as refused:
+        c.error(path, IssueCode.INVALID, f"{refused}")
+        return 0
+
+
+# An amount in US dollars (`"50.00"`, `0.25`) stored as integer micros, dumped as a decimal string.
+USD = Kind(_nullable(_dollars), lambda micros: None if micros is None else usd(micros).removeprefix("$"))
+
+
 def integer(column: models.Field, minimum: int | None) -> Kind:
     """An integer column's range from its type (a positive column starts at 0), unless `minimum` is
     stricter policy of the file; a nullable column also takes `null`."""
@@ -113,6 +126,7 @@ class Field:
     column: str = ""
     default: Any = MISSING
     always: bool = False
+    legacy: tuple[str, Kind] | None = None  # an older key read into the same column, never dumped
 
     @property
     def name(self) -> str:
@@ -149,6 +163,12 @@ def column(
     else:
         default = None if db_field.null else ""
     return Field(key=key or name, kind=kind, column=name if key else "", default=default, always=always)
+
+
+def money(model: type[models.Model], name: str, *, key: str, always: bool = False) -> Field:
+    """A micros column written in dollars under `key`; its micros name is still read (never dumped)."""
+    micros = column(model, name, minimum=0)
+    return replace(column(model, name, key=key, always=always, kind=USD), legacy=(name, micros.kind))
 
 
 def _kind_of(db_field: Any, minimum: int | None) -> Kind:
@@ -270,10 +290,11 @@ MODEL: tuple[Entry, ...] = (
     Block(
         "price",
         (
-            column(CatalogEntry, "input_per_mtok_micros", minimum=0),
-            column(CatalogEntry, "output_per_mtok_micros", minimum=0),
-            column(CatalogEntry, "cached_input_per_mtok_micros", minimum=0),
-            column(CatalogEntry, "cache_write_per_mtok_micros", minimum=0),
+            # Dollars per million tokens; the `*_per_mtok_micros` names are still read.
+            money(CatalogEntry, "input_per_mtok_micros", key="input_usd"),
+            money(CatalogEntry, "output_per_mtok_micros", key="output_usd"),
+            money(CatalogEntry, "cached_input_per_mtok_micros", key="cached_input_usd"),
+            money(CatalogEntry, "cache_write_per_mtok_micros", key="cache_write_usd"),
         ),
     ),
 )
@@ -298,7 +319,7 @@ KEY: tuple[Entry, ...] = (
             _k("min_quality", always=True, kind=FRACTION),
         ),
     ),
-    _k("budget_micros", always=True, minimum=0),
+    money(GatewayKey, "budget_micros", key="budget_usd", always=True),  # `budget_micros` still read
     _k("budget_period", always=True),
     _k("enabled"),
     _k("expires_at"),
@@ -317,7 +338,12 @@ KEY: tuple[Entry, ...] = (
 
 
 def keys_of(entries: Iterable[Entry]) -> tuple[str, ...]:
-    return tuple(entry.key for entry in entries)
+    keys: list[str] = []
+    for entry in entries:
+        keys.append(entry.key)
+        if isinstance(entry, Field) and entry.legacy is not None:
+            keys.append(entry.legacy[0])
+    return tuple(keys)
 
 
 def columns(entries: Iterable[Entry]) -> tuple[str, ...]:
@@ -345,7 +371,13 @@ def read_fields(c: Checker, data: Mapping[Any, Any], path: str, entries: Iterabl
             values.update(read_fields(c, given, block_path, entry.fields))
         elif entry.kind is not None:
             default = entry.default(values) if callable(entry.default) else entry.default
-            values[entry.name] = c.take(data, entry.key, path, partial(entry.kind.read, c), default)
+            key, kind = entry.key, entry.kind
+            if entry.legacy is not None and entry.legacy[0] in data:
+                if key in data:
+                    message = f"give either {key} or {entry.legacy[0]}, not both"
+                    c.error(join(path, entry.legacy[0]), IssueCode.CONFLICT, message)
+                key, kind = entry.legacy
+            values[entry.name] = c.take(data, key, path, partial(kind.read, c), default)
     return values
 
 

@@ -12,6 +12,7 @@ from pools.models import (
     Pool,
 )
 from pools.scoping import PoolScopedAdmin
+from routing.budget import micros_from_usd, usd
 
 # Only a superuser sets where an assignment sends requests and with which credential (SPEC §9): a pool
 # operator who could would send another pool's credential, or any variable, to a host of their choosing.
@@ -158,7 +159,31 @@ class AssignmentAdmin(PoolScopedAdmin):
         return request.user.is_superuser and super().has_add_permission(request)
 
 
-class GatewayKeyForm(forms.ModelForm):
+class KeyFormBase(forms.ModelForm):
+    """A key's budget in dollars (stored as micros, SPEC §7.4), as the YAML's `budget_usd`; a new key's
+    allow-list starts at every model of its pools, as in the YAML and create_key."""
+
+    budget_usd = forms.DecimalField(
+        label="Budget (USD)",
+        required=False,
+        min_value=0,
+        decimal_places=6,
+        max_digits=18,
+        help_text="e.g. 50.00, per budget period; empty: no budget.",
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        micros = self.instance.budget_micros
+        self.fields["budget_usd"].initial = None if micros is None else usd(micros).removeprefix("$")
+
+    def save(self, commit: bool = True) -> GatewayKey:
+        amount = self.cleaned_data.get("budget_usd")
+        self.instance.budget_micros = None if amount is None else micros_from_usd(str(amount))
+        return super().save(commit=commit)
+
+
+class GatewayKeyForm(KeyFormBase):
     """The raw key is taken once, hashed, and never rendered back."""
 
     raw_key = forms.CharField(
@@ -178,7 +203,7 @@ class GatewayKeyForm(forms.ModelForm):
             "regions",
             "allow_third_party_router",
             "min_quality",
-            "budget_micros",
+            "budget_usd",
             "budget_period",
             "limit_rpm",
             "limit_tpm",
@@ -201,7 +226,7 @@ class GatewayKeyForm(forms.ModelForm):
         return super().save(commit=commit)
 
 
-class GatewayKeyOperatorForm(forms.ModelForm):
+class GatewayKeyOperatorForm(KeyFormBase):
     """A pool operator's form: no secret. Setting a key's secret is taking over its client (its files,
     its responses), so only a superuser sets one (issue 45)."""
 
@@ -223,21 +248,34 @@ class GatewayKeyAdmin(PoolScopedAdmin):
         "prefix",
         "enabled",
         "expires_at",
-        "budget_micros",
+        "budget",
         "budget_period",
-        "spent_micros",
-        "reserved_micros",
+        "spent",
+        "held",
     )
     readonly_fields = (
         "prefix",
-        "spent_micros",
-        "reserved_micros",
+        "spent",
+        "held",
         "period_start",
         "previous_prefix",
         "previous_valid_until",
     )
     search_fields = ("name", "prefix")
     filter_horizontal = ("pools",)
+
+    # Amounts in dollars, as the spend page and the YAML show them (stored as micros).
+    @admin.display(description="budget (USD)", ordering="budget_micros")
+    def budget(self, key: GatewayKey) -> str:
+        return "none" if key.budget_micros is None else usd(key.budget_micros)
+
+    @admin.display(description="spent (USD)", ordering="spent_micros")
+    def spent(self, key: GatewayKey) -> str:
+        return usd(key.spent_micros)
+
+    @admin.display(description="held by requests in flight (USD)", ordering="reserved_micros")
+    def held(self, key: GatewayKey) -> str:
+        return usd(key.reserved_micros)
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         kwargs["form"] = GatewayKeyForm if request.user.is_superuser else GatewayKeyOperatorForm

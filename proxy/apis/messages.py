@@ -37,6 +37,7 @@ ERROR_TYPES: Mapping[str, str] = {
     "file_assignment_conflict": "invalid_request_error",
     "request_too_large": "request_too_large",
     "rate_limit_exceeded": "rate_limit_error",  # the key's own limits (proxy.limits)
+    "budget_exceeded": "rate_limit_error",  # the key's own budget (SPEC §7.4)
     "pin_unavailable": "api_error",
     "gateway_unavailable": "api_error",
     "upstream_dispatch_unknown": "timeout_error",

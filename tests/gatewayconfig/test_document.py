@@ -367,7 +367,7 @@ def test_dump_has_no_secrets_and_omits_unknowns(tmp_path):
     assert "vision" not in acct_a["capabilities"]  # declared unknown
     assert acct_a["capabilities"]["write_tools"] is False
     assert "privacy" not in acct_b and "capabilities" not in acct_b and "quality" not in acct_b
-    assert acct_a["models"][1] == {"id": "gpt-5-mini", "price": {"input_per_mtok_micros": 0}}
+    assert acct_a["models"][1] == {"id": "gpt-5-mini", "price": {"input_usd": "0.00"}}
     assert acct_b["models"] == [{"id": "claude-opus-4-8"}]
 
 
@@ -1150,7 +1150,13 @@ def test_a_models_price_takes_its_cached_rates_and_dumps_them_back(tmp_path):
     mini = CatalogEntry.objects.get(model="gpt-5-mini")
     assert (mini.cached_input_per_mtok_micros, mini.cache_write_per_mtok_micros) == (None, None)
     dumped = yaml.safe_load(dump())["pools"][0]["assignments"][0]["models"][0]["price"]
-    assert dumped == gpt5["price"]
+    # Dumped in dollars per million tokens (issue 47), the micros names being still read.
+    assert dumped == {
+        "input_usd": "1.25",
+        "output_usd": "10.00",
+        "cached_input_usd": "0.125",
+        "cache_write_usd": "0.00",
+    }
     gpt5["price"]["cached_input_per_mtok_micros"] = -1
     assert (
         "pools[0].assignments[0].models[0].price.cached_input_per_mtok_micros: must be an integer >= 0"
