@@ -309,7 +309,8 @@ KEY: tuple[Entry, ...] = (
     Field("key"),
     Field("key_env"),
     Field("pools", always=True),
-    _k("allowed_models", always=True, kind=string(MODEL_MAX, what="model"), default=()),
+    # A key without an allow-list may use every model of its pools, as create_key and admin give it.
+    _k("allowed_models", always=True, kind=string(MODEL_MAX, what="model"), default=("*",)),
     Block(
         "requirements",
         (

@@ -174,6 +174,8 @@ class KeyFormBase(forms.ModelForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if self.instance.pk is None:
+            self.fields["allowed_models"].initial = ["*"]
         micros = self.instance.budget_micros
         self.fields["budget_usd"].initial = None if micros is None else usd(micros).removeprefix("$")
 

@@ -31,11 +31,28 @@ def parse_overlap(text: str) -> timedelta:
     return timedelta(seconds=int(match[1]) * {"": 0, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]])
 
 
+@dataclass(frozen=True, slots=True)
+class KeyTerms:
+    """A key's budget and limits as the CLI gives them (None: none)."""
+
+    budget_micros: int | None = None
+    budget_period: str = ""  # day | week | month; empty: a lifetime budget
+    rpm: int | None = None
+    tpm: int | None = None
+    concurrent: int | None = None
+
+
 @transaction.atomic
 def gateway_key_create(
-    *, name: str, pool_names: list[str], allowed_models: list[str], expires_at: datetime | None
+    *,
+    name: str,
+    pool_names: list[str],
+    allowed_models: list[str],
+    expires_at: datetime | None,
+    terms: KeyTerms = KeyTerms(),
 ) -> tuple[GatewayKey, str]:
-    """A new key with a generated secret; the secret is returned once and only its hash is stored."""
+    """A new key with a generated secret; the secret is returned once and only its hash is stored.
+    Without `allowed_models` it may use every model of its pools (`*`, as in the YAML and admin)."""
     if not name or len(name) > GatewayKey._meta.get_field("name").max_length:
         raise KeyRefused("a key name is 1 to 100 characters")
     if GatewayKey.objects.filter(name=name).exists():
@@ -45,7 +62,16 @@ def gateway_key_create(
     if missing or not pool_names:
         raise KeyRefused(f"unknown pool(s): {', '.join(missing)}" if missing else "name at least one pool")
     secret = new_key_secret()
-    key = GatewayKey(name=name, allowed_models=allowed_models or ["*"], expires_at=expires_at)
+    key = GatewayKey(
+        name=name,
+        allowed_models=allowed_models or ["*"],
+        expires_at=expires_at,
+        budget_micros=terms.budget_micros,
+        budget_period=terms.budget_period,
+        limit_rpm=terms.rpm,
+        limit_tpm=terms.tpm,
+        limit_concurrent=terms.concurrent,
+    )
     key.set_key(secret)
     key.save()
     key.pools.set(pools.values())

@@ -357,7 +357,7 @@ class ResponsesConsumer(DirectConsumer):
                 type="invalid_request_error" if bad_frame else failed.code,
                 code=failed.code,
                 param=failed.param,
-                message=(failed.message if isinstance(failed, BadFrame) else None) or message,
+                message=failed.message or message,
             )
         )
 

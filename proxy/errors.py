@@ -31,6 +31,19 @@ TYPED_ERRORS: dict[str, tuple[int, str]] = {
     "internal_error": (500, "The gateway failed to handle the request; the failure is logged."),
 }
 
+# A refusal about one model names it (issue 47): the client sees which model its key may not use.
+MODEL_MESSAGES: dict[str, str] = {
+    "permission_denied": "This key may not use the model {}.",
+    "model_not_found": "No route serves the model {}.",
+}
+
+
+def model_message(code: str, model: str) -> str | None:
+    """The typed error `code`'s message naming `model` (the model the refusal is about), if it has one."""
+    template = MODEL_MESSAGES.get(code)
+    return template.format(model) if template is not None and model else None
+
+
 # Typed codes an identical retry may cure (SPEC §4 `x-should-retry: true`); every other is false.
 RETRYABLE = frozenset({"gateway_unavailable", "rate_limit_exceeded", "pin_unavailable", "internal_error"})
 

@@ -27,7 +27,7 @@ from proxy import edge, limits
 from proxy.adapters.translate import RequestTranslationError
 from proxy.apis.registry import STREAMING, api_for
 from proxy.dispatch import HttpDispatch
-from proxy.errors import TYPED_ERRORS, should_retry
+from proxy.errors import TYPED_ERRORS, model_message, should_retry
 from proxy.exchange import Exchange, Lease, Memory
 from proxy.health import probe_circuit
 from proxy.ledger import record
@@ -79,14 +79,21 @@ MESSAGES_ROUTES = (ClientRoute.MESSAGES, ClientRoute.COUNT_TOKENS)
 
 
 class RequestFailed(Exception):
-    def __init__(self, code: str, param: str | None = None, *, retry_after: int | None = None) -> None:
+    def __init__(
+        self, code: str, param: str | None = None, *, retry_after: int | None = None, model: str = ""
+    ) -> None:
         super().__init__(code)
         self.code, self.param, self.retry_after = code, param, retry_after
+        self.message = model_message(code, model)  # a refusal about a model names it
 
 
-def typed_response(route: str, code: str, param: str | None = None) -> HttpResponse:
-    """The gateway's typed error `code` in the envelope of the API `route` belongs to (SPEC §4)."""
-    status, message = TYPED_ERRORS[code]
+def typed_response(
+    route: str, code: str, param: str | None = None, message: str | None = None
+) -> HttpResponse:
+    """The gateway's typed error `code` in the envelope of the API `route` belongs to (SPEC §4);
+    `message`: its own words for this request (else the table's)."""
+    status, default = TYPED_ERRORS[code]
+    message = message or default
     if code == "no_eligible_backend" and param:
         message = f"no eligible backend: {param}"  # what excluded the last candidate, in words too
     if code == "rate_limit_exceeded" and param:
@@ -107,9 +114,11 @@ def request_id_headers(response: HttpResponse | Reply, request_id: str) -> None:
     response["request-id"] = request_id
 
 
-def typed_failure(exchange: Exchange, code: str, param: str | None = None) -> HttpResponse:
+def typed_failure(
+    exchange: Exchange, code: str, param: str | None = None, message: str | None = None
+) -> HttpResponse:
     """`typed_response` for `exchange`'s route, recorded as the exchange's outcome and status."""
-    response = typed_response(exchange.route, code, param)
+    response = typed_response(exchange.route, code, param, message)
     exchange.outcome, exchange.status_code = code, response.status_code
     return response
 
@@ -525,7 +534,8 @@ async def prepare(
             if isinstance(decision.error, AutoError) and decision.error.reason
             else None
         )
-        raise RequestFailed(code, param)
+        model = decision.error.model if isinstance(decision.error, ResolutionError) else "auto"
+        raise RequestFailed(code, param, model=model)
     if isinstance(decision.error, PlanError):
         raise RequestFailed(str(decision.error.code))
     assert decision.plan is not None and decision.resolution is not None

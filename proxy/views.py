@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pools.selectors import key_authenticate
 from proxy.apis.chat import error_body
-from proxy.errors import TYPED_ERRORS
+from proxy.errors import TYPED_ERRORS, model_message
 from proxy.exchange import Exchange, Final, Stream
 from proxy.ingress import (
     COMPACT,
@@ -82,7 +82,7 @@ async def _proxy(path: str, headers: Mapping[str, str], raw: bytes, refusal: str
         exchange.operation_id = operation_id(headers) or exchange.request_id
         reply = await _handle(path, headers, raw, refusal, exchange, started_mono)
     except RequestFailed as failed:
-        reply = _reply_of(typed_failure(exchange, failed.code, failed.param))
+        reply = _reply_of(typed_failure(exchange, failed.code, failed.param, failed.message))
         if failed.retry_after is not None:
             reply["retry-after"] = str(failed.retry_after)
         await record(exchange)
@@ -197,7 +197,9 @@ async def model(request: HttpRequest, model_id: str) -> HttpResponse:
     if isinstance(listed, HttpResponse):
         return listed
     if model_id not in listed:
-        return typed_response(ClientRoute.MODEL, "model_not_found", "model")
+        return typed_response(
+            ClientRoute.MODEL, "model_not_found", "model", model_message("model_not_found", model_id)
+        )
     return JsonResponse(_model_object(model_id))
 
 
