@@ -49,6 +49,10 @@ class KindCounts:
 @dataclass(slots=True)
 class ApplySummary:
     counts: dict[str, KindCounts] = field(default_factory=lambda: {kind: KindCounts() for kind in KINDS})
+    # Every change that takes access away from a client, in words (never a secret): printed as warnings.
+    access_removed: list[str] = field(default_factory=list)
+    # Existing keys whose secret in the file differs from the stored one, kept (no `replace_secrets`).
+    secrets_kept: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -105,7 +109,12 @@ def _upsert(
 
 
 @transaction.atomic
-def gateway_config_load(*, text: str, prune: bool, env: Mapping[str, str]) -> LoadResult:
+def gateway_config_load(
+    *, text: str, prune: bool, env: Mapping[str, str], replace_secrets: bool = False, dry_run: bool = False
+) -> LoadResult:
+    """Validate and apply `text`. `replace_secrets`: a key's secret in the file replaces an existing
+    key's (else it only creates keys, so a reload never undoes a `rotate_key`). `dry_run`: the same
+    summary and warnings, and everything rolled back."""
     validation = parse_config(text, env=env, facts=database_facts(), prune=prune)
     if validation.config is None:
         return LoadResult(errors=validation.errors, warnings=validation.warnings, summary=None)
@@ -121,8 +130,25 @@ def gateway_config_load(*, text: str, prune: bool, env: Mapping[str, str]) -> Lo
             if spec.name in validation.config.credentials
         )
         return LoadResult(errors=missing, warnings=validation.warnings, summary=None)
-    summary = gateway_config_apply(config=validation.config, prune=prune)
+    summary = gateway_config_apply(config=validation.config, prune=prune, replace_secrets=replace_secrets)
+    if dry_run:
+        transaction.set_rollback(True)
     return LoadResult(errors=(), warnings=validation.warnings, summary=summary)
+
+
+def _access_removed(key: GatewayKey, values: Mapping[str, Any], pools_lost: list[str]) -> list[str]:
+    """What applying `values` (and losing `pools_lost`) takes away from the key's clients, in words."""
+    removed = []
+    if key.enabled and values.get("enabled") is False:
+        removed.append(f"key {key.name!r} disabled: its clients get 401")
+    if pools_lost:
+        removed.append(f"key {key.name!r} loses pool(s) {', '.join(sorted(pools_lost))}")
+    old, new = set(key.allowed_models), set(values.get("allowed_models", key.allowed_models))
+    if "*" in old and "*" not in new:
+        removed.append(f"key {key.name!r} narrowed from every model to {sorted(new) or 'no model'}")
+    elif "*" not in new and old - new:
+        removed.append(f"key {key.name!r} may no longer use {', '.join(sorted(old - new))}")
+    return removed
 
 
 def _credential_values(existing: Assignment | None, api_key_env: str, plain: str | None) -> dict[str, str]:
@@ -147,8 +173,13 @@ def _credential_values(existing: Assignment | None, api_key_env: str, plain: str
 
 
 @transaction.atomic
-def gateway_config_apply(*, config: GatewayConfig, prune: bool) -> ApplySummary:
-    """Upsert everything `config` names; with `prune`, delete what it does not name.
+def gateway_config_apply(
+    *, config: GatewayConfig, prune: bool, replace_secrets: bool = False
+) -> ApplySummary:
+    """Upsert everything `config` names; with `prune`, delete what it does not name. A key's secret in
+    `config` is set on a new key, and on an existing one only with `replace_secrets` (a secret
+    `rotate_key` gave it stays until the file is loaded so); every change that removes a client's
+    access is listed in the summary's `access_removed`.
 
     Observed and preserved catalog entries belong to discovery: they are only ever deleted along
     with their assignment. A declared model that discovery already saw becomes `configured` and
@@ -160,6 +191,7 @@ def gateway_config_apply(*, config: GatewayConfig, prune: bool) -> ApplySummary:
     if prune:
         # First, so a key hash that moves to another name never meets its old row.
         stale = set(keys) - {k.name for k in config.keys}
+        summary.access_removed += [f"key {name!r} removed: its clients get 401" for name in sorted(stale)]
         summary.record_deleted(GatewayKey.objects.filter(name__in=stale).delete())
 
     settings = GatewaySettings.objects.filter(pk=1).first()
@@ -230,13 +262,23 @@ def gateway_config_apply(*, config: GatewayConfig, prune: bool) -> ApplySummary:
             key.pools.set(pool_ids)
             counts["keys"].created += 1
             continue
+        before = {p.pk: p.name for p in key.pools.all()}
+        summary.access_removed += _access_removed(
+            key, spec.values(), [n for pk, n in before.items() if pk not in pool_ids]
+        )
         changed = _sync(key, spec.values())
         if spec.secret is not None and hash_key(spec.secret) != key.key_hash:
-            key.set_key(spec.secret)
-            changed += ["key_hash", "prefix"]
+            if replace_secrets:
+                key.set_key(spec.secret)
+                changed += ["key_hash", "prefix"]
+                summary.access_removed.append(
+                    f"key {key.name!r}: secret replaced, clients using the old one get 401"
+                )
+            else:
+                summary.secrets_kept.append(key.name)
         if changed:
             key.save(update_fields=changed)
-        pools_changed = {p.pk for p in key.pools.all()} != pool_ids
+        pools_changed = set(before) != pool_ids
         if pools_changed:
             key.pools.set(pool_ids)
         if changed or pools_changed:
@@ -253,5 +295,9 @@ def gateway_config_apply(*, config: GatewayConfig, prune: bool) -> ApplySummary:
         # cascaded away with its old pool (it was already moved above).
         named = {spec.name for _, spec in config.assignments()}
         summary.record_deleted(Assignment.objects.exclude(name__in=named).delete())
-        summary.record_deleted(Pool.objects.exclude(name__in=[p.name for p in config.pools]).delete())
+        gone = Pool.objects.exclude(name__in=[p.name for p in config.pools])
+        summary.access_removed += [
+            f"pool {name!r} removed: keys lose its models" for name in gone.values_list("name", flat=True)
+        ]
+        summary.record_deleted(gone.delete())
     return summary

@@ -830,11 +830,21 @@ def test_a_key_already_used_by_another_name_is_refused_unless_pruned(tmp_path):
 
 @pytest.mark.django_db
 def test_a_rotated_key_is_rehashed(tmp_path):
+    """Only with --replace-secrets (issue 47): without it a changed secret is kept, and said."""
     load(tmp_path, BASE)
     doc = base()
     doc["keys"][0]["key"] = "sk-gw-rotated-0123456789abcdef"
 
-    load(tmp_path, doc)
+    _, err = load(tmp_path, doc)
+    assert GatewayKey.objects.get(name="ci").key_hash == hash_key(CI_KEY)
+    assert any("key 'ci': the file's secret differs from the stored one, which is kept" in e for e in err)
+    call_command(
+        "load_gateway_config",
+        str(write(tmp_path, doc)),
+        replace_secrets=True,
+        stdout=StringIO(),
+        stderr=StringIO(),
+    )
 
     ci = GatewayKey.objects.get(name="ci")
     assert ci.key_hash == hash_key("sk-gw-rotated-0123456789abcdef")
