@@ -12,8 +12,19 @@ timing says nothing about how fast the account serves.
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 ALPHA = 0.2
+# How fast a pair's recent load (`routing.models.Latency.load`) forgets: a request served this long ago
+# counts half. Long enough to see which accounts the conversations of the last minute went to, short
+# enough that an account the draw has stopped favouring looks idle again within a minute or two.
+LOAD_HALF_LIFE_S = 30.0
+
+
+def load_now(load: float, written_at: datetime, now: datetime) -> float:
+    """A stored load as it stands at `now`: halved for every LOAD_HALF_LIFE_S since it was written."""
+    age = max((now - written_at).total_seconds(), 0.0)
+    return float(load * 0.5 ** (age / LOAD_HALF_LIFE_S))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,13 +20,17 @@ drops or filters (the plan gates first). Health comes first, then tier:
    (its weight, scaled down by the headroom its rate-limit headers report and by its latency against
    the fastest of them; behind a held probe, the draw picks who comes second). The rest keep the
    deterministic order. Without a draw (`routing_explain`, a pool with the features off) the order is
-   the deterministic one, a priority list.
+   the deterministic one, a priority list. The draw is made twice (`_second`), and of the two the
+   candidate that served less lately for its share (`Candidate.load`, kept by the ledger writer) goes
+   first: the power of two choices, which keeps the busiest account near its fair share where one draw
+   left it at twice it.
 
 The sort is stable, so candidates equal on every key keep the selector's order. Group (3) stays in
 the plan at the end for an explicit model (availability); `auto` uses the ready pool instead (§5.5,
 `routing.auto`).
 """
 
+import math
 from collections.abc import Iterable, Sequence
 
 from routing.types import Candidate, Health
@@ -102,9 +106,16 @@ def share_weights(candidates: Sequence[Candidate]) -> list[float]:
     return weights
 
 
+def _busyness(c: Candidate, weight: float) -> float:
+    """What it served lately for its share of the draw: the lower, the more room it has."""
+    return (c.load or 0.0) / weight if weight > 0 else float("inf")
+
+
 def shares(candidates: Iterable[Candidate]) -> dict[tuple[int, str], float]:
     """The chance each candidate of an ordered set has of being drawn first (`order` with a draw): what
-    `routing_explain` and the panel show. Candidates outside the leading group and tier have 0."""
+    `routing_explain` and the panel show. Candidates outside the leading group and tier have 0. Of two
+    draws the less busy wins, and a tie keeps the first: i comes first when drawn twice, or drawn with a
+    busier j in either order, or drawn first with an equally busy j."""
     ranked = sorted(candidates, key=preference_key)
     result = dict.fromkeys((c.key for c in ranked), 0.0)
     if _held(ranked):
@@ -113,8 +124,16 @@ def shares(candidates: Iterable[Candidate]) -> dict[tuple[int, str], float]:
     leading = _leading(ranked)
     weights = share_weights(leading)
     total = sum(weights)
-    for c, w in zip(leading, weights, strict=True):
-        result[c.key] = w / total if total > 0 else (1.0 if c is leading[0] else 0.0)
+    if total <= 0:
+        result[leading[0].key] = 1.0
+        return result
+    odds = [w / total for w in weights]
+    busy = [_busyness(c, w) for c, w in zip(leading, weights, strict=True)]
+    for i, c in enumerate(leading):
+        wins = sum(
+            odds[j] * (1 + (busy[j] > busy[i]) - (busy[j] < busy[i])) for j in range(len(leading)) if j != i
+        )
+        result[c.key] = odds[i] * (odds[i] + wins)
     return result
 
 
@@ -133,6 +152,11 @@ def _drawn(leading: Sequence[Candidate], draw: float) -> int:
     return max(i for i, w in enumerate(weights) if w > 0)  # draw == 1.0, or rounding at the end
 
 
+def _second(draw: float) -> float:
+    """A second uniform number from the request's one draw (its lower digits)."""
+    return math.modf(draw * 65_536.0)[0]
+
+
 def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[Candidate, ...]:
     ranked = sorted(candidates, key=preference_key)
     if draw is None:
@@ -141,7 +165,14 @@ def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[C
     leading = _leading(ranked[held:])
     if len(leading) < 2:
         return tuple(ranked)
-    chosen = _drawn(leading, draw)
+    # Two choices: of two candidates drawn by share, the one that served less lately for its share goes
+    # first (a tie keeps the first drawn). Conversations keep their account, so where a new one lands
+    # decides the load for its whole length: one random draw left the busiest of 20 accounts at twice
+    # its fair share (make bench-pool); the less busy of two keeps it near it.
+    weights = share_weights(leading)
+    chosen, other = _drawn(leading, draw), _drawn(leading, _second(draw))
+    if _busyness(leading[other], weights[other]) < _busyness(leading[chosen], weights[chosen]):
+        chosen = other
     if chosen:
         ranked.insert(held, ranked.pop(held + chosen))
     return tuple(ranked)

@@ -33,6 +33,7 @@ from routing import breaker
 from routing.breaker import BreakerSettings, CircuitSnapshot
 from routing.capabilities import Capability, Effective, valid_until
 from routing.files import file_pins
+from routing.latency import load_now
 from routing.models import Affinity, AffinityKind, Circuit, Demotion, Latency
 from routing.plan import HardPin, PinKind
 from routing.resolution import ModelPolicy
@@ -235,7 +236,9 @@ def health_sql(pools: str) -> str:
     A latency row carries its average in whole milliseconds in the cooldown column (an integer column
     for both backends' UNION; a millisecond is finer than any order it decides), and the latest headroom
     its answers reported in thousandths in the failures column, with its limit's reset in the open_until
-    column (null: none reported). Every latency row of
+    column (null: none reported), and its recent load in thousandths in the probes column, as written at
+    the lease column's time (it is decayed to the request's time here, so the rows stay the same between
+    two ledger batches). Every latency row of
     the pools is read, not only the requested model's: the model is known only after resolution, and a
     pair has a row only once it has served, so they number the pairs in use."""
     circuit, demotion, assignment, latency = Circuit._meta, Demotion._meta, Assignment._meta, Latency._meta
@@ -251,7 +254,7 @@ def health_sql(pools: str) -> str:
         "UNION ALL "
         f"SELECT {LATENCY_KIND}, l.assignment_id, l.model, '', '', "
         "CAST(ROUND(l.headroom_left * 1000) AS INTEGER), CAST(ROUND(l.ewma_ms) AS INTEGER), "
-        "l.headroom_until, 0, NULL "
+        "l.headroom_until, CAST(ROUND(l.load * 1000) AS INTEGER), l.updated_at "
         f"FROM {latency.db_table} l JOIN {assignment.db_table} la ON la.id = l.assignment_id "
         f"WHERE la.pool_id IN {pools}"
     )
@@ -265,6 +268,8 @@ class HealthState:
     latency: dict[tuple[int, str], float] = field(default_factory=dict)  # (assignment, model) -> average ms
     # (assignment, model) -> (the share of its tightest rate limit left, when that limit resets)
     headroom: dict[tuple[int, str], tuple[float, datetime]] = field(default_factory=dict)
+    # (assignment, model) -> (its recent load, when that was written: `routing.latency.load_now`)
+    load: dict[tuple[int, str], tuple[float, datetime]] = field(default_factory=dict)
 
 
 def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime) -> HealthState:
@@ -288,6 +293,7 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
     demoted: set[tuple[int, str]] = set()
     latency: dict[tuple[int, str], float] = {}
     headroom: dict[tuple[int, str], tuple[float, datetime]] = {}
+    load: dict[tuple[int, str], tuple[float, datetime]] = {}
     for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in rows:
         if kind == 1:
             demoted.add((assignment_id, model))
@@ -296,6 +302,8 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
             latency[(assignment_id, model)] = float(cooldown)
             if failures is not None and until is not None:
                 headroom[(assignment_id, model)] = (failures / 1000, rawsql.as_datetime(until))
+            if probes and lease is not None:
+                load[(assignment_id, model)] = (probes / 1000, rawsql.as_datetime(lease))
             continue
         snapshot = CircuitSnapshot(
             state=_STATES[state],
@@ -310,7 +318,7 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
             wide[assignment_id] = snapshot
         else:
             found[(assignment_id, model)] = snapshot
-    return HealthState(found, wide, demoted, latency, headroom)
+    return HealthState(found, wide, demoted, latency, headroom, load)
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,9 +554,9 @@ class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
         return len(self._routes)
 
 
-# A model's candidates with their latency averages and headroom, as last built, by the configuration tuple
-# they were built from: (that tuple, the (average, headroom) pairs, the candidates built).
-Measured = tuple[float | None, float | None]
+# A model's candidates with their latency averages, headroom and load, as last built, by the configuration
+# tuple they were built from: (that tuple, the (average, headroom, load) triples, the candidates built).
+Measured = tuple[float | None, float | None, float | None]
 _latency_built: dict[int, tuple[tuple[Candidate, ...], tuple[Measured, ...], tuple[Candidate, ...]]] = {}
 
 
@@ -557,23 +565,32 @@ def with_latency(
     latency: Mapping[tuple[int, str], float],
     headroom: Mapping[tuple[int, str], tuple[float, datetime]],
     now: datetime,
+    load: Mapping[tuple[int, str], tuple[float, datetime]] | None = None,
 ) -> tuple[Candidate, ...]:
-    """`candidates` with `latency_ms` filled from `latency` (None where a pair has no average yet) and
-    `headroom_left` from `headroom` while its limit has not reset by `now`. Built once per change of
-    these, not per request: a candidate's copy costs about 7 us, a pool of twenty accounts 0.14 ms a
-    request, where they move at most once per ledger batch (routing.latency)."""
+    """`candidates` with `latency_ms` filled from `latency` (None where a pair has no average yet),
+    `headroom_left` from `headroom` while its limit has not reset by `now`, and `load` from `load`
+    decayed to `now` (rounded to a tenth, so it changes the candidates no more often than it matters).
+    Built once per change of these, not per request: a candidate's copy costs about 7 us, a pool of
+    twenty accounts 0.14 ms a request (routing.latency)."""
+    loads = load or {}
 
     def left(key: tuple[int, str]) -> float | None:
         found = headroom.get(key)
         return found[0] if found is not None and now < found[1] else None
 
-    values = tuple((latency.get(c.key), left(c.key)) for c in candidates)
+    def served(key: tuple[int, str]) -> float | None:
+        found = loads.get(key)
+        return round(load_now(found[0], found[1], now), 1) if found is not None else None
+
+    values = tuple((latency.get(c.key), left(c.key), served(c.key)) for c in candidates)
     built = _latency_built.get(id(candidates))
     if built is not None and built[0] is candidates and built[1] == values:
         return built[2]
     pairs = zip(candidates, values, strict=True)
     result = tuple(
-        c if (c.latency_ms, c.headroom_left) == v else replace(c, latency_ms=v[0], headroom_left=v[1])
+        c
+        if (c.latency_ms, c.headroom_left, c.load) == v
+        else replace(c, latency_ms=v[0], headroom_left=v[1], load=v[2])
         for c, v in pairs
     )
     if len(_latency_built) >= CACHE_LIMIT:
@@ -609,7 +626,7 @@ def routing_view_load(
 
     def govern(candidates: tuple[Candidate, ...]) -> tuple[Candidate, ...]:
         if latency:
-            candidates = with_latency(candidates, latency, headroom, now)
+            candidates = with_latency(candidates, latency, headroom, now, health.load)
         if not (circuits or demoted or wide):
             return candidates
         return tuple(

@@ -14,7 +14,9 @@ from catalog.models import Provenance
 from devkit.behaviours import model_not_found, serve, slow_stream
 from pools.models import Assignment, GatewaySettings
 from proxy.models import Attempt
+from routing.latency import Fold
 from routing.models import Affinity, Circuit, Demotion, Latency
+from routing.services import latencies_record
 from routing.types import ASSIGNMENT_WIDE
 from tests.factories import AssignmentFactory, CatalogEntryFactory
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY_ENV
@@ -338,3 +340,17 @@ def _ratelimit_headers(remaining: int) -> dict[str, str]:
         "x-ratelimit-remaining-requests": str(remaining),
         "x-ratelimit-reset-requests": "10m0s",
     }
+
+
+def test_new_work_goes_to_the_account_that_served_less_lately(gateway, two_assignments):
+    # The draw's second choice (SPEC §5.4): a has served a lot lately (its load, kept by the ledger writer
+    # on its latency row), b nothing; of two draws the less busy wins, so a comes first only when drawn
+    # twice (a quarter of the requests, not half).
+    a, b, (acct_a, _acct_b) = two_assignments
+    _equal_tiers()
+    latencies_record(folds=[Fold(acct_a.pk, "gpt-5", 20.0, 200)], now=timezone.now())
+    for _ in range(REQUESTS):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    # Expected 10 of 40; 18 or more happens about once in 10^3 runs... at a half, 20 would be expected.
+    assert a.hit_count() <= 18
+    assert b.hit_count() >= 22

@@ -45,7 +45,7 @@ def test_the_headroom_an_account_reported_scales_its_chance_until_its_limit_rese
     (a, *_), _ = pool_of_four
     latencies_record(folds=[Fold(a.pk, "gpt-5", 100.0, 1)], now=timezone.now())
     Latency.objects.filter(assignment=a).update(
-        headroom_left=0.25, headroom_until=timezone.now() + timedelta(minutes=1)
+        headroom_left=0.25, headroom_until=timezone.now() + timedelta(minutes=1), load=0
     )
     text = _explain()
     # 0.25 against 1 + 1 + 1: a eighth of a half... exactly 0.25 / 3.25.
@@ -68,3 +68,13 @@ def test_a_sessions_account_is_named_as_the_cache_affinity(pool_of_four):
     text = _explain(session="conversation-1")
     assert "cache affinity: the session's last account goes first while it is healthy: acct-c\n" in text
     assert "cache affinity" not in _explain()
+
+
+def test_an_account_that_served_more_lately_loses_the_second_choice(pool_of_four):
+    (a, b, *_), _ = pool_of_four
+    latencies_record(folds=[Fold(a.pk, "gpt-5", 100.0, 8), Fold(b.pk, "gpt-5", 100.0, 2)], now=timezone.now())
+    text = _explain()
+    # Each drawn with 1/4; a loses to everyone (P = 1/16), b beats c and d only when drawn first of them...
+    assert "  acct-a / gpt-5: weight 1, latency 100 ms, served lately 8.0, first 6%\n" in text
+    assert "  acct-b / gpt-5: weight 1, latency 100 ms, served lately 2.0, first 19%\n" in text
+    assert "  acct-c / gpt-5: weight 1, latency unknown (no answer yet), first 38%\n" in text

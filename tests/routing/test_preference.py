@@ -235,3 +235,21 @@ def test_shares_are_the_draws_odds():
 def test_a_zero_weight_candidate_is_never_drawn_while_another_has_weight():
     counts = _firsts([c(1, weight=0), c(2, weight=1)], [i / 100 for i in range(100)])
     assert counts == {2: 100}
+
+
+def test_of_two_draws_the_account_that_served_less_lately_goes_first():
+    busy, idle = c(1, load=5.0), c(2, load=0.0)
+    counts = _firsts([busy, idle], [(i + 0.5) / 2000 for i in range(2000)])
+    # busy comes first only when both draws pick it: a quarter of the time, not a half.
+    assert 400 < counts[1] < 600
+    assert shares([busy, idle]) == {(1, "gpt-5"): 0.25, (2, "gpt-5"): 0.75}
+    # Load is measured against each one's share of the draw: twice the weight carries twice the load.
+    assert shares([c(1, weight=2, load=4.0), c(2, load=2.0)]) == pytest.approx(
+        {(1, "gpt-5"): 2 / 3, (2, "gpt-5"): 1 / 3}
+    )
+
+
+def test_equal_loads_keep_the_first_draw():
+    cands = [c(1, load=3.0), c(2, load=3.0), c(3, load=3.0)]
+    assert shares(cands) == pytest.approx({(1, "gpt-5"): 1 / 3, (2, "gpt-5"): 1 / 3, (3, "gpt-5"): 1 / 3})
+    assert _firsts(cands, [0.1, 0.5, 0.9]) == {1: 1, 2: 1, 3: 1}

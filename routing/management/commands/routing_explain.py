@@ -157,15 +157,15 @@ class Command(BaseCommand):
         drawn = preference.shares(eligible) if site_settings.GATEWAY_POOL_FEATURES else None
         self.stdout.write(
             "preference (weight, headroom: the share of its tightest rate limit left, latency: average time "
-            "to first byte, chance of going first):"
+            "to first byte, served lately: its recent load, chance of going first):"
         )
         for c in eligible:
             latency = "unknown (no answer yet)" if c.latency_ms is None else f"{c.latency_ms:.0f} ms"
             headroom = "" if c.headroom_left is None else f", headroom {c.headroom_left:.0%} left"
+            served = "" if c.load is None else f", served lately {c.load:.1f}"
             chance = f", first {drawn[c.key]:.0%}" if drawn is not None else ""
-            self.stdout.write(
-                f"  {c.assignment} / {c.model}: weight {c.weight}{headroom}, latency {latency}{chance}"
-            )
+            line = f"weight {c.weight}{headroom}, latency {latency}{served}{chance}"
+            self.stdout.write(f"  {c.assignment} / {c.model}: {line}")
         if plan.session_moved:
             first = plan.order[1] if plan.order[0].health is Health.HELD else plan.order[0]
             affinity = "cache affinity: the session's last account goes first while it is healthy"
