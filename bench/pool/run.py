@@ -142,13 +142,15 @@ async def send(
 
 async def clients(url: str, s: workload.Settings, rate: float) -> list[Turn]:
     """Every slot's conversations, open loop: slot i sends at i/rate, then every slots/rate seconds (a
-    turn whose previous answer is late goes as soon as it comes)."""
+    turn whose previous answer is late goes as soon as it comes). Slot i's first conversation is joined
+    at its turn `workload.first_turn(i)`, as if the run began in the middle of agents' work, so
+    conversations end, and new ones begin, all along the run rather than all together."""
     period = s.slots / rate
     started = time.monotonic()
     turns: list[Turn] = []
 
     async def slot(index: int, session: aiohttp.ClientSession) -> None:
-        kind, generation, turn, due = workload.kind_of(index), 0, 1, index / rate
+        kind, generation, turn, due = workload.kind_of(index), 0, workload.first_turn(index, s), index / rate
         while due < s.duration_s:
             await asyncio.sleep(max(started + due - time.monotonic(), 0))
             conversation = f"{kind}-{index:02d}-{generation:03d}"

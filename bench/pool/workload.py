@@ -5,8 +5,10 @@
   for `outage_s` from half of it, and `a01` hung from start to end. Names sort in that order, so a plan
   that is a priority list meets the hung account first, as the issue's reproduction did.
 - Conversations: `slots` clients, each holding one conversation of `turns` turns at a time (then a new
-  one). Each conversation opens with its own ~20k-token system prompt (`[conv:ID]` and the project
-  context of an agent), so only the account that served its earlier turns has its prefix cached.
+  one); the run joins each slot's first conversation part way (`first_turn`), so conversations begin and
+  end all along it, as a pool serving many agents sees them. Each conversation opens with its own
+  ~20k-token system prompt (`[conv:ID]` and the project context of an agent), so only the account that
+  served its earlier turns has its prefix cached.
   Most clients name it with `x-gateway-session`; every twelfth with the Responses `prompt_cache_key`,
   with Claude Code's `x-claude-code-session-id` on `/v1/messages`, or with Codex's `session-id`.
 - Pace: open loop. The slots' turns are spread evenly over time at `rate` turns per second, fixed
@@ -80,6 +82,12 @@ def steady(specs: list[AccountSpec]) -> list[AccountSpec]:
 def heals(specs: list[AccountSpec]) -> dict[str, float]:
     """Each account that fails and heals: the second its outage ends."""
     return {s.name: o.end_s for s in specs for o in s.outages if o.end_s is not None and o.kind != "hang"}
+
+
+def first_turn(slot: int, s: Settings) -> int:
+    """The turn at which slot `slot` joins its first conversation: spread over 1..turns across the slots,
+    so the steady state (conversations beginning and ending all the time) starts with the run."""
+    return 1 + (slot * s.turns) // s.slots
 
 
 def kind_of(slot: int) -> str:
