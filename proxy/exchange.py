@@ -7,6 +7,7 @@ included, so none of them has to import the loop to read what it did.
 """
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -55,6 +56,12 @@ class AttemptLog:
     pool: str = ""
     adapter: str = ""  # the upstream API family (a trace's gen_ai.provider.name)
     offset_ms: int = 0  # when the attempt began, from the request's start (a trace's span start)
+
+
+def new_response_id() -> str:
+    """A response id the gateway gives a Responses answer it translated: unguessable and never reused,
+    whatever ids the upstream sends (an upstream's id is never its identity, issue 45)."""
+    return f"resp_{secrets.token_hex(16)}"
 
 
 @dataclass(slots=True)

@@ -57,6 +57,7 @@ from proxy.adapters.chat_over_messages import (
     chat_to_anthropic_request,
 )
 from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
+from proxy.exchange import new_response_id
 from proxy.providers.base import MESSAGES, RESPONSES, UpstreamCall
 from proxy.providers.registry import provider, upstream_call
 from proxy.sse import Block, Dialect, SSEParser
@@ -535,6 +536,7 @@ async def replay(
                     requirements=Requirements(),
                     credential=credential_of(target),
                     created=int(time.time()),
+                    response_id=new_response_id(),
                 )
             except RequestTranslationError:
                 if probe.carried_only:

@@ -36,7 +36,17 @@ from pools.services import (
 )
 from proxy import ledger
 from proxy.adapters.translate import RequestTranslationError
-from proxy.exchange import AttemptLog, Exchange, Failure, Final, Lease, Memory, Stream, settle
+from proxy.exchange import (
+    AttemptLog,
+    Exchange,
+    Failure,
+    Final,
+    Lease,
+    Memory,
+    Stream,
+    new_response_id,
+    settle,
+)
 from proxy.health import HealthWrites, Remembered, db_wait_s, probe_circuit
 from proxy.output import AttemptStream, attempt_cost, plain_answer, relay_body
 from proxy.providers.base import UpstreamCall
@@ -79,6 +89,7 @@ def call_for(
         requirements=requirements,
         credential=credential_of(target),
         created=int(time.time()),  # once per call: every chunk of a translated stream shares it
+        response_id=new_response_id(),  # a translated Responses answer's id is the gateway's own
         anthropic_beta=anthropic_beta,
     )
 

@@ -27,7 +27,7 @@ Contract:
   `response.create` that continues one is sent with the whole conversation as its `input` (to whichever
   candidate serves it). Any other `previous_response_id` is sent as it came. What is kept is bounded by
   bytes (`GATEWAY_MAX_BODY_BYTES` a connection) and cycle-free whatever an upstream's ids are (the
-  response ids are the gateway's own, `proxy.providers.base.new_response_id`).
+  response ids are the gateway's own, `proxy.exchange.new_response_id`).
 - A prewarm (`response.create` with `generate: false`, Codex's first frame: the turn's request, to be
   continued by the next frame with `previous_response_id` and only what is new) is relayed as it is
   to a native candidate or on the live connection. When the plan's first candidate is bridged, the
@@ -51,8 +51,8 @@ from proxy.adapters.translate import RequestTranslationError
 from proxy.apis import responses
 from proxy.apis.responses import responses_error_event
 from proxy.dispatch import HttpDispatch
-from proxy.exchange import Failure, Final
-from proxy.providers.base import UpstreamCall, new_response_id
+from proxy.exchange import Failure, Final, new_response_id
+from proxy.providers.base import UpstreamCall
 from proxy.providers.registry import provider
 from proxy.relay import Relay, call_for
 from proxy.sse import Block, Dialect, SSEParser

@@ -38,7 +38,7 @@ requests, lenient answers) is `proxy.adapters.translate`'s. Decisions of this pa
 - Answers: a Chat `length` finish is an `incomplete` response (`max_output_tokens`), `content_filter`
   an `incomplete` one (`content_filter`); text is an `output_text` part, a refusal a `refusal` part,
   each tool call a `function_call` item whose `call_id` is the Chat tool call id. The response id is the
-  gateway's (`response_id`, minted per call by `proxy.providers.base.new_response_id`), never derived
+  gateway's (`response_id`, minted per call by `proxy.exchange.new_response_id`), never derived
   from the upstream's: an upstream that repeats its ids (Bedrock's `chatcmpl-bedrock`, a fallback id)
   must not make two answers one response (issue 45).
 

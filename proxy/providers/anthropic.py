@@ -60,6 +60,7 @@ class Anthropic:
         requirements: Requirements,
         credential: str,
         created: int,
+        response_id: str = "",
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         headers = json_headers(self.auth_headers(credential))
@@ -78,7 +79,7 @@ class Anthropic:
                 ),
             )
         if path == RESPONSES:
-            answered = answered_as(body, model=model, created=created)
+            answered = answered_as(body, model=model, created=created, response_id=response_id)
             return UpstreamCall(
                 url(target.base_url, MESSAGES),
                 headers,

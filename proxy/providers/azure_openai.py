@@ -105,6 +105,7 @@ class AzureOpenAI(OpenAI):
         requirements: Requirements,
         credential: str,
         created: int,
+        response_id: str = "",
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         base = target.base_url.rstrip("/")

@@ -9,7 +9,6 @@ the client, where its error bodies keep their canonical fields, and how it lists
 """
 
 import json
-import secrets
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -197,11 +196,14 @@ class Provider(Protocol):
         requirements: Requirements,
         credential: str,
         created: int,
+        response_id: str = "",
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         """The upstream request for client route `path` (one of `routes`) on `target`, serving
         `model`. `created`: when the call is made (Unix seconds, the caller's clock), the `created` or
         `created_at` of every answer translated from its upstream's wire, each chunk of a stream alike.
+        `response_id`: the id a Responses answer translated from another wire is given (the caller's
+        `proxy.exchange.new_response_id`: never an upstream's, issue 45).
         RequestTranslationError when the body cannot be carried to this API."""
         ...
 
@@ -279,13 +281,7 @@ def messages_over_chat(
     )
 
 
-def new_response_id() -> str:
-    """A response id the gateway gives a Responses answer it translated: unguessable and never reused,
-    whatever ids the upstream sends (an upstream's id is never its identity, issue 45)."""
-    return f"resp_{secrets.token_hex(16)}"
-
-
-def answered_as(body: Json, *, model: str, created: int) -> Json:
+def answered_as(body: Json, *, model: str, created: int, response_id: str) -> Json:
     """The arguments a Responses answer translated for `body` is made with (its echoed fields, the
     client's names of its namespaced functions, and a response id of the gateway's own)."""
     return {
@@ -293,7 +289,7 @@ def answered_as(body: Json, *, model: str, created: int) -> Json:
         "echoed": echo(body),
         "names": namespaced(body),
         "created": created,
-        "response_id": new_response_id(),
+        "response_id": response_id,
     }
 
 
@@ -304,6 +300,7 @@ def responses_over_chat(
     model: str,
     *,
     created: int,
+    response_id: str,
     upstream: Callable[[Json], Json] | None = None,
     stream_usage: bool = True,
     wire: Wire | None = None,
@@ -317,7 +314,7 @@ def responses_over_chat(
         payload = {**chat.body, "model": model}
         payload = upstream(payload) if upstream is not None else payload
     # What the answer says of the request, in either form: the same minted id for both.
-    answered = answered_as(body, model=model, created=created)
+    answered = answered_as(body, model=model, created=created, response_id=response_id)
     return UpstreamCall(
         where,
         headers,

@@ -214,6 +214,7 @@ class Bedrock:
         requirements: Requirements,
         credential: str,
         created: int,
+        response_id: str = "",
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         sigv4 = self.signature(target.base_url, target.region, credential)
@@ -228,7 +229,14 @@ class Bedrock:
         if path == RESPONSES:
             upstream = bedrock_translate.chat_to_converse_request
             return responses_over_chat(
-                where, headers, body, model, created=created, upstream=upstream, wire=wire
+                where,
+                headers,
+                body,
+                model,
+                created=created,
+                response_id=response_id,
+                upstream=upstream,
+                wire=wire,
             )
         payload = bedrock_translate.chat_to_converse_request(chat)
         if path == MESSAGES:

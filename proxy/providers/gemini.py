@@ -103,6 +103,7 @@ class Gemini:
         requirements: Requirements,
         credential: str,
         created: int,
+        response_id: str = "",
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         chat = anthropic_to_chat_request(body) if path == MESSAGES else body
@@ -114,7 +115,14 @@ class Gemini:
         if path == RESPONSES:
             upstream = gemini_translate.chat_to_gemini_request
             return responses_over_chat(
-                where, headers, body, model, created=created, upstream=upstream, wire=wire
+                where,
+                headers,
+                body,
+                model,
+                created=created,
+                response_id=response_id,
+                upstream=upstream,
+                wire=wire,
             )
         payload = gemini_translate.chat_to_gemini_request(chat)
         if path == MESSAGES:

@@ -59,6 +59,7 @@ class OpenAI:
         requirements: Requirements,
         credential: str,
         created: int,
+        response_id: str = "",
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         auth = self.auth_headers(credential)

@@ -51,6 +51,7 @@ class OpenAICompatible(OpenAI):
         requirements: Requirements,
         credential: str,
         created: int,
+        response_id: str = "",
         anthropic_beta: str | None = None,
     ) -> UpstreamCall:
         if path != RESPONSES:
@@ -72,6 +73,7 @@ class OpenAICompatible(OpenAI):
             body,
             model,
             created=created,
+            response_id=response_id,
             upstream=lambda chat: self.shape(chat, requirements),
             stream_usage=self.asks_stream_usage(target),
         )

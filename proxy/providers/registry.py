@@ -58,6 +58,7 @@ def upstream_call(
     requirements: Requirements,
     credential: str,
     created: int,
+    response_id: str = "",
     anthropic_beta: str | None = None,
 ) -> UpstreamCall:
     """The request for client route `path` (without `/v1`) on `target`, serving `model`, carrying
@@ -78,5 +79,6 @@ def upstream_call(
         requirements=requirements,
         credential=credential,
         created=created,
+        response_id=response_id,
         anthropic_beta=anthropic_beta,
     )

@@ -14,7 +14,10 @@ from tests.proxy.test_translate import run
 
 TRANSLATORS = [
     pytest.param(partial(ChatToAnthropicStream, model="m"), id="messages"),
-    pytest.param(partial(ChatToResponsesStream, model="m", echoed=echo({}), created=1), id="responses"),
+    pytest.param(
+        partial(ChatToResponsesStream, model="m", echoed=echo({}), created=1, response_id="resp_1", names={}),
+        id="responses",
+    ),
 ]
 OPENING = [chat_chunk({"role": "assistant", "content": ""}), chat_chunk({"content": "Hel"})]
 FINISHED = [chat_chunk({"content": "lo"}, "stop")]
