@@ -20,10 +20,10 @@ drops or filters (the plan gates first). Health comes first, then tier:
    (its weight, scaled down by the headroom its rate-limit headers report and by its latency against
    the fastest of them; behind a held probe, the draw picks who comes second). The rest keep the
    deterministic order. Without a draw (`routing_explain`, a pool with the features off) the order is
-   the deterministic one, a priority list. The draw is made twice (`_second`), and of the two the
-   candidate that served less lately for its share (`Candidate.load`, kept by the ledger writer) goes
-   first: the power of two choices, which keeps the busiest account near its fair share where one draw
-   left it at twice it.
+   the deterministic one, a priority list. The draw is made CHOICES times (`_draws`), and of those the
+   candidate that served least lately for its share (`Candidate.load`, kept by the ledger writer) goes
+   first: the power of several choices, which keeps the busiest account near its fair share where one
+   draw left it at twice it.
 
 The sort is stable, so candidates equal on every key keep the selector's order. Group (3) stays in
 the plan at the end for an explicit model (availability); `auto` uses the ready pool instead (§5.5,
@@ -43,6 +43,8 @@ LATENCY_FLOOR = 0.1
 # Added to both latencies compared: a few milliseconds of jitter between two fast accounts (loopback,
 # one region) must not split their load 3 to 1; an account 0.5 s slower than its sibling still loses most.
 LATENCY_SLACK_MS = 50.0
+# How many candidates the draw takes, of which the least busy lately goes first (`order`).
+CHOICES = 3
 # The smallest share of its weight an account keeps while its rate-limit headers say little is left: it
 # still answers, and its next answer says whether the limit has been reset.
 HEADROOM_SHARE_FLOOR = 0.05
@@ -113,9 +115,10 @@ def _busyness(c: Candidate, weight: float) -> float:
 
 def shares(candidates: Iterable[Candidate]) -> dict[tuple[int, str], float]:
     """The chance each candidate of an ordered set has of being drawn first (`order` with a draw): what
-    `routing_explain` and the panel show. Candidates outside the leading group and tier have 0. Of two
-    draws the less busy wins, and a tie keeps the first: i comes first when drawn twice, or drawn with a
-    busier j in either order, or drawn first with an equally busy j."""
+    `routing_explain` and the panel show. Candidates outside the leading group and tier have 0. Of
+    CHOICES draws the least busy wins, and a tie goes to the first drawn of the tied: i wins when every
+    draw is of a candidate at least as busy as i (odds `1 - less`), at least one of them tied with it
+    (less `(1 - less - tied) ** CHOICES`), and the first tied one drawn is i (`odds[i] / tied`)."""
     ranked = sorted(candidates, key=preference_key)
     result = dict.fromkeys((c.key for c in ranked), 0.0)
     if _held(ranked):
@@ -130,10 +133,10 @@ def shares(candidates: Iterable[Candidate]) -> dict[tuple[int, str], float]:
     odds = [w / total for w in weights]
     busy = [_busyness(c, w) for c, w in zip(leading, weights, strict=True)]
     for i, c in enumerate(leading):
-        wins = sum(
-            odds[j] * (1 + (busy[j] > busy[i]) - (busy[j] < busy[i])) for j in range(len(leading)) if j != i
-        )
-        result[c.key] = odds[i] * (odds[i] + wins)
+        less = sum(p for p, b in zip(odds, busy, strict=True) if b < busy[i])
+        tied = sum(p for p, b in zip(odds, busy, strict=True) if b == busy[i])
+        if odds[i] > 0:
+            result[c.key] = ((1 - less) ** CHOICES - max(1 - less - tied, 0.0) ** CHOICES) * odds[i] / tied
     return result
 
 
@@ -152,9 +155,10 @@ def _drawn(leading: Sequence[Candidate], draw: float) -> int:
     return max(i for i, w in enumerate(weights) if w > 0)  # draw == 1.0, or rounding at the end
 
 
-def _second(draw: float) -> float:
-    """A second uniform number from the request's one draw (its lower digits)."""
-    return math.modf(draw * 65_536.0)[0]
+def _draws(draw: float) -> list[float]:
+    """CHOICES uniform numbers from the request's one draw: itself, then its lower digits, 16 bits at a
+    time (a double's 53 bits leave the last of three 21 bits: finer than any pool's shares)."""
+    return [math.modf(draw * 65_536.0**n)[0] if n else draw for n in range(CHOICES)]
 
 
 def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[Candidate, ...]:
@@ -165,14 +169,13 @@ def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[C
     leading = _leading(ranked[held:])
     if len(leading) < 2:
         return tuple(ranked)
-    # Two choices: of two candidates drawn by share, the one that served less lately for its share goes
-    # first (a tie keeps the first drawn). Conversations keep their account, so where a new one lands
-    # decides the load for its whole length: one random draw left the busiest of 20 accounts at twice
-    # its fair share (make bench-pool); the less busy of two keeps it near it.
+    # Several choices: of CHOICES candidates drawn by share, the one that served least lately for its
+    # share goes first (a tie keeps the first drawn). Conversations keep their account, so where a new
+    # one lands decides the load for its whole length: one random draw left the busiest of 20 accounts
+    # at 2.1x its fair share in make bench-pool, the better of two at 1.44x.
     weights = share_weights(leading)
-    chosen, other = _drawn(leading, draw), _drawn(leading, _second(draw))
-    if _busyness(leading[other], weights[other]) < _busyness(leading[chosen], weights[chosen]):
-        chosen = other
+    picks = [_drawn(leading, u) for u in _draws(draw)]
+    chosen = min(picks, key=lambda i: _busyness(leading[i], weights[i]))  # min keeps the first of equals
     if chosen:
         ranked.insert(held, ranked.pop(held + chosen))
     return tuple(ranked)

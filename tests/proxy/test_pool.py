@@ -351,6 +351,7 @@ def test_new_work_goes_to_the_account_that_served_less_lately(gateway, two_assig
     latencies_record(folds=[Fold(acct_a.pk, "gpt-5", 20.0, 200)], now=timezone.now())
     for _ in range(REQUESTS):
         assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
-    # Expected 10 of 40; 18 or more happens about once in 10^3 runs... at a half, 20 would be expected.
-    assert a.hit_count() <= 18
-    assert b.hit_count() >= 22
+    # Expected 5 of 40 (a comes first only when all three draws pick it); 14 or more happens about once in
+    # 10^4 runs, where one draw at a half would expect 20.
+    assert a.hit_count() <= 13
+    assert b.hit_count() >= 27

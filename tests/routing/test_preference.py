@@ -5,6 +5,7 @@ import random
 import pytest
 
 from routing.preference import (
+    CHOICES,
     HEADROOM_SHARE_FLOOR,
     LATENCY_FLOOR,
     LATENCY_SLACK_MS,
@@ -237,12 +238,22 @@ def test_a_zero_weight_candidate_is_never_drawn_while_another_has_weight():
     assert counts == {2: 100}
 
 
-def test_of_two_draws_the_account_that_served_less_lately_goes_first():
+def test_of_the_draws_the_account_that_served_least_lately_goes_first():
     busy, idle = c(1, load=5.0), c(2, load=0.0)
     counts = _firsts([busy, idle], [(i + 0.5) / 2000 for i in range(2000)])
-    # busy comes first only when both draws pick it: a quarter of the time, not a half.
-    assert 400 < counts[1] < 600
-    assert shares([busy, idle]) == {(1, "gpt-5"): 0.25, (2, "gpt-5"): 0.75}
+    # busy comes first only when all three draws pick it: an eighth of the time, not a half.
+    assert CHOICES == 3
+    assert 180 < counts[1] < 320
+    assert shares([busy, idle]) == {(1, "gpt-5"): 0.125, (2, "gpt-5"): 0.875}
+    # Three accounts, loads 0, 1 and 2: the odds of the least busy winning three draws.
+    three = shares([c(1, load=2.0), c(2, load=1.0), c(3, load=0.0)])
+    assert three == pytest.approx(
+        {(1, "gpt-5"): 1 / 27, (2, "gpt-5"): 8 / 27 - 1 / 27, (3, "gpt-5"): 19 / 27}
+    )
+    counts = _firsts(
+        [c(1, load=2.0), c(2, load=1.0), c(3, load=0.0)], [(i + 0.5) / 2700 for i in range(2700)]
+    )
+    assert abs(counts[3] - 1900) < 150 and abs(counts.get(1, 0) - 100) < 60
     # Load is measured against each one's share of the draw: twice the weight carries twice the load.
     assert shares([c(1, weight=2, load=4.0), c(2, load=2.0)]) == pytest.approx(
         {(1, "gpt-5"): 2 / 3, (2, "gpt-5"): 1 / 3}
