@@ -11,6 +11,9 @@ TYPED_ERRORS: dict[str, tuple[int, str]] = {
     "model_not_found": (404, "No route serves this model."),
     # Not in SPEC §4's table: an unknown file id, or one another key uploaded (the same answer).
     "file_not_found": (404, "No such file."),
+    # Not in SPEC §4's table: OpenAI's answer for an unknown previous_response_id, which is also what a
+    # response id another key created gets (SPEC §7.2).
+    "previous_response_not_found": (400, "No such previous response."),
     "file_assignment_conflict": (409, "The assignment holding the referenced file is no longer in the pool."),
     "request_too_large": (413, "The request body is too large."),
     "request_timeout": (408, "The request body did not arrive in time."),

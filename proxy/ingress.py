@@ -54,6 +54,7 @@ from routing.route import (
 )
 from routing.sanitize import valid as valid_field
 from routing.selectors import (
+    Affinities,
     AffinityIds,
     ConfigSnapshot,
     RequestState,
@@ -223,6 +224,7 @@ class Loaded:
 
     authenticated: Authenticated
     inputs: RoutingInputs | None = None
+    refusal: RequestFailed | None = None  # an id the request names that the key holds no affinity for
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,10 +246,11 @@ class ReadArgs:
             return AffinityIds()
         return AffinityIds(self.previous_response_id(), self.session_key, self.file_ids)
 
-    def inputs_load(self, state: RequestState, config: ConfigSnapshot | None = None) -> RoutingInputs:
+    def loaded(self, state: RequestState, config: ConfigSnapshot | None = None) -> Loaded:
+        """The read of a request with a body: its routing inputs and whether it names an id it may not."""
         assert self.body is not None
         authenticated = state.authenticated
-        return routing_inputs_load(
+        inputs = routing_inputs_load(
             pool_ids=authenticated.key.pool_ids,
             route_class=self.route_class,
             now=self.now,
@@ -256,6 +259,17 @@ class ReadArgs:
             health=state.health,
             config=config,
         )
+        return Loaded(authenticated, inputs, self.unheld(state.affinities))
+
+    def unheld(self, affinities: Affinities) -> RequestFailed | None:
+        """The gateway forwards only the `previous_response_id` and `file_id`s it saw this key create
+        (SPEC §7.2): any other (never seen, expired, created on the upstream directly, or another key's:
+        one answer from the same lookup) is refused as OpenAI refuses an unknown one, nothing sent."""
+        if self.previous_response_id() is not None and affinities.response is None:
+            return RequestFailed("previous_response_not_found", "previous_response_id")
+        if any(file_id not in affinities.files for file_id in self.file_ids):
+            return RequestFailed("file_not_found", "file_id")
+        return None
 
     def previous_response_id(self) -> str | None:
         previous = self.body.get("previous_response_id") if self.body is not None else None
@@ -271,7 +285,7 @@ def _load(args: ReadArgs) -> Loaded | None:
         return None
     if args.body is None:
         return Loaded(state.authenticated)
-    return Loaded(state.authenticated, args.inputs_load(state))
+    return args.loaded(state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,7 +433,7 @@ def _draft(
     if config is None:
         return
     with contextlib.suppress(RequestFailed):
-        into.append(draft(Loaded(authenticated, args.inputs_load(state, config))))
+        into.append(draft(args.loaded(state, config)))
 
 
 async def _read(
@@ -462,9 +476,8 @@ async def _read(
     authenticated = state.authenticated
     config = config_cached(authenticated.key.pool_ids, authenticated.config_version, args.now)
     if config is not None:
-        return Loaded(authenticated, args.inputs_load(state, config)), None  # no query
-    inputs = await db.run_within(left(), args.inputs_load, state)
-    return Loaded(authenticated, inputs), None
+        return args.loaded(state, config), None  # no query
+    return await db.run_within(left(), args.loaded, state), None
 
 
 READ_TIMEOUT_S = edge.READ_TIMEOUT_S  # the ingresses' reads outside a request (a handshake, a file)
@@ -520,6 +533,8 @@ async def prepare(
         raise body_error or RequestFailed("invalid_request")
     exchange.requested_model = body["model"]
     exchange.transport = str(route_class)
+    if loaded.refusal is not None:
+        raise loaded.refusal
     routed = drafted or draft(loaded)
     view, route_settings, session = routed.inputs.view, routed.inputs.settings, routed.inputs.session
     decision = routed.decision

@@ -34,6 +34,7 @@ ERROR_TYPES: Mapping[str, str] = {
     "permission_denied": "permission_error",
     "model_not_found": "not_found_error",
     "file_not_found": "not_found_error",
+    "previous_response_not_found": "invalid_request_error",  # a Responses route's only
     "file_assignment_conflict": "invalid_request_error",
     "request_too_large": "request_too_large",
     "rate_limit_exceeded": "rate_limit_error",  # the key's own limits (proxy.limits)

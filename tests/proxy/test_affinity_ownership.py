@@ -72,11 +72,12 @@ def test_another_pools_response_id_gets_the_unknown_id_answer_and_never_reaches_
         headers=OTHER,
     )
     # Not 503 pin_unavailable (which told the attacker the id exists elsewhere): exactly what an id
-    # nobody ever created gets, here the attacker's own account's "not found".
+    # nobody ever created gets, OpenAI's "not found", from the gateway: no account is asked.
     assert _answer(stolen) == _answer(unknown)
     assert stolen.status_code == 400
-    assert (a.hit_count(), b.hit_count(), c.hit_count()) == (1, 0, 2)
-    assert c.hits[0].body["previous_response_id"] == response_id  # the upstream judged it, unpinned
+    error = stolen.json()["error"]
+    assert (error["code"], error["param"]) == ("previous_response_not_found", "previous_response_id")
+    assert (a.hit_count(), b.hit_count(), c.hit_count()) == (1, 0, 0)
 
 
 def test_over_a_websocket_another_keys_response_id_reads_as_unknown(gateway, two_assignments, other_pool):
@@ -93,12 +94,12 @@ def test_over_a_websocket_another_keys_response_id_reads_as_unknown(gateway, two
             answers.append(read_response(ws))
     assert answers[0] == answers[1]
     assert answers[0][-1]["type"] == "error" and answers[0][-1]["status"] == 400
-    assert (a.hit_count(), c.hit_count()) == (1, 2)
+    assert (a.hit_count(), c.hit_count()) == (1, 0)
 
 
-def test_in_a_shared_pool_another_keys_response_id_pins_nothing(gateway, two_assignments):
-    """Key 1's response was served by acct-b; key 2 (same pool) naming it is routed as for any
-    unknown id: by preference to acct-a, never pinned to key 1's account."""
+def test_in_a_shared_pool_another_keys_response_id_is_never_served(gateway, two_assignments):
+    """Key 1's response was served by acct-b; key 2 (same pool) naming it gets the unknown id's
+    answer from the gateway, whichever account it would have landed on; key 1 continues it on b."""
     a, b, (_, acct_b) = two_assignments
     GatewayKeyFactory(name="neighbour", raw_key=OTHER_KEY, pools=[acct_b.pool])
     a.script("gpt-5", unavailable(503), serve())
@@ -106,9 +107,12 @@ def test_in_a_shared_pool_another_keys_response_id_pins_nothing(gateway, two_ass
     assert (a.hit_count(), b.hit_count()) == (1, 1)
 
     stolen = post(gateway, "/v1/responses", {**RESPONSES, "previous_response_id": response_id}, headers=OTHER)
-    assert stolen.status_code == 400  # acct-a never created it
+    assert stolen.status_code == 400
     assert stolen.json()["error"]["code"] == "previous_response_not_found"
-    assert (a.hit_count(), b.hit_count()) == (2, 1)
+    assert (a.hit_count(), b.hit_count()) == (1, 1)
+    own = post(gateway, "/v1/responses", {**RESPONSES, "previous_response_id": response_id})
+    assert own.status_code == 200
+    assert (a.hit_count(), b.hit_count()) == (1, 2)
 
 
 def test_another_key_cannot_overwrite_or_follow_a_session(gateway, two_assignments):

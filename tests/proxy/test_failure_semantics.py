@@ -511,11 +511,12 @@ def test_routing_explain_and_the_router_agree_on_an_unknown_previous_response_id
         "routing_explain", "--key", "e2e", "--model", "gpt-5", "--route", "/responses",
         "--previous-response-id", "resp_never_seen_by_the_gateway", stdout=out,
     )  # fmt: skip
-    assert "1. acct-a / gpt-5" in out.getvalue()  # an unknown id pins nothing: the full plan
-    # The router: the request goes to the plan's first candidate, which answers for itself.
+    # An id the key never created is not forwarded (SPEC §7.2): no plan, as the router answers it.
+    assert "no dispatch: previous_response_not_found" in out.getvalue()
+    assert "plan:" not in out.getvalue()
     response = post(
         gateway, "/v1/responses", {**RESPONSES, "previous_response_id": "resp_never_seen_by_the_gateway"}
     )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "previous_response_not_found"
-    assert_hits((a, 1), (b, 0))
+    assert_hits((a, 0), (b, 0))

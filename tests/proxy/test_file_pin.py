@@ -133,7 +133,9 @@ def test_a_file_whose_account_left_the_pool_is_a_conflict_not_a_reroute(gateway,
     assert a.hit_count(path="/v1/chat/completions") == 0
 
 
-def test_another_keys_or_an_unknown_file_id_passes_unpinned(gateway, two_assignments):
+def test_another_keys_or_an_unknown_file_id_is_a_404_and_nothing_is_sent(gateway, two_assignments):
+    """The gateway forwards only the file ids it saw this key upload (SPEC §7.2): another key's reads
+    exactly like one nobody uploaded, answered by the gateway before any account is asked."""
     a, b, (acct_a, _) = two_assignments
     file_id = upload_to_b(gateway, two_assignments)
     GatewayKeyFactory(name="other", raw_key=OTHER_KEY, pools=[acct_a.pool])
@@ -142,10 +144,16 @@ def test_another_keys_or_an_unknown_file_id_passes_unpinned(gateway, two_assignm
         post(gateway, "/v1/chat/completions", chat(name), headers=other)
         for name in (file_id, "file-" + "0" * len(file_id[5:]))
     ]
-    # Both routed by preference to acct-a, which holds neither and says so (the upstream judges).
     assert [r.status_code for r in answers] == [404, 404]
     assert answers[0].json() == answers[1].json()
-    assert a.hit_count(path="/v1/chat/completions") == 2 and b.hit_count(path="/v1/chat/completions") == 0
+    assert (answers[0].json()["error"]["code"], answers[0].json()["error"]["param"]) == (
+        "file_not_found",
+        "file_id",
+    )
+    assert a.hit_count(path="/v1/chat/completions") == 0 and b.hit_count(path="/v1/chat/completions") == 0
+    # The uploader's own id is served, on the account that holds it.
+    assert post(gateway, "/v1/chat/completions", chat(file_id)).status_code == 200
+    assert b.hit_count(path="/v1/chat/completions") == 1
 
 
 def test_a_request_referencing_too_many_files_is_a_typed_400(gateway, two_assignments):

@@ -68,18 +68,19 @@ class Command(BaseCommand):
         )
         requirements = tighten(tighten(key.requirements, header), turn)
         now = timezone.now()
-        # The same gathering of inputs as the proxy's (pins, session, health, settings): an unknown
-        # previous_response_id pins nothing here either.
-        inputs = routing_inputs_load(
-            pool_ids=key.pool_ids,
-            route_class=RouteClass(o["route_class"]),
+        # The same gathering of inputs as the proxy's (pins, session, health, settings).
+        affinities = affinities_load(
+            key_id=key.key_id,
             now=now,
-            affinities=affinities_load(
-                key_id=key.key_id,
-                now=now,
-                response_id=o["previous_response_id"],
-                session=session_named(o["session"]),
-            ),
+            response_id=o["previous_response_id"],
+            session=session_named(o["session"]),
+        )
+        if o["previous_response_id"] and affinities.response is None:
+            # As the proxy answers it (`proxy.ingress.ReadArgs.unheld`, SPEC §7.2): nothing is sent.
+            self.stdout.write("no dispatch: previous_response_not_found (not a response this key created)")
+            return
+        inputs = routing_inputs_load(
+            pool_ids=key.pool_ids, route_class=RouteClass(o["route_class"]), now=now, affinities=affinities
         )
         settings = inputs.settings
         requirements = replace(requirements, min_attempt_ms=settings.min_attempt_ms)
