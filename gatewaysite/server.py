@@ -23,13 +23,16 @@ it (`make run` uses it), with what uvicorn does not do by itself (SPEC §11):
 - no `server: uvicorn` header (`--no-server-header`; `--server-header` brings it back): an answer need
   not name the software behind it to whoever probes for a known weakness, and uvicorn checks every
   header of every answer against two regular expressions.
+- uvicorn's own lines (startup, shutdown, its errors) one JSON object each, as the gateway's, when
+  `GATEWAY_LOG_FORMAT` is `json` (`--log-config gatewaysite/uvicorn_log.json`, gatewaysite.logformat).
 - with more than one worker (`--workers N` or `WEB_CONCURRENCY`), a fresh directory for
   prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, created, or emptied when the
   operator names one), so that `/metrics` sums every worker (proxy/metrics.py).
 
 Any uvicorn option may follow (`--port`, `--workers`, ...). The equivalent plain uvicorn command is
 `uvicorn gatewaysite.asgi:application --http gatewaysite.server:HttpToolsProtocol
---ws gatewaysite.server:WebSocketProtocol --ws-max-size N --no-access-log --no-server-header`.
+--ws gatewaysite.server:WebSocketProtocol --ws-max-size N --no-access-log --no-server-header
+--log-config gatewaysite/uvicorn_log.json` (the last with `GATEWAY_LOG_FORMAT=json`).
 
 This steps around uvicorn's protocol classes (their callbacks `connection_made`, `on_message_begin`,
 `on_headers_complete`, `connection_lost`; `handle_ping`, `resume_writing`, `read_paused`):
@@ -49,6 +52,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as UvicornHt
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 APP = "gatewaysite.asgi:application"
+UVICORN_JSON_LOG = Path(__file__).with_name("uvicorn_log.json")  # GATEWAY_LOG_FORMAT=json
 
 
 def _client_timeout_s() -> float:
@@ -116,6 +120,8 @@ def command(args: list[str]) -> list[str]:
     """The uvicorn command line for the gateway, `args` last (they win)."""
     from django.conf import settings
 
+    # uvicorn configures its loggers before the application (and Django's LOGGING) is loaded.
+    log_config = ["--log-config", str(UVICORN_JSON_LOG)] if settings.GATEWAY_LOG_FORMAT == "json" else []
     return [
         APP,
         "--http",
@@ -126,6 +132,7 @@ def command(args: list[str]) -> list[str]:
         str(settings.GATEWAY_MAX_BODY_BYTES),
         "--no-access-log",
         "--no-server-header",
+        *log_config,
         *args,
     ]
 

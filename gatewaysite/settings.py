@@ -49,7 +49,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "gatewaysite.staticfiles.WhiteNoiseMiddleware",  # WhiteNoise's, asynchronous under ASGI
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -164,14 +164,27 @@ SESSION_COOKIE_HTTPONLY = True
 # ("%(message)s") never shows: about a quarter of the line's cost (the logging HOWTO's optimisations).
 logging._srcfile = None
 logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+# Python's warnings through logging (`py.warnings`), so they are printed in GATEWAY_LOG_FORMAT too.
+logging.captureWarnings(True)
 # A database error is logged as its class and SQLSTATE, never its message (which carries rows): a log
 # record factory, installed before LOGGING is applied (gatewaysite.logsafe).
 LOGGING_CONFIG = "gatewaysite.logsafe.configure"
+# `json` (the default unless DEBUG): every line of every logger one JSON object with its time, level
+# and logger (uvicorn's too: gatewaysite.server hands it gatewaysite/uvicorn_log.json); `text`: the
+# message alone (gatewaysite.logformat).
+GATEWAY_LOG_FORMAT = env.str("GATEWAY_LOG_FORMAT", default="text" if DEBUG else "json")
+if GATEWAY_LOG_FORMAT not in ("json", "text"):
+    raise ImproperlyConfigured(f"GATEWAY_LOG_FORMAT: expected json or text, got {GATEWAY_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "text": {"format": "%(message)s"},
+        "json": {"()": "gatewaysite.logformat.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": GATEWAY_LOG_FORMAT}},
+    # Any other logger's lines (a library's, Python's warnings) in the same format.
+    "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         # Its own handler only: a server that configures the root logger (daphne) would print each line twice.
         "gateway": {
@@ -179,6 +192,8 @@ LOGGING = {
             "level": env.str("GATEWAY_LOG_LEVEL", default="INFO"),
             "propagate": False,
         },
+        # Django's own (in place of its default handlers: a text one in DEBUG, mail to ADMINS).
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
         # Unhandled errors (a bug, never a client's mistake): path and traceback, never a body.
         "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },

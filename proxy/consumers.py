@@ -347,7 +347,7 @@ class ResponsesConsumer(DirectConsumer):
     async def _typed(self, exchange: Exchange, failed: RequestFailed, *, bad_frame: bool) -> None:
         """A typed gateway error as an `error` event, and its own ledger row."""
         status, message = TYPED_ERRORS[failed.code]
-        exchange.outcome, exchange.status_code = failed.code, status
+        exchange.refused(failed.code, failed.param, status)
         await record(exchange)
         # A bad frame is the client's protocol error: OpenAI's error type for those. Routing outcomes
         # keep the HTTP API's shape, whose error type is the code.

@@ -88,6 +88,15 @@ class Exchange:
     config_version: int | None = None  # the routing configuration its route was chosen under
     fallback_reason: str = ""  # the requested model was substituted before routing: explicit | family
     first_output_at: datetime | None = None  # streams: when the first visible output was released
+    key_name: str = ""  # for the log line (the ledger keeps the id)
+    limit: str = ""  # the key's limit that refused the request (rpm, tpm, concurrent), for the log line
+
+    def refused(self, code: str, param: str | None, status: int) -> None:
+        """A typed refusal of the gateway's own as the outcome; the key's limit a `rate_limit_exceeded`
+        names is kept for the log line."""
+        self.outcome, self.status_code = code, status
+        if code == "rate_limit_exceeded":
+            self.limit = param or ""
 
     @property
     def attempts_made(self) -> int:

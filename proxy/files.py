@@ -316,6 +316,7 @@ async def _relay(
         raise RequestFailed("authentication_error")
     key = loaded.authenticated.key
     exchange.key_id = key.key_id
+    exchange.key_name = key.name
     if file_id is not None and loaded.affinity is None:
         raise RequestFailed("file_not_found", "id")
     extra, deadline_ms = headers_requirements(headers, loaded.settings.default_deadline_ms)
@@ -383,7 +384,7 @@ async def _typed(exchange: Exchange, failed: RequestFailed) -> HttpResponse:
     response = typed_response(UPLOAD_ROUTE, failed.code, failed.param)
     if failed.retry_after is not None:
         response["retry-after"] = str(failed.retry_after)
-    exchange.outcome, exchange.status_code = failed.code, response.status_code
+    exchange.refused(failed.code, failed.param, response.status_code)
     await record(exchange)
     return response
 

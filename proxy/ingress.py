@@ -120,7 +120,7 @@ def typed_failure(
 ) -> HttpResponse:
     """`typed_response` for `exchange`'s route, recorded as the exchange's outcome and status."""
     response = typed_response(exchange.route, code, param, message)
-    exchange.outcome, exchange.status_code = code, response.status_code
+    exchange.refused(code, param, response.status_code)
     return response
 
 
@@ -527,6 +527,7 @@ async def prepare(
     if loaded is None:
         raise RequestFailed("authentication_error")
     exchange.key_id = loaded.authenticated.key.key_id
+    exchange.key_name = loaded.authenticated.key.name
     exchange.config_version = loaded.authenticated.config_version
     exchange.budget_period = loaded.authenticated.budget_period
     if body_error is not None or body is None or draft is None:

@@ -23,12 +23,12 @@ never lost (the journal holds each record meanwhile); a budget hold is settled t
 import asyncio
 import atexit
 import collections
-import json
 import logging
 import queue
 import threading
 import time
-from datetime import UTC, datetime
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 
 from django.db import (
     DatabaseError,
@@ -39,8 +39,9 @@ from django.db import (
     transaction,
 )
 
+from gatewaysite.logformat import Fields
 from proxy import tracing
-from proxy.exchange import Exchange
+from proxy.exchange import AttemptLog, Exchange
 from proxy.metrics import observe_exchange
 from proxy.spool import Journal, Spool
 from routing import latency
@@ -365,28 +366,89 @@ class Observations:
 
 
 def observe(exchange: Exchange) -> None:
-    """Counts the exchange in the metrics, traces it and logs one line: ids, outcome, counts and
-    duration, never content (the server's own access line is off, gatewaysite.server). The line
-    first: a count or trace that fails (a bug) does not lose it."""
-    attempts = exchange.attempts_made
-    log.info(
-        json.dumps(
-            {
-                "event": "request",
-                "request_id": exchange.request_id,
-                "route": exchange.route,
-                "transport": exchange.transport,
-                "served_model": exchange.served_model,
-                "outcome": exchange.outcome,
-                "status": exchange.status_code,
-                "attempts": attempts,
-                "retries": exchange.retry_count,
-                "duration_ms": round((exchange.finished_at - exchange.started_at).total_seconds() * 1000, 1),
-            }
-        )
-    )
+    """Counts the exchange in the metrics, traces it and logs its lines (`request_line`, and one
+    `failed_attempt_line` per failed attempt), never content (the server's own access line is off,
+    gatewaysite.server). The lines first: a count or trace that fails (a bug) does not lose them."""
+    log.info(request_line(exchange))
+    for attempt in exchange.attempts:
+        if attempt.status in FAILED:
+            log.warning(failed_attempt_line(exchange, attempt))
     observe_exchange(exchange)
     tracing.record(exchange)
+
+
+FAILED = frozenset({AttemptStatus.RETRYABLE_FAILED, AttemptStatus.FAILED})
+
+
+def request_line(exchange: Exchange) -> Fields:
+    """One request as an on-call reads it: when, whose key, which model asked and served, through which
+    pools and assignments (each attempt's fate and failure class), tokens, cost, duration and the limit
+    that refused it. Ids, names and counts only: no key, credential, prompt, completion or message."""
+    assert exchange.finished_at is not None
+    attempts = exchange.attempts
+    cost = _total((a.cost_micros for a in attempts), MAX_COST)
+    return Fields(
+        event="request",
+        time=exchange.finished_at.isoformat(timespec="milliseconds"),
+        request_id=exchange.request_id,
+        key=exchange.key_name,
+        route=exchange.route,
+        transport=exchange.transport,
+        requested_model=exchange.requested_model,
+        served_model=exchange.served_model,
+        pools=sorted({a.pool for a in attempts if a.pool}),
+        outcome=exchange.outcome,
+        status=exchange.status_code,
+        limit=exchange.limit or ("budget" if exchange.outcome == "budget_exceeded" else None),
+        attempts=exchange.attempts_made,
+        retries=exchange.retry_count,
+        assignments=[
+            {
+                "assignment": a.assignment,
+                "model": a.model,
+                "status": a.status,
+                "failure_class": a.failure_class or a.ineligible_reason or None,
+            }
+            for a in attempts
+        ],
+        input_tokens=_total(a.input_tokens for a in attempts),
+        output_tokens=_total(a.output_tokens for a in attempts),
+        cached_read_tokens=_total(a.cached_read_tokens for a in attempts),
+        cost_usd=None if cost is None else cost / 1_000_000,
+        duration_ms=round((exchange.finished_at - exchange.started_at).total_seconds() * 1000, 1),
+    )
+
+
+def failed_attempt_line(exchange: Exchange, attempt: AttemptLog) -> Fields:
+    """A failed attempt, sanitized: its class, the upstream's status and canonical code (SPEC §4), never
+    the upstream's message. An account that rejects its credential is a 401 here."""
+    began = exchange.started_at + timedelta(milliseconds=attempt.offset_ms)
+    return Fields(
+        event="attempt_failed",
+        time=began.isoformat(timespec="milliseconds"),
+        request_id=exchange.request_id,
+        key=exchange.key_name,
+        ordinal=attempt.ordinal,
+        pool=attempt.pool,
+        assignment=attempt.assignment,
+        model=attempt.model,
+        status=attempt.status,
+        failure_class=attempt.failure_class,
+        upstream_status=attempt.upstream_status,
+        error_code=attempt.error_code or None,
+        dispatch_state=attempt.dispatch_state,
+        elapsed_ms=attempt.elapsed_ms,
+    )
+
+
+# The ledger's columns' range (a PostgreSQL integer, a bigint for a cost): an upstream's count outside it
+# (negative, or absurd) is no count, and the log does not print it (tests/security/test_attack_ledger.py).
+MAX_COUNT, MAX_COST = 2**31 - 1, 2**63 - 1
+
+
+def _total(counts: Iterable[int | None], most: int = MAX_COUNT) -> int | None:
+    known = [n for n in counts if n is not None and 0 <= n <= most]
+    return sum(known) if known else None
 
 
 observations = Observations()

@@ -365,28 +365,106 @@ def test_a_batch_is_stored_as_submitted_each_attempt_under_its_own_record():
 
 
 def test_each_request_logs_one_structured_line_with_its_duration_and_no_content(caplog):
-    """SPEC §10: one structured line per request (the server's own access line is off), with how
-    long the request took, in milliseconds."""
+    """SPEC §10: one structured line per request (the server's own access line is off): when, whose
+    key, which model asked and served, the pools and each attempt's assignment and failure class, tokens,
+    cost, how long it took in milliseconds and the limit that refused it (issue 47 point 4); and one
+    line per failed attempt with its class, status and canonical code."""
     caplog.set_level("INFO", logger="gateway")
     exchange = _exchange()
     exchange.started_at = exchange.finished_at - timedelta(milliseconds=1234.5)
-    exchange.served_model = "gpt-5"
+    exchange.served_model, exchange.key_name = "gpt-5", "team-a"
+    failed = AttemptLog(
+        ordinal=1,
+        assignment_id=1,
+        model="gpt-5",
+        route_class="http",
+        status="retryable_failed",
+        failure_class="rate_limited",
+        upstream_status=429,
+        error_code="rate_limit_exceeded",
+        elapsed_ms=40,
+        assignment="acct-a",
+        pool="main",
+        offset_ms=2,
+    )
+    served = AttemptLog(
+        ordinal=2,
+        assignment_id=2,
+        model="gpt-5",
+        route_class="http",
+        status="succeeded",
+        input_tokens=10,
+        output_tokens=5,
+        cached_read_tokens=4,
+        cost_micros=1500,
+        assignment="acct-b",
+        pool="spare",
+    )
+    exchange.attempts = [failed, served]
     asyncio.run(ledger.record(exchange))
     assert ledger.writer.flush(timeout=10)
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway"]
     assert lines == [
         {
             "event": "request",
+            "time": exchange.finished_at.isoformat(timespec="milliseconds"),
             "request_id": exchange.request_id,
+            "key": "team-a",
             "route": "/v1/chat/completions",
             "transport": "http",
+            "requested_model": "gpt-5",
             "served_model": "gpt-5",
+            "pools": ["main", "spare"],
             "outcome": "ok",
             "status": 200,
-            "attempts": 0,
+            "limit": None,
+            "attempts": 2,
             "retries": 0,
+            "assignments": [
+                {
+                    "assignment": "acct-a",
+                    "model": "gpt-5",
+                    "status": "retryable_failed",
+                    "failure_class": "rate_limited",
+                },
+                {"assignment": "acct-b", "model": "gpt-5", "status": "succeeded", "failure_class": None},
+            ],
+            "input_tokens": 10,
+            "output_tokens": 5,
+            "cached_read_tokens": 4,
+            "cost_usd": 0.0015,
             "duration_ms": 1234.5,
-        }
+        },
+        {
+            "event": "attempt_failed",
+            "time": (exchange.started_at + timedelta(milliseconds=2)).isoformat(timespec="milliseconds"),
+            "request_id": exchange.request_id,
+            "key": "team-a",
+            "ordinal": 1,
+            "pool": "main",
+            "assignment": "acct-a",
+            "model": "gpt-5",
+            "status": "retryable_failed",
+            "failure_class": "rate_limited",
+            "upstream_status": 429,
+            "error_code": "rate_limit_exceeded",
+            "dispatch_state": "not_sent",
+            "elapsed_ms": 40,
+        },
+    ]
+    assert [r.levelname for r in caplog.records if r.name == "gateway"] == ["INFO", "WARNING"]
+
+
+def test_the_request_line_names_the_limit_that_refused_it():
+    """A key's own limit (the typed refusal names it) or its budget; none for an upstream's 429."""
+    by_limit = _exchange()
+    by_limit.refused("rate_limit_exceeded", "tpm", 429)
+    by_budget = finished_exchange(outcome="budget_exceeded", status_code=429)
+    by_upstream = finished_exchange(outcome="rate_limited", status_code=429)
+    assert [ledger.request_line(x)["limit"] for x in (by_limit, by_budget, by_upstream)] == [
+        "tpm",
+        "budget",
+        None,
     ]
 
 
