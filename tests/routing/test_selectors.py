@@ -233,20 +233,25 @@ def test_routing_explain_names_a_long_session_as_the_proxy_does(explained_setup)
 
 
 def test_routing_explain_pins_only_the_keys_own_response(explained_setup):
-    """As the proxy does (SPEC §7.2): another key's response id, like an unknown one, pins nothing."""
+    """As the proxy does (SPEC §7.2): another key's response id, like an unknown one, is not forwarded;
+    the key's own pins its account."""
     other = GatewayKeyFactory(name="other", pools=[explained_setup])
-    us = explained_setup.assignments.get(name="us-a")
-    services.affinity_record(
-        gateway_key_id=other.pk,
-        kind=AffinityKind.RESPONSE,
-        key="resp_other",
-        assignment_id=us.pk,
-        ttl=timedelta(hours=1),
-        now=timezone.now(),
-    )
+    ci = GatewayKey.objects.get(name="ci")
+    eu = explained_setup.assignments.get(name="eu-a")
+    for owner, response_id in ((other, "resp_other"), (ci, "resp_ours")):
+        services.affinity_record(
+            gateway_key_id=owner.pk,
+            kind=AffinityKind.RESPONSE,
+            key=response_id,
+            assignment_id=eu.pk,
+            ttl=timedelta(hours=1),
+            now=timezone.now(),
+        )
     for response_id in ("resp_other", "resp_never_seen"):
         out = _explain(key="ci", model="claude-opus-4-8", previous_response_id=response_id)
-        assert "1. us-a" in out and "2. eu-a" in out
+        assert "no dispatch: previous_response_not_found" in out and "plan:" not in out
+    out = _explain(key="ci", model="claude-opus-4-8", previous_response_id="resp_ours")
+    assert "1. eu-a" in out and "us-a" not in out.split("plan:")[1].split("ineligible")[0]
 
 
 @pytest.mark.parametrize(
