@@ -1,4 +1,6 @@
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from functools import partial
 
 from django.conf import settings as site_settings
@@ -9,7 +11,10 @@ from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
 from proxy.providers.registry import carriers
 from routing import preference
+from routing.breaker import CircuitSnapshot, governing
 from routing.eligibility import tighten
+from routing.models import Demotion
+from routing.panel import reason_text
 from routing.pricing import price_text
 from routing.route import (
     Decision,
@@ -20,7 +25,56 @@ from routing.route import (
 )
 from routing.routes import CLIENT_ROUTES
 from routing.selectors import affinities_load, pool_names, routing_inputs_load, session_named
-from routing.types import Candidate, Health, Requirements, RouteClass
+from routing.types import Candidate, CircuitState, Health, Requirements, RouteClass
+
+
+def when(moment: datetime, now: datetime) -> str:
+    """A time as an on-call reads it: UTC to the second, and how far it is from now."""
+    seconds = (moment - now).total_seconds()
+    relative = f"in {math.ceil(seconds)} s" if seconds > 0 else f"{math.floor(-seconds)} s ago"
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC ({relative})"
+
+
+def circuit_text(snapshot: CircuitSnapshot, *, wide: bool, now: datetime) -> str:
+    """Why a circuit is not clean and until when ("" for a clean one): its reason, when it stops
+    cooling, who holds its probe and until when."""
+    what = "credential circuit (every model and route class)" if wide else "circuit"
+    reason = reason_text(snapshot.reason) if snapshot.reason else "no reason recorded"
+    if snapshot.state is CircuitState.OPEN:
+        if snapshot.open_until is not None and now < snapshot.open_until:
+            return f"{what} open ({reason}) until {when(snapshot.open_until, now)}"
+        cooled = f" since {when(snapshot.open_until, now)}" if snapshot.open_until is not None else ""
+        return f"{what} open ({reason}), its cooldown over{cooled}: admits one probe"
+    if snapshot.state is CircuitState.HALF_OPEN:
+        lease = snapshot.probe_lease_expires_at
+        if snapshot.probes_in_flight and lease is not None and now < lease:
+            return (
+                f"{what} half-open ({reason}): its probe is held by another request until {when(lease, now)}"
+            )
+        return f"{what} half-open ({reason}): admits one probe"
+    if snapshot.consecutive_failures:
+        failures = snapshot.consecutive_failures
+        return f"{what} closed, {failures} consecutive failure{'' if failures == 1 else 's'} ({reason})"
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class States:
+    """What explains each candidate's health and demotion: the circuits the router read, the live
+    demotions (reason, until) and the time of the reading."""
+
+    circuits: dict[tuple[int, str], CircuitSnapshot]
+    wide: dict[int, CircuitSnapshot]
+    demotions: dict[tuple[int, str], tuple[str, datetime]]
+    now: datetime
+
+    def text(self, c: Candidate) -> str:
+        snapshot, wide = governing(self.circuits.get(c.key), self.wide.get(c.assignment_id))
+        parts = [circuit_text(snapshot, wide=wide, now=self.now)] if snapshot is not None else []
+        if c.key in self.demotions:
+            reason, until = self.demotions[c.key]
+            parts.append(f"demoted ({reason_text(reason)}) until {when(until, self.now)}")
+        return "; ".join(part for part in parts if part)
 
 
 class Command(BaseCommand):
@@ -105,6 +159,15 @@ class Command(BaseCommand):
                 "its lease tries it in this order (the others order it last):"
             )
             decision = decide_now(held={lease.key})
+        self.states = States(
+            circuits=dict(inputs.view.circuits),
+            wide=dict(inputs.view.wide),
+            demotions={
+                (d.assignment_id, d.model): (d.reason, d.until)
+                for d in Demotion.objects.filter(assignment__pool_id__in=key.pool_ids, until__gt=now)
+            },
+            now=now,
+        )
         self.stdout.write(f"key {key.name}: pools {', '.join(pool_names(key.pool_ids)) or '(none)'}")
         self.stdout.write(
             f"route {o['route']}, route class {o['route_class']}, shortlist {settings.max_attempts}"
@@ -199,11 +262,12 @@ class Command(BaseCommand):
         for c in shown:
             self.stdout.write(f"  {c.assignment} / {c.model}: {price_text(c.price)}")
 
-    @staticmethod
-    def _describe(c: Candidate) -> str:
+    def _describe(self, c: Candidate) -> str:
+        """The candidate, its tier and states, and for each state its reason and time."""
         flags = [f"tier {c.tier}", str(c.health)]
         if c.demoted:
             flags.append("demoted")
         if c.cross_model:
             flags.append("cross-model")
-        return f"{c.assignment} / {c.model} [{', '.join(flags)}]"
+        why = self.states.text(c)
+        return f"{c.assignment} / {c.model} [{', '.join(flags)}]{': ' + why if why else ''}"
