@@ -9,7 +9,8 @@ has no token price, so a key's budget does not gate it. `pin` is the assignment 
 (GET, content, DELETE): the plan is that account or a `file_assignment_conflict`, never another.
 
 `referenced_file_ids` lists, without repeats, every string under a `file_id` key (and
-every string in a `file_ids` list) anywhere in a request body: Chat Completions `file` parts,
+every string in a `file_ids` list) anywhere in a request body but a tool call's own arguments (an
+Anthropic `tool_use` block's `input`: a tool may well have a `file_id` parameter): Chat Completions `file` parts,
 Responses `input_file`/`input_image`, Assistants-style `attachments`, Anthropic `source: {type:
 file}` and `container_upload` blocks all name the file that way. Iterative, so a client's nesting
 depth cannot exhaust the stack.
@@ -55,13 +56,21 @@ def files_plan(
     )
 
 
+# Blocks whose `input` is a tool's own arguments, written by a model: a `file_id` there is the tool's
+# business (an MCP tool's parameter), never a file the upstream looks up.
+TOOL_CALLS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+
+
 def referenced_file_ids(body: object) -> tuple[str, ...]:
     found: dict[str, None] = {}
     pending = [body]
     while pending:
         item = pending.pop()
         if isinstance(item, dict):
+            calls_a_tool = item.get("type") in TOOL_CALLS
             for name, value in item.items():
+                if calls_a_tool and name == "input":
+                    continue
                 if isinstance(value, dict | list):
                     if name == "file_ids" and isinstance(value, list):
                         found.update((v, None) for v in value if isinstance(v, str))

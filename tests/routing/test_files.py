@@ -135,3 +135,24 @@ def test_deep_nesting_cannot_exhaust_the_stack_and_too_many_files_are_refused():
         referenced_file_ids({"input": [{"file_id": f"file-{n}"} for n in range(MAX_FILE_IDS + 1)]})
     with pytest.raises(TooManyFiles):
         referenced_file_ids({"file_id": "x" * 301})
+
+
+def test_a_tool_calls_own_arguments_reference_no_file():
+    # A tool with a `file_id` parameter (an MCP tool's, say): the model's call carries it in `input`,
+    # which no upstream looks up as a file; a document beside it still names one.
+    body = {
+        "messages": [
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "drive", "input": {"file_id": "doc-9"}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+                    {"type": "document", "source": {"type": "file", "file_id": "file-1"}},
+                ],
+            },
+        ]
+    }
+    assert referenced_file_ids(body) == ("file-1",)
