@@ -10,10 +10,10 @@ has no token price, so a key's budget does not gate it. `pin` is the assignment 
 
 `referenced_file_ids` lists, without repeats, every string under a `file_id` key (and
 every string in a `file_ids` list) anywhere in a request body but a tool call's own arguments (an
-Anthropic `tool_use` block's `input`: a tool may well have a `file_id` parameter): Chat Completions `file` parts,
-Responses `input_file`/`input_image`, Assistants-style `attachments`, Anthropic `source: {type:
-file}` and `container_upload` blocks all name the file that way. Iterative, so a client's nesting
-depth cannot exhaust the stack.
+Anthropic `tool_use` block's `input`: a tool may well have a `file_id` parameter): Chat Completions
+`file` parts, Responses `input_file`/`input_image`, Assistants-style `attachments`, Anthropic
+`source: {type: file}` and `container_upload` blocks all name the file that way. Iterative, so a
+client's nesting depth cannot exhaust the stack.
 """
 
 from collections.abc import Collection, Sequence
