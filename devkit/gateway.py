@@ -142,6 +142,8 @@ class GatewayProcess:
                 "DJANGO_SECRET_KEY": self.secret,
                 "DATABASE_URL": self.database.url,
                 "PYTHONUNBUFFERED": "1",
+                # The soak finds tracebacks in the log by their lines (soak/nodes.py `tracebacks`).
+                "GATEWAY_LOG_FORMAT": "text",
             }
         )
         env.update(self.env_extra)
