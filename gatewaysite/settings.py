@@ -160,8 +160,8 @@ X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 
 # The request's log line is the hot path's one log call (proxy.ledger.record): no caller lookup (a
-# stack walk) and no thread, process or multiprocessing name in each record, which the format
-# ("%(message)s") never shows: about a quarter of the line's cost (the logging HOWTO's optimisations).
+# stack walk) and no thread, process or multiprocessing name in each record, which neither format
+# (gatewaysite.logformat) shows: about a quarter of the line's cost (the logging HOWTO's optimisations).
 logging._srcfile = None
 logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
 # Python's warnings through logging (`py.warnings`), so they are printed in GATEWAY_LOG_FORMAT too.
