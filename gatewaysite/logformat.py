@@ -3,20 +3,14 @@ DEBUG is off, as in production): every line of every logger, the gateway's, Djan
 JSON object with its time (ISO 8601, UTC), level and logger; `text`: the message alone, as a terminal
 wants it.
 
-A structured event (the ledger's per-request and per-failed-attempt lines) is logged as `Fields`: its
-fields become the JSON object's own (its `time` wins over the record's), and in text it prints as JSON.
+A structured event (the ledger's per-request and per-failed-attempt lines, `proxy.ledger.Fields`) is
+logged as a dict: its fields become the JSON object's own (its `time` wins over the record's), and in
+text it prints as JSON.
 """
 
 import json
 import logging
 from datetime import UTC, datetime
-
-
-class Fields(dict):
-    """A log message made of fields: JSON, whatever formats it."""
-
-    def __str__(self) -> str:
-        return json.dumps(self, default=str)
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,7 +23,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
         }
-        if isinstance(record.msg, Fields) and not record.args:
+        if isinstance(record.msg, dict) and not record.args:
             line.update(record.msg)
         else:
             line["message"] = record.getMessage()

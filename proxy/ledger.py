@@ -23,6 +23,7 @@ never lost (the journal holds each record meanwhile); a budget hold is settled t
 import asyncio
 import atexit
 import collections
+import json
 import logging
 import queue
 import threading
@@ -39,7 +40,6 @@ from django.db import (
     transaction,
 )
 
-from gatewaysite.logformat import Fields
 from proxy import tracing
 from proxy.exchange import AttemptLog, Exchange
 from proxy.metrics import observe_exchange
@@ -378,6 +378,13 @@ def observe(exchange: Exchange) -> None:
 
 
 FAILED = frozenset({AttemptStatus.RETRYABLE_FAILED, AttemptStatus.FAILED})
+
+
+class Fields(dict):
+    """A log message made of fields: JSON, whatever formats it."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, default=str)
 
 
 def request_line(exchange: Exchange) -> Fields:

@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from gatewaysite.logformat import Fields, JsonFormatter
+from gatewaysite.logformat import JsonFormatter
+from proxy.ledger import Fields
 
 
 def _record(msg, *args, exc_info=None) -> logging.LogRecord:

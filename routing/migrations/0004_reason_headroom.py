@@ -4,37 +4,89 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('pools', '0016_budget_hold'),
-        ('routing', '0003_circuit_credential_rejected'),
+        ("pools", "0016_budget_hold"),
+        ("routing", "0003_circuit_credential_rejected"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='circuit',
-            name='circuit_reason_valid',
+            model_name="circuit",
+            name="circuit_reason_valid",
         ),
         migrations.RemoveConstraint(
-            model_name='demotion',
-            name='demotion_reason_valid',
+            model_name="demotion",
+            name="demotion_reason_valid",
         ),
         migrations.AlterField(
-            model_name='circuit',
-            name='reason',
-            field=models.CharField(blank=True, choices=[('upstream_model_unavailable', 'Upstream Model Unavailable'), ('upstream_unavailable', 'Upstream Unavailable'), ('timeout', 'Timeout'), ('rate_limited', 'Rate Limited'), ('credential_rejected', 'Credential Rejected'), ('headroom', 'Headroom')], max_length=30),
+            model_name="circuit",
+            name="reason",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("upstream_model_unavailable", "Upstream Model Unavailable"),
+                    ("upstream_unavailable", "Upstream Unavailable"),
+                    ("timeout", "Timeout"),
+                    ("rate_limited", "Rate Limited"),
+                    ("credential_rejected", "Credential Rejected"),
+                    ("headroom", "Headroom"),
+                ],
+                max_length=30,
+            ),
         ),
         migrations.AlterField(
-            model_name='demotion',
-            name='reason',
-            field=models.CharField(choices=[('upstream_model_unavailable', 'Upstream Model Unavailable'), ('upstream_unavailable', 'Upstream Unavailable'), ('timeout', 'Timeout'), ('rate_limited', 'Rate Limited'), ('credential_rejected', 'Credential Rejected'), ('headroom', 'Headroom')], max_length=30),
+            model_name="demotion",
+            name="reason",
+            field=models.CharField(
+                choices=[
+                    ("upstream_model_unavailable", "Upstream Model Unavailable"),
+                    ("upstream_unavailable", "Upstream Unavailable"),
+                    ("timeout", "Timeout"),
+                    ("rate_limited", "Rate Limited"),
+                    ("credential_rejected", "Credential Rejected"),
+                    ("headroom", "Headroom"),
+                ],
+                max_length=30,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='circuit',
-            constraint=models.CheckConstraint(condition=models.Q(('reason', ''), ('reason__in', ['upstream_model_unavailable', 'upstream_unavailable', 'timeout', 'rate_limited', 'credential_rejected', 'headroom']), _connector='OR'), name='circuit_reason_valid'),
+            model_name="circuit",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("reason", ""),
+                    (
+                        "reason__in",
+                        [
+                            "upstream_model_unavailable",
+                            "upstream_unavailable",
+                            "timeout",
+                            "rate_limited",
+                            "credential_rejected",
+                            "headroom",
+                        ],
+                    ),
+                    _connector="OR",
+                ),
+                name="circuit_reason_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='demotion',
-            constraint=models.CheckConstraint(condition=models.Q(('reason__in', ['upstream_model_unavailable', 'upstream_unavailable', 'timeout', 'rate_limited', 'credential_rejected', 'headroom'])), name='demotion_reason_valid'),
+            model_name="demotion",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "reason__in",
+                        [
+                            "upstream_model_unavailable",
+                            "upstream_unavailable",
+                            "timeout",
+                            "rate_limited",
+                            "credential_rejected",
+                            "headroom",
+                        ],
+                    )
+                ),
+                name="demotion_reason_valid",
+            ),
         ),
     ]

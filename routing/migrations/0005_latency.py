@@ -5,26 +5,37 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('pools', '0016_budget_hold'),
-        ('routing', '0004_reason_headroom'),
+        ("pools", "0016_budget_hold"),
+        ("routing", "0004_reason_headroom"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Latency',
+            name="Latency",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=200)),
-                ('ewma_ms', models.FloatField()),
-                ('samples', models.PositiveBigIntegerField()),
-                ('updated_at', models.DateTimeField()),
-                ('assignment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='pools.assignment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("model", models.CharField(max_length=200)),
+                ("ewma_ms", models.FloatField()),
+                ("samples", models.PositiveBigIntegerField()),
+                ("updated_at", models.DateTimeField()),
+                (
+                    "assignment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="pools.assignment"
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'latencies',
-                'constraints': [models.UniqueConstraint(fields=('assignment', 'model'), name='latency_unique')],
+                "verbose_name_plural": "latencies",
+                "constraints": [
+                    models.UniqueConstraint(fields=("assignment", "model"), name="latency_unique")
+                ],
             },
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('routing', '0006_latency_headroom'),
+        ("routing", "0006_latency_headroom"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='latency',
-            name='load',
+            model_name="latency",
+            name="load",
             field=models.FloatField(default=0.0),
         ),
     ]

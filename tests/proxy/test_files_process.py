@@ -36,6 +36,7 @@ def served(tmp_path: Path, accounts, monkeypatch) -> Iterator[GatewayProcess]:
     process = GatewayProcess(database, tmp_path)
     config = gateway_config({"a": a.base_url, "b": b.base_url}, key=KEY, key_env=UPSTREAM_KEY_ENV)
     config["retry"] = {"backoff_base_ms": 0}
+    config["pools"][0]["assignments"][1]["tier"] = 1  # a first (equal accounts would share uploads)
     process.prepare(config)
     process.start()
     yield process

@@ -67,7 +67,14 @@ def test_system_turns_tools_and_generation_settings_are_carried():
         },
         {
             "role": "model",
-            "parts": [{"text": "ok"}, {"functionCall": {"id": "c1", "name": "read", "args": {"path": "a"}}}],
+            "parts": [
+                {"text": "ok"},
+                # A call no Gemini answer signed (another model's step) carries Google's stand-in signature.
+                {
+                    "functionCall": {"id": "c1", "name": "read", "args": {"path": "a"}},
+                    "thoughtSignature": "skip_thought_signature_validator",
+                },
+            ],
         },
         {
             "role": "user",
@@ -169,9 +176,17 @@ def test_an_answer_with_text_calls_and_thoughts_becomes_a_chat_completion():
     chat = gemini_to_chat_response(answer, model="m", created=1)
     message = chat["choices"][0]["message"]
     assert message["content"] == "done"
-    assert message["tool_calls"] == [
-        {"id": "call_2", "type": "function", "function": {"name": "read", "arguments": '{"p":1}'}}
+    # An id of the gateway's, derived from the answer's responseId and the call's place: unique across the
+    # conversation's answers, the same each time this answer is read.
+    (call,) = message["tool_calls"]
+    assert call["id"].startswith("call_") and call["id"] != "call_2"
+    assert gemini_to_chat_response(answer, model="m", created=1)["choices"][0]["message"]["tool_calls"] == [
+        call
     ]
+    assert {k: call[k] for k in ("type", "function")} == {
+        "type": "function",
+        "function": {"name": "read", "arguments": '{"p":1}'},
+    }
     assert chat["choices"][0]["finish_reason"] == "tool_calls"
     assert chat["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
 
