@@ -40,8 +40,11 @@ Read = Callable[[Checker, object, str], Any]
 
 @dataclass(frozen=True, slots=True)
 class Kind:
+    """`accepts`: the values the file takes, in words, for the configuration reference."""
+
     read: Read
     render: Callable[[Any], Any] = lambda value: value
+    accepts: str = ""
 
 
 def _tri_out(value: str) -> bool | None:
@@ -62,11 +65,18 @@ def _nullable(read: Read) -> Read:
     return lambda c, value, path: None if value is None else read(c, value, path)
 
 
-TRI_STATE = Kind(Checker.tri_state, _tri_out)
-BOOLEAN = Kind(Checker.boolean)
-FRACTION = Kind(Checker.fraction)
-DATETIME = Kind(Checker.optional_datetime, lambda value: None if value is None else value.isoformat())
-UPSTREAM_ENV_NAME = Kind(lambda c, value, path: c.upstream_env_name(value, path, max_length=ENV_NAME_MAX))
+TRI_STATE = Kind(Checker.tri_state, _tri_out, "`true`, `false` or `unknown`")
+BOOLEAN = Kind(Checker.boolean, accepts="`true` or `false`")
+FRACTION = Kind(Checker.fraction, accepts="number from 0 to 1")
+DATETIME = Kind(
+    Checker.optional_datetime,
+    lambda value: None if value is None else value.isoformat(),
+    "ISO 8601 date and time with its zone (`2027-01-31T00:00:00Z`), or `null`",
+)
+UPSTREAM_ENV_NAME = Kind(
+    lambda c, value, path: c.upstream_env_name(value, path, max_length=ENV_NAME_MAX),
+    accepts="name of a variable starting with `GATEWAY_UPSTREAM_`",
+)
 
 
 def _dollars(c: Checker, value: object, path: str) -> int:
@@ -78,7 +88,11 @@ def _dollars(c: Checker, value: object, path: str) -> int:
 
 
 # An amount in US dollars (`"50.00"`, `0.25`) stored as integer micros, dumped as a decimal string.
-USD = Kind(_nullable(_dollars), lambda micros: None if micros is None else usd(micros).removeprefix("$"))
+USD = Kind(
+    _nullable(_dollars),
+    lambda micros: None if micros is None else usd(micros).removeprefix("$"),
+    'dollars, a decimal string or number with at most 6 decimals (`"50.00"`), or `null`',
+)
 
 
 def integer(column: models.Field, minimum: int | None) -> Kind:
@@ -88,7 +102,10 @@ def integer(column: models.Field, minimum: int | None) -> Kind:
         minimum = 0
     maximum = INT64_MAX if isinstance(column, models.BigIntegerField) else INT32_MAX
     read: Read = lambda c, value, path: c.integer(value, path, minimum=minimum, maximum=maximum)  # noqa: E731
-    return Kind(_nullable(read) if column.null else read)
+    accepts = "integer" + (f" >= {minimum}" if minimum is not None else "")
+    if column.null:
+        return Kind(_nullable(read), accepts=f"{accepts}, or `null`")
+    return Kind(read, accepts=accepts)
 
 
 def choice(column: models.Field) -> Kind:
@@ -96,19 +113,28 @@ def choice(column: models.Field) -> Kind:
     options = [value for value, _ in column.choices]  # type: ignore[union-attr]
     if options == list(TriState):
         return TRI_STATE
+    accepts = " | ".join(f"`{option}`" for option in options if option)
     if column.blank:
         return Kind(
             lambda c, value, path: "" if value is None else c.choice(value, path, options),
             lambda value: value or None,
+            f"{accepts}, or `null`",
         )
-    return Kind(lambda c, value, path: c.choice(value, path, options))
+    return Kind(lambda c, value, path: c.choice(value, path, options), accepts=accepts)
 
 
 def string(max_length: int, what: str = "") -> Kind:
     """A string of at most `max_length`; with `what`, a list of distinct such strings."""
     if what:
-        return Kind(lambda c, value, path: c.strings(value, path, max_length=max_length, what=what), list)
-    return Kind(lambda c, value, path: c.string(value, path, max_length=max_length))
+        return Kind(
+            lambda c, value, path: c.strings(value, path, max_length=max_length, what=what),
+            list,
+            f"list of distinct {what} names (each at most {max_length} characters)",
+        )
+    return Kind(
+        lambda c, value, path: c.string(value, path, max_length=max_length),
+        accepts=f"string of at most {max_length} characters",
+    )
 
 
 # --- the schema ----------------------------------------------------------------------------------
@@ -119,7 +145,9 @@ class Field:
     """One YAML key. `column` is the model column it fills (the key itself unless named); a field
     without `kind` is read and rendered by `gatewayconfig.document` (a list of sub-sections, a secret, a
     reference). `always`: dumped even at its default (else a default is left out, so an unknown stays
-    unknown on reload). `default` may be a function of the values read before it."""
+    unknown on reload). `default` may be a function of the values read before it (its docstring says
+    which). `doc` is its meaning and `accepts` (a field without `kind`) its values, for the configuration
+    reference (docs/configuration.md, scripts/config_reference.py)."""
 
     key: str
     kind: Kind | None = None
@@ -127,6 +155,8 @@ class Field:
     default: Any = MISSING
     always: bool = False
     legacy: tuple[str, Kind] | None = None  # an older key read into the same column, never dumped
+    doc: str = ""
+    accepts: str = ""
 
     @property
     def name(self) -> str:
@@ -142,6 +172,7 @@ class Block:
     fields: tuple[Field, ...]
     whole: bool = False
     nullable: bool = False
+    doc: str = ""
 
 
 Entry = Field | Block
@@ -162,13 +193,20 @@ def column(
         default = db_field.get_default()
     else:
         default = None if db_field.null else ""
-    return Field(key=key or name, kind=kind, column=name if key else "", default=default, always=always)
+    return Field(
+        key=key or name,
+        kind=kind,
+        column=name if key else "",
+        default=default,
+        always=always,
+        doc=policy.get("doc", ""),
+    )
 
 
-def money(model: type[models.Model], name: str, *, key: str, always: bool = False) -> Field:
+def money(model: type[models.Model], name: str, *, key: str, doc: str, always: bool = False) -> Field:
     """A micros column written in dollars under `key`; its micros name is still read (never dumped)."""
     micros = column(model, name, minimum=0)
-    return replace(column(model, name, key=key, always=always, kind=USD), legacy=(name, micros.kind))
+    return replace(column(model, name, key=key, always=always, kind=USD, doc=doc), legacy=(name, micros.kind))
 
 
 def _kind_of(db_field: Any, minimum: int | None) -> Kind:
@@ -186,6 +224,7 @@ def _kind_of(db_field: Any, minimum: int | None) -> Kind:
 
 
 def _router_default(values: Mapping[str, Any]) -> str:
+    """`third_party` for an `openrouter` assignment, else `direct`"""
     # An OpenRouter endpoint is a third-party router whatever the file forgets to say: defaulting it to
     # `direct` would let it past a key that forbids third-party routers.
     return (Router.THIRD_PARTY if values.get("adapter") == Adapter.OPENROUTER else Router.DIRECT).value
@@ -199,42 +238,119 @@ TOP_LEVEL: tuple[Entry, ...] = (
     Block(
         "circuit",
         (
-            _settings("failure_threshold", 1),
-            _settings("cooldown_seconds", 1),
-            _settings("max_cooldown_seconds", 1),
-            _settings("half_open_probes", 1),
-            _settings("probe_lease_seconds", 1),
-            _settings("demotion_seconds"),
-            _settings("headroom_floor", kind=FRACTION),
+            _settings(
+                "failure_threshold",
+                1,
+                doc="Consecutive qualifying failures of an (assignment, model, route class) that open its "
+                "circuit.",
+            ),
+            _settings(
+                "cooldown_seconds",
+                1,
+                doc="How long a circuit first stays open; doubles after each failed probe.",
+            ),
+            _settings(
+                "max_cooldown_seconds",
+                1,
+                doc="The longest a cooldown grows to (at least `cooldown_seconds`).",
+            ),
+            _settings(
+                "half_open_probes",
+                1,
+                doc="Requests admitted at once, across all nodes, to a half-open circuit.",
+            ),
+            _settings(
+                "probe_lease_seconds",
+                1,
+                doc="A probe older than this is presumed lost, and the next request may probe instead.",
+            ),
+            _settings(
+                "demotion_seconds",
+                doc="How long a demotion lasts when the upstream says nothing (a 429 without a readable "
+                "`retry-after`, a model the account rejects); a demoted account goes after the healthy ones.",
+            ),
+            _settings(
+                "headroom_floor",
+                kind=FRACTION,
+                doc="An account whose rate-limit headers report less than this share of a limit left is "
+                "demoted until that limit resets (0 never demotes).",
+            ),
         ),
+        doc="When an account's circuit opens and how it recovers (circuits and demotions are shared by "
+        "every node through the database).",
     ),
     Block(
         "retry",
         (
-            _settings("max_attempts", 1),
-            _settings("backoff_base_ms"),
-            _settings("min_attempt_ms"),
-            _settings("default_deadline_ms", 1),
+            _settings(
+                "max_attempts", 1, doc="The shortlist: attempts per client request, all hops together."
+            ),
+            _settings(
+                "backoff_base_ms",
+                doc="Base of the full-jitter backoff between hops, spent inside the deadline.",
+            ),
+            _settings(
+                "min_attempt_ms", doc="No attempt is dispatched with less of the request's deadline left."
+            ),
+            _settings(
+                "default_deadline_ms",
+                1,
+                doc="The deadline of a request that sends no `x-gateway-deadline-ms` header (the official "
+                "SDKs' own default timeout: long plain answers need it).",
+            ),
         ),
+        doc="How one client request is handed from account to account.",
     ),
-    Field("model_aliases", always=True),
-    Field("model_fallbacks", always=True),
-    _settings("model_fallback_family"),
+    Field(
+        "model_aliases",
+        always=True,
+        accepts="mapping of alias to model name",
+        doc="Other names clients may use for a model (`gpt5: gpt-5`), resolved first; one hop, so a target "
+        "may not itself be an alias.",
+    ),
+    Field(
+        "model_fallbacks",
+        always=True,
+        accepts="mapping of model name to model name",
+        doc="The model served instead when the requested one has no route in the key's pools, or when every "
+        "account says it does not have it (`claude-opus-5: claude-opus-4-8`); one hop, checked against the "
+        "key's `allowed_models`.",
+    ),
+    _settings(
+        "model_fallback_family",
+        doc="Without an explicit fallback, serve the highest configured version below the requested one in "
+        "its name family (`gpt-5.2` to `gpt-5.1`).",
+    ),
     _settings(
         "qualification_days",
-        kind=Kind(lambda c, value, path: c.integer(value, path, minimum=1, maximum=QUALIFICATION_DAYS_MAX)),
+        kind=Kind(
+            lambda c, value, path: c.integer(value, path, minimum=1, maximum=QUALIFICATION_DAYS_MAX),
+            accepts=f"integer from 1 to {QUALIFICATION_DAYS_MAX}",
+        ),
+        doc="How long a verdict of `manage.py qualify` stays valid.",
     ),
-    Field("pools", always=True),
-    Field("keys", always=True),
+    Field("pools", always=True, accepts="list of pools", doc="The pools of upstream accounts (`pools[]`)."),
+    Field("keys", always=True, accepts="list of keys", doc="The gateway keys clients call with (`keys[]`)."),
 )
 
 # The `GatewaySettings` columns: the top level's blocks and scalars that are not sections of their own.
 SETTINGS: tuple[Entry, ...] = tuple(e for e in TOP_LEVEL if isinstance(e, Block) or e.kind is not None)
 
 POOL: tuple[Entry, ...] = (
-    column(Pool, "name", always=True, required=True),
-    Field("auto_models", string(MODEL_MAX, what="model"), default=(), always=True),
-    Field("assignments", always=True),
+    column(Pool, "name", always=True, required=True, doc="Unique; keys name it in their `pools`."),
+    Field(
+        "auto_models",
+        string(MODEL_MAX, what="model"),
+        default=(),
+        always=True,
+        doc='Candidates for `model: "auto"`, in order of preference.',
+    ),
+    Field(
+        "assignments",
+        always=True,
+        accepts="list of assignments",
+        doc="The pool's upstream accounts (`pools[].assignments[]`).",
+    ),
 )
 
 
@@ -243,8 +359,18 @@ def _a(name: str, **policy: Any) -> Field:
 
 
 ASSIGNMENT: tuple[Entry, ...] = (
-    _a("name", always=True, required=True),
-    _a("adapter", always=True, required=True),
+    _a(
+        "name",
+        always=True,
+        required=True,
+        doc="Unique across every pool: the name admin, logs and metrics show.",
+    ),
+    _a(
+        "adapter",
+        always=True,
+        required=True,
+        doc="The provider API the account speaks (README, *Configuration*).",
+    ),
     _a(
         "base_url",
         always=True,
@@ -254,48 +380,140 @@ ASSIGNMENT: tuple[Entry, ...] = (
                 value, path, max_length=Assignment._meta.get_field("base_url").max_length
             ),
             _without_userinfo,
+            "http(s) URL without credentials, query or fragment, never a link-local or metadata address",
         ),
+        doc="The API root including its version path (`https://api.openai.com/v1`); the adapter appends "
+        "each operation's path.",
     ),
-    _a("api_key_env", kind=UPSTREAM_ENV_NAME),
+    _a(
+        "api_key_env",
+        kind=UPSTREAM_ENV_NAME,
+        doc="The credential is read from this variable at each use (never stored).",
+    ),
     # Read once at load and stored encrypted (GatewayConfig.credentials); never a column, never dumped.
-    Field("api_key_from_env"),
-    _a("tier", always=True),
-    _a("weight", always=True, minimum=1),
-    _a("region"),
-    _a("router", always=True, default=_router_default),
-    Block("privacy", (_a("zero_retention"), _a("data_collection"))),
+    Field(
+        "api_key_from_env",
+        accepts=UPSTREAM_ENV_NAME.accepts,
+        doc="The credential is read from this variable once, at load time, and stored encrypted with "
+        "`GATEWAY_CREDENTIALS_KEY` (not with `api_key_env`).",
+    ),
+    _a("tier", always=True, doc="Lower is preferred, after health."),
+    _a(
+        "weight",
+        always=True,
+        minimum=1,
+        doc="The account's share of first attempts among healthy accounts of the same tier.",
+    ),
+    _a("region", doc="Where the account serves; a key with `requirements.regions` needs one of them."),
+    _a(
+        "router",
+        always=True,
+        default=_router_default,
+        doc="`third_party`: a router in front of other providers, which a key may refuse.",
+    ),
+    Block(
+        "privacy",
+        (
+            _a("zero_retention", doc="The provider keeps no prompt or answer."),
+            _a(
+                "data_collection",
+                doc="Whether the provider may collect what it is sent; a key requiring zero retention needs "
+                "`zero_retention: true` and `deny`.",
+            ),
+        ),
+        doc="What the provider promises; undeclared is unknown, never read as true or false.",
+    ),
     Block(
         "capabilities",
         (
-            _a("tools"),
-            _a("write_tools"),
-            _a("vision"),
-            _a("role_separation"),
-            _a("tool_representation"),
-            _a("stream_options"),
+            _a("tools", doc="Function calling; a request offering tools needs `true`."),
+            _a(
+                "write_tools", doc="Tools that change things; a request needing them also needs native tools."
+            ),
+            _a("vision", doc="Image inputs."),
+            _a(
+                "role_separation",
+                doc="The system prompt and tool results stay in their own roles (needed with tools or "
+                "untrusted content).",
+            ),
+            _a("tool_representation", doc="`native` tool calls, or `emulated` in text."),
+            _a(
+                "stream_options",
+                doc="`openai_compatible` only: `true` asks each stream for its usage, `false` never sends "
+                "`stream_options`.",
+            ),
         ),
+        doc="Declared capabilities (a newer `manage.py qualify` verdict wins); undeclared is unknown, which "
+        "meets no requirement.",
     ),
-    _a("quality", kind=Kind(_nullable(Checker.fraction))),
-    _a("headroom_floor", kind=Kind(_nullable(Checker.fraction))),  # null: the gateway-wide one
-    _a("min_deadline_ms", always=True),
-    _a("discovery", always=True),
-    _a("enabled"),
-    Field("models"),
+    _a(
+        "quality",
+        kind=Kind(_nullable(Checker.fraction), accepts="number from 0 to 1, or `null`"),
+        doc="Compared with a key's `requirements.min_quality`; `null`: unknown.",
+    ),
+    _a(
+        "headroom_floor",
+        kind=Kind(_nullable(Checker.fraction), accepts="number from 0 to 1, or `null`"),
+        doc="This account's `circuit.headroom_floor`; `null`: the gateway-wide one.",
+    ),
+    _a(
+        "min_deadline_ms",
+        always=True,
+        doc="The account is not tried with less of the request's deadline left.",
+    ),
+    _a("discovery", always=True, doc="`manage.py sync_catalog` asks the provider's model listing."),
+    _a("enabled", doc="`false`: never routed to (`manage.py qualify --assignment` still qualifies it)."),
+    Field(
+        "models",
+        accepts="list of models",
+        doc="Configured catalog entries (`pools[].assignments[].models[]`); discovery may add more.",
+    ),
 )
 
 MODEL: tuple[Entry, ...] = (
-    column(CatalogEntry, "model", key="id", always=True, required=True),
-    column(CatalogEntry, "context_window", minimum=1),
-    Block("capabilities", (column(CatalogEntry, "tools"), column(CatalogEntry, "vision"))),
+    column(
+        CatalogEntry, "model", key="id", always=True, required=True, doc="The model id the upstream knows."
+    ),
+    column(
+        CatalogEntry,
+        "context_window",
+        minimum=1,
+        doc="Tokens the model takes (prompt and output); `null`: unknown, every request fits.",
+    ),
+    Block(
+        "capabilities",
+        (
+            column(CatalogEntry, "tools", doc="Function calling on this model."),
+            column(CatalogEntry, "vision", doc="Image inputs on this model."),
+        ),
+        doc="This model's own capabilities on this account.",
+    ),
     Block(
         "price",
         (
             # Dollars per million tokens; the `*_per_mtok_micros` names are still read.
-            money(CatalogEntry, "input_per_mtok_micros", key="input_usd"),
-            money(CatalogEntry, "output_per_mtok_micros", key="output_usd"),
-            money(CatalogEntry, "cached_input_per_mtok_micros", key="cached_input_usd"),
-            money(CatalogEntry, "cache_write_per_mtok_micros", key="cache_write_usd"),
+            money(
+                CatalogEntry,
+                "input_per_mtok_micros",
+                key="input_usd",
+                doc="Per million input tokens; `null`: the bundled price list's, else unknown.",
+            ),
+            money(CatalogEntry, "output_per_mtok_micros", key="output_usd", doc="Per million output tokens."),
+            money(
+                CatalogEntry,
+                "cached_input_per_mtok_micros",
+                key="cached_input_usd",
+                doc="Per million input tokens read from the prompt cache; `null`: the input price.",
+            ),
+            money(
+                CatalogEntry,
+                "cache_write_per_mtok_micros",
+                key="cache_write_usd",
+                doc="Per million input tokens written to the prompt cache; `null`: the input price.",
+            ),
         ),
+        doc="Dollars per million tokens; a configured price always wins over the bundled list "
+        "(`catalog/prices.yaml`). An unknown price is never zero.",
     ),
 )
 
@@ -305,35 +523,99 @@ def _k(name: str, **policy: Any) -> Field:
 
 
 KEY: tuple[Entry, ...] = (
-    _k("name", always=True, required=True),
-    Field("key"),
-    Field("key_env"),
-    Field("pools", always=True),
+    _k("name", always=True, required=True, doc="Unique; the name admin, logs and metrics show."),
+    Field(
+        "key",
+        accepts="string of at least 20 characters, no whitespace",
+        doc="The secret clients send (stored only as a hash); creates the key, and replaces an existing "
+        "key's secret only with `load_gateway_config --replace-secrets`. Required for a new key, unless "
+        "`key_env`.",
+    ),
+    Field(
+        "key_env",
+        accepts="name of an environment variable",
+        doc="The secret is read from this variable at load time instead (as `key`).",
+    ),
+    Field(
+        "pools",
+        always=True,
+        accepts="list of pool names",
+        doc="The pools whose accounts serve this key. Required.",
+    ),
     # A key without an allow-list may use every model of its pools, as create_key and admin give it.
-    _k("allowed_models", always=True, kind=string(MODEL_MAX, what="model"), default=("*",)),
+    _k(
+        "allowed_models",
+        always=True,
+        kind=string(MODEL_MAX, what="model"),
+        default=("*",),
+        doc='The models the key may use; `["*"]`: every model of its pools.',
+    ),
     Block(
         "requirements",
         (
-            _k("require_zero_retention", key="zero_retention", always=True),
-            _k("regions", always=True, kind=string(REGION_MAX, what="region"), default=()),
-            _k("allow_third_party_router", always=True),
-            _k("min_quality", always=True, kind=FRACTION),
+            _k(
+                "require_zero_retention",
+                key="zero_retention",
+                always=True,
+                doc="Only accounts with `privacy.zero_retention: true` and `data_collection: deny`.",
+            ),
+            _k(
+                "regions",
+                always=True,
+                kind=string(REGION_MAX, what="region"),
+                default=(),
+                doc="Only accounts in these regions; empty: any.",
+            ),
+            _k(
+                "allow_third_party_router", always=True, doc="`false`: never a `router: third_party` account."
+            ),
+            _k(
+                "min_quality",
+                always=True,
+                kind=FRACTION,
+                doc="Only accounts whose `quality` is known and at least this; 0: no requirement.",
+            ),
         ),
+        doc="Conditions every account must meet to serve the key (eligibility, never a preference).",
     ),
-    money(GatewayKey, "budget_micros", key="budget_usd", always=True),  # `budget_micros` still read
-    _k("budget_period", always=True),
-    _k("enabled"),
-    _k("expires_at"),
+    money(
+        GatewayKey,
+        "budget_micros",
+        key="budget_usd",
+        always=True,
+        doc="Spend allowed per `budget_period`, reserved before each request; `null`: no budget. Over "
+        "it: 429 `budget_exceeded`.",
+    ),  # `budget_micros` still read
+    _k(
+        "budget_period",
+        always=True,
+        doc="The budget restarts each UTC day, week (Monday) or month; `null`: lifetime.",
+    ),
+    _k("enabled", doc="`false`: the key is refused (401)."),
+    _k("expires_at", doc="From then on the key is refused (401); `null`: never."),
     Block(
         "limits",
         (
             # Zero is refused: `enabled: false` stops a key.
-            _k("limit_rpm", key="rpm", minimum=1),
-            _k("limit_tpm", key="tpm", minimum=1),
-            _k("limit_concurrent", key="concurrent", minimum=1),
+            _k("limit_rpm", key="rpm", minimum=1, doc="Requests admitted per UTC clock minute."),
+            _k(
+                "limit_tpm",
+                key="tpm",
+                minimum=1,
+                doc="Tokens (input and output) per UTC clock minute; once reached, new requests are "
+                "refused until the next minute.",
+            ),
+            _k(
+                "limit_concurrent",
+                key="concurrent",
+                minimum=1,
+                doc="Requests in flight at once, across all nodes.",
+            ),
         ),
         whole=True,
         nullable=True,
+        doc="Per-key limits across every node (in Redis with `REDIS_URL`, else the database); `null`: none. "
+        "Over one: 429 `rate_limit_exceeded`.",
     ),
 )
 
