@@ -496,7 +496,7 @@ MODEL: tuple[Entry, ...] = (
                 CatalogEntry,
                 "input_per_mtok_micros",
                 key="input_usd",
-                doc="Per million input tokens; `null`: the bundled price list's, else unknown.",
+                doc="Per million input tokens.",
             ),
             money(CatalogEntry, "output_per_mtok_micros", key="output_usd", doc="Per million output tokens."),
             money(
@@ -512,8 +512,9 @@ MODEL: tuple[Entry, ...] = (
                 doc="Per million input tokens written to the prompt cache; `null`: the input price.",
             ),
         ),
-        doc="Dollars per million tokens; a configured price always wins over the bundled list "
-        "(`catalog/prices.yaml`). An unknown price is never zero.",
+        doc="Dollars per million tokens; `null`: unknown, never zero. A model without `price` takes its "
+        "list price from the bundled `catalog/prices.yaml`, else unknown; a configured price never borrows "
+        "from it.",
     ),
 )
 
