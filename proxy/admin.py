@@ -65,19 +65,23 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
         "attempts_sent",
         "took",
     )
+    # None of these reads the ledger to offer its choices, and the list counts at most a capped number
+    # of rows (proxy.ledger_admin, issue 49: the page at ten million records).
     list_filter = (
-        ("key", admin.RelatedOnlyFieldListFilter),
+        ledger_admin.KeyFilter,
         ledger_admin.PoolFilter,
-        "served_model",
-        "requested_model",
-        "outcome",
+        ledger_admin.ServedModelFilter,
+        ledger_admin.RequestedModelFilter,
+        ledger_admin.OutcomeFilter,
         ledger_admin.AttemptsFilter,
         ledger_admin.LatencyFilter,
+        ("started_at", admin.DateFieldListFilter),
         "transport",
-        "route",
+        ledger_admin.RouteFilter,
     )
     search_fields = ("request_id", "operation_id", "requested_model", "served_model")
-    date_hierarchy = "started_at"
+    paginator = ledger_admin.LedgerPaginator
+    show_full_result_count = False
     inlines = [AttemptInline]
 
     def get_changelist(self, request, **kwargs):
