@@ -79,6 +79,8 @@ def run_wrk(
     target: Target, body_file: Path, concurrency: int, duration: float, count_header: str | None = None
 ) -> dict[str, Any]:
     env = {**os.environ, "BENCH_BODY_FILE": str(body_file), "BENCH_KEY": target.key}
+    if target.keys_file:
+        env["BENCH_KEYS_FILE"] = target.keys_file
     if count_header:
         env["BENCH_COUNT_HEADER"] = count_header
     cmd = [

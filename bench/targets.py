@@ -140,6 +140,7 @@ class Target:
     workers: int = 1  # a gateway's uvicorn worker processes
     database_url: str = ""  # PostgreSQL: where to find the backends that serve it ...
     application: str = ""  # ... by the application_name it connects with
+    keys_file: str = ""  # wrk sends each request with one of these keys (make bench-scale), else `key`
 
     @property
     def chat_url(self) -> str:

@@ -5,6 +5,8 @@
 --   BENCH_KEY           bearer key
 --   BENCH_COUNT_HEADER  optional: a response header to tally (e.g. x-gateway-attempts); only then is
 --                       a response() callback defined, since it makes wrk parse every header into Lua
+--   BENCH_KEYS_FILE     optional: bearer keys, one a line; each request takes one of them at random
+--                       (make bench-scale's many keys); only then is a request() callback defined
 --
 -- Latency values are microseconds, from wrk's own histogram (the time is taken before response()).
 
@@ -16,6 +18,18 @@ wrk.method = "POST"
 wrk.body = body
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_KEY")
+
+local keys_file = os.getenv("BENCH_KEYS_FILE")
+if keys_file and keys_file ~= "" then
+  local keys = {}
+  for line in io.lines(keys_file) do
+    table.insert(keys, line)
+  end
+  function request()
+    wrk.headers["Authorization"] = "Bearer " .. keys[math.random(#keys)]
+    return wrk.format()
+  end
+end
 
 local threads = {}
 

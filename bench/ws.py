@@ -238,7 +238,9 @@ def _minus(a: dict[str, Any], b: dict[str, Any], key: str) -> int | None:
     return None if a.get(key) is None or b.get(key) is None else a[key] - b[key]
 
 
-async def measure_memory(server: Server, count: int, hooks: Hooks) -> dict[str, Any]:
+async def measure_memory(
+    server: Server, count: int, hooks: Hooks, kinds: tuple[tuple[str | None, str], ...] = CLIENT_KINDS
+) -> dict[str, Any]:
     assert server.pid is not None
     warm, errors, _ = await _open_idle(server, WARMUP_CONNECTIONS, "deflate")
     await _close_all(warm)
@@ -248,7 +250,7 @@ async def measure_memory(server: Server, count: int, hooks: Hooks) -> dict[str, 
     held: list[ClientConnection] = []
     kinds: list[dict[str, Any]] = []
     try:
-        for compression, label in CLIENT_KINDS:
+        for compression, label in kinds:
             before = await _readings(server, hooks)
             opened = time.monotonic()
             conns, errors, negotiated = await _open_idle(server, count, compression)
