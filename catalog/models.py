@@ -18,6 +18,11 @@ class CatalogEntry(models.Model):
     model = models.CharField(max_length=200)
     provenance = models.CharField(max_length=10, choices=Provenance.choices)
     context_window = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: unknown.")
+    max_output_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The most tokens the model answers with. Empty: unknown (a budget reserves 32,768).",
+    )
     tools = tri_state_field()
     vision = tri_state_field()
     input_per_mtok_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: unknown price.")

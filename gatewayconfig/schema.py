@@ -480,6 +480,13 @@ MODEL: tuple[Entry, ...] = (
         minimum=1,
         doc="Tokens the model takes (prompt and output); `null`: unknown, every request fits.",
     ),
+    column(
+        CatalogEntry,
+        "max_output_tokens",
+        minimum=1,
+        doc="The most tokens the model answers with: what a key's budget reserves for a request that sets "
+        "no `max_tokens` (`null`: unknown, 32,768 are reserved).",
+    ),
     Block(
         "capabilities",
         (

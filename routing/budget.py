@@ -6,6 +6,13 @@ budget (no period). A key's spend counts only while its stored period start equa
 an older one means the period rolled over and the spend starts again from zero. `now` must be aware.
 `period_end` is when it starts again (the next period's start).
 
+`reservation_micros(candidate, requirements)` is what a key's budget holds for one candidate before
+dispatch (SPEC §7.4): the candidate's price over the estimated prompt and the most output the request
+can be answered with, its own limit (`max_tokens`, `max_completion_tokens`, `max_output_tokens`), else
+the model's output limit from the catalog (`max_output_tokens`), else DEFAULT_MAX_OUTPUT_TOKENS; None
+for an unknown price. So a reservation never under-holds what the answer can cost but by the prompt
+estimate's error, and concurrent requests pass a budget by at most that.
+
 Amounts are integer micros (a millionth of a US dollar) everywhere inside; operators read and write
 dollars: `usd` formats micros as dollars, `micros_from_usd` reads a dollar amount (a decimal string or
 number, at most six decimals) into micros.
@@ -14,7 +21,16 @@ number, at most six decimals) into micros.
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
+from routing.pricing import cost_micros
+from routing.types import Candidate, Requirements
 from routing.vocabulary import BudgetPeriod
+
+# What a request that sets no output limit reserves for its answer when the catalog does not know its
+# model's output limit (`CatalogEntry.max_output_tokens`). Reserving for the prompt alone let 100
+# concurrent requests spend 4.1x their key's budget (issue 45 finding 6). 32,768 is the output limit of
+# GPT-4.1 and about Claude Opus 4.1's; models that answer with more (GPT-5: 128,000) are exact only with
+# their limit in the catalog.
+DEFAULT_MAX_OUTPUT_TOKENS = 32_768
 
 
 def period_start(period: str | None, now: datetime) -> datetime | None:
@@ -86,3 +102,17 @@ def refusal_message(*, budget: int, spent: int, held: int, period: str | None, n
     )
     spent_text = f"{usd(spent)} spent{in_flight} of {usd(budget)}"
     return f"This key's budget cannot cover this request: {spent_text} {resets}."
+
+
+def reserved_output_tokens(requested: int, model_limit: int | None) -> int:
+    """The output tokens a reservation covers: the request's own limit (`requested`, 0: none), else the
+    model's (`model_limit`, None: unknown), else DEFAULT_MAX_OUTPUT_TOKENS."""
+    if requested > 0:
+        return requested
+    return model_limit if model_limit else DEFAULT_MAX_OUTPUT_TOKENS
+
+
+def reservation_micros(candidate: Candidate, requirements: Requirements) -> int | None:
+    """What a key's budget holds for `candidate` before dispatch (module docstring); None: unknown price."""
+    output = reserved_output_tokens(requirements.max_output_tokens, candidate.max_output_tokens)
+    return cost_micros(candidate.price, input_tokens=requirements.prompt_tokens, output_tokens=output)

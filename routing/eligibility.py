@@ -13,7 +13,8 @@ declared order; an empty list is eligible. Rules:
 - regions: the candidate's region is in the allowed set (None: any);
 - no third-party router; quality known and >= min_quality (min_quality 0: no requirement);
 - budget: with a budget, both prices known (else price_unknown) and the reservation
-  (`pricing.cost_micros` over estimated prompt + max output tokens) <= remaining budget;
+  (`budget.reservation_micros`: estimated prompt + the request's max output tokens, else the model's
+  output limit) <= remaining budget;
   without a budget an unknown price is fine;
 - deadline: remaining ms >= max(min_deadline_ms, min_attempt_ms) (equal is eligible): no attempt is
   dispatched with less of the one deadline left than that floor;
@@ -27,7 +28,7 @@ headers can only tighten the key's contract.
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from routing.pricing import cost_micros
+from routing.budget import reservation_micros
 from routing.types import (
     Candidate,
     DataCollection,
@@ -110,7 +111,7 @@ _REASONS = tuple(IneligibleReason)  # in their declared order; iterating the enu
 
 def evaluate(candidate: Candidate, requirements: Requirements) -> Verdict:
     c, r = candidate, requirements
-    reservation = cost_micros(c.price, input_tokens=r.prompt_tokens, output_tokens=r.max_output_tokens)
+    reservation = reservation_micros(c, r)
     failed: set[IneligibleReason] = set()
     if not _capability_ok(c, r):
         failed.add(IneligibleReason.CAPABILITY)

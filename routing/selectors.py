@@ -115,6 +115,7 @@ def _candidate(entry: CatalogEntry, capabilities: dict[Capability, Effective]) -
         quality=a.quality,
         min_deadline_ms=a.min_deadline_ms,
         context_window=entry.context_window,
+        max_output_tokens=entry.max_output_tokens,
         price=route_price(
             entry.model,
             entry.input_per_mtok_micros,
@@ -162,7 +163,11 @@ def config_load(pool_ids: tuple[int, ...], now: datetime) -> ConfigSnapshot:
         candidate = _candidate(entry, {e.capability: e for e in capabilities})
         routes.setdefault(entry.model, []).append(candidate)
         if a.pk not in targets:
-            accounts.append(replace(candidate, model=ACCOUNT_MODEL, context_window=None, price=Price()))
+            accounts.append(
+                replace(
+                    candidate, model=ACCOUNT_MODEL, context_window=None, max_output_tokens=None, price=Price()
+                )
+            )
         targets[a.pk] = Target(
             a.pk,
             a.name,
@@ -558,6 +563,21 @@ class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
 # tuple they were built from: (that tuple, the (average, headroom, load) triples, the candidates built).
 Measured = tuple[float | None, float | None, float | None]
 _latency_built: dict[int, tuple[tuple[Candidate, ...], tuple[Measured, ...], tuple[Candidate, ...]]] = {}
+_UNMEASURED = tuple(name for name in Candidate.__slots__ if name not in ("latency_ms", "headroom_left", "load"))
+_set = object.__setattr__
+
+
+def _measured(c: Candidate, value: Measured) -> Candidate:
+    """`c` with `value` as its (latency_ms, headroom_left, load): `dataclasses.replace` without its
+    per-field checks and keyword `__init__` (a third of its cost; `c` was built and checked already).
+    A request rebuilds a candidate whenever its decayed load moves by a tenth, most requests at load."""
+    copy = object.__new__(Candidate)
+    for name in _UNMEASURED:
+        _set(copy, name, getattr(c, name))
+    _set(copy, "latency_ms", value[0])
+    _set(copy, "headroom_left", value[1])
+    _set(copy, "load", value[2])
+    return copy
 
 
 def with_latency(
@@ -570,32 +590,32 @@ def with_latency(
     """`candidates` with `latency_ms` filled from `latency` (None where a pair has no average yet),
     `headroom_left` from `headroom` while its limit has not reset by `now`, and `load` from `load`
     decayed to `now` (rounded to a tenth, so it changes the candidates no more often than it matters).
-    Built once per change of these, not per request: a candidate's copy costs about 7 us, a pool of
-    twenty accounts 0.14 ms a request (routing.latency)."""
+    Built once per change of these, not per request: a candidate's copy costs a few microseconds, a
+    pool of twenty accounts a tenth of a millisecond a request (routing.latency)."""
     loads = load or {}
-
-    def left(key: tuple[int, str]) -> float | None:
-        found = headroom.get(key)
-        return found[0] if found is not None and now < found[1] else None
-
-    def served(key: tuple[int, str]) -> float | None:
-        found = loads.get(key)
-        return round(load_now(found[0], found[1], now), 1) if found is not None else None
-
-    values = tuple((latency.get(c.key), left(c.key), served(c.key)) for c in candidates)
+    values = []
+    for c in candidates:
+        key = c.key
+        left = headroom.get(key)
+        served = loads.get(key)
+        values.append(
+            (
+                latency.get(key),
+                left[0] if left is not None and now < left[1] else None,
+                round(load_now(served[0], served[1], now), 1) if served is not None else None,
+            )
+        )
+    measured = tuple(values)
     built = _latency_built.get(id(candidates))
-    if built is not None and built[0] is candidates and built[1] == values:
+    if built is not None and built[0] is candidates and built[1] == measured:
         return built[2]
-    pairs = zip(candidates, values, strict=True)
     result = tuple(
-        c
-        if (c.latency_ms, c.headroom_left, c.load) == v
-        else replace(c, latency_ms=v[0], headroom_left=v[1], load=v[2])
-        for c, v in pairs
+        c if (c.latency_ms, c.headroom_left, c.load) == v else _measured(c, v)
+        for c, v in zip(candidates, measured, strict=True)
     )
     if len(_latency_built) >= CACHE_LIMIT:
         _latency_built.clear()
-    _latency_built[id(candidates)] = (candidates, values, result)  # holds `candidates`: its id stays its own
+    _latency_built[id(candidates)] = (candidates, measured, result)  # holds `candidates`: its id stays its own
     return result
 
 

@@ -127,6 +127,7 @@ class Candidate:
     quality: float | None = None
     min_deadline_ms: int = 0
     context_window: int | None = None
+    max_output_tokens: int | None = None  # the model's own output limit (catalog); None: unknown
     price: Price = Price()
     # The catalog provenance of (assignment, model) (`configured`, `observed`, `preserved`); None when
     # the catalog holds none. A code-less 404 is a model failure only with provenance (§5.6).

@@ -3,6 +3,7 @@ function (reservation and recorded cost)."""
 
 import pytest
 
+from routing.budget import DEFAULT_MAX_OUTPUT_TOKENS
 from routing.eligibility import evaluate, fit_reasons, gate, overlay, tighten
 from routing.pricing import cost_micros
 from routing.types import (
@@ -160,6 +161,21 @@ def test_budget_boundary(budget, expected):
     verdict = evaluate(capable(), Requirements(budget_remaining_micros=budget, **BUDGET_CASE))
     assert verdict.reasons == expected
     assert verdict.reservation_micros == 2000
+
+
+@pytest.mark.parametrize(
+    ("asked", "model_limit", "output"),
+    [(500, 64_000, 500), (0, 64_000, 64_000), (0, None, DEFAULT_MAX_OUTPUT_TOKENS)],
+    ids=["its-own-limit", "the-models-limit", "the-default"],
+)
+def test_a_request_without_an_output_limit_reserves_for_its_models(asked, model_limit, output):
+    """Issue 45 finding 6: a reservation that covered the prompt alone let concurrent requests pass a
+    budget by their whole output. It covers the most output the request can be answered with; the
+    context-window check still reads the request's own limit only."""
+    candidate = capable(max_output_tokens=model_limit, context_window=2000)
+    verdict = evaluate(candidate, Requirements(prompt_tokens=1000, max_output_tokens=asked))
+    assert verdict.reservation_micros == 1000 + 2 * output
+    assert verdict.eligible  # 1000 + 64,000 would not fit the window: it reads the request's own limit
 
 
 @pytest.mark.parametrize(

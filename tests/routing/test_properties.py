@@ -9,6 +9,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from routing.budget import reserved_output_tokens
 from routing.eligibility import evaluate
 from routing.plan import Plan, build_plan
 from routing.preference import group, order, preference_key
@@ -53,6 +54,7 @@ def candidates(draw, assignment_id=None, model=None) -> Candidate:
         quality=draw(st.none() | st.floats(0, 1)),
         min_deadline_ms=draw(st.integers(0, 2000)),
         context_window=draw(st.none() | st.integers(0, 5000)),
+        max_output_tokens=draw(st.none() | st.integers(1, 5000)),
         price=Price(draw(maybe_price), draw(maybe_price)),
     )
 
@@ -103,9 +105,10 @@ def violated(c: Candidate, r: Requirements) -> set[IneligibleReason]:
         if p.input_per_mtok_micros is None or p.output_per_mtok_micros is None:
             out.add(R.PRICE_UNKNOWN)
         else:
+            # The output a request may be answered with: the one estimate of it (`routing.budget`).
+            output = reserved_output_tokens(r.max_output_tokens, c.max_output_tokens)
             exact = Fraction(
-                p.input_per_mtok_micros * r.prompt_tokens + p.output_per_mtok_micros * r.max_output_tokens,
-                10**6,
+                p.input_per_mtok_micros * r.prompt_tokens + p.output_per_mtok_micros * output, 10**6
             )
             # The reservation is the exact cost rounded up to whole micros.
             if math.ceil(exact) > r.budget_remaining_micros:
