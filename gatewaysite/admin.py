@@ -27,6 +27,9 @@ class GatewayAdminSite(admin.AdminSite):
     unchanged. Each app's admin module registers its pages with `register_page`, as it registers its
     ModelAdmins, so this site imports no app (the apps' admins build on `pools.scoping`)."""
 
+    # The gateway serves no site beside its API: Django's "View site" link would open a 404.
+    site_url = None
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._pages: list[type[OperatorPage]] = []

@@ -140,6 +140,8 @@ else:
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# One date-time format in the admin, to the second and in UTC (gatewaysite/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["gatewaysite.formats"]
 USE_I18N = True
 USE_TZ = True
 
