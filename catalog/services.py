@@ -19,14 +19,16 @@ import httpx
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from google.auth import exceptions as google_auth_exceptions
 
 from catalog.models import CapabilityEvidence, CatalogEntry, Provenance
 from catalog.qualification import Verdict
 from pools import destinations
 from pools.credentials import credential_of
 from pools.models import Assignment
-from proxy.providers.base import SignedListing
+from proxy.providers.base import Listings, SignedListing, TokenListing
 from proxy.providers.registry import provider
+from runtime import google_oauth
 from runtime.sigv4 import sign
 from runtime.transport import transport_through
 
@@ -91,12 +93,42 @@ def guarded_client(timeout: httpx.Timeout | float) -> httpx.Client:
     )
 
 
+def _token_headers(listing: TokenListing, credential: str, client: httpx.Client) -> dict[str, str]:
+    """The access token of an assignment whose listing a service account authorizes (Vertex)."""
+    try:
+        token = google_oauth.access_token(
+            listing.oauth(credential).key_file, google_oauth.HttpxRequest(client)
+        )
+    except (google_oauth.KeyFileError, google_auth_exceptions.GoogleAuthError) as failed:
+        raise DiscoveryError(
+            "credential refused" if google_oauth.refused(failed) else "unreachable"
+        ) from None
+    return {"authorization": f"Bearer {token}"}
+
+
 def discover_models(assignment: Assignment, client: httpx.Client) -> set[str]:
-    """Every model id the assignment's provider lists, page after page (its own listing format)."""
+    """Every model id the assignment's provider lists, in each of its listings, page after page (its own
+    listing format)."""
     listing = provider(assignment.adapter)
-    url = listing.models_url(assignment.base_url)
     credential = credential_of(assignment)
     headers = listing.auth_headers(credential)
+    if isinstance(listing, TokenListing):
+        headers = {**headers, **_token_headers(listing, credential, client)}
+    if isinstance(listing, Listings):
+        urls = listing.listings(assignment.base_url, assignment.region)
+    else:
+        urls = (listing.models_url(assignment.base_url),)
+    found: set[str] = set()
+    for url in urls:
+        found |= _listed(assignment, client, url, headers, credential)
+    return found
+
+
+def _listed(
+    assignment: Assignment, client: httpx.Client, url: str, headers: dict[str, str], credential: str
+) -> set[str]:
+    """The model ids of one listing, page after page."""
+    listing = provider(assignment.adapter)
     params: dict[str, str] = {}
     found: set[str] = set()
     for _ in range(MAX_PAGES):

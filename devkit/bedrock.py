@@ -10,6 +10,13 @@ Contract (as Bedrock answers, checked against boto3's `bedrock-runtime` client i
   (ListFoundationModels, one page): `models` as on-demand text models, then `listed`, models the listing
   names with their own summary fields (an embedding model's `outputModalities: ["EMBEDDING"]`, a model
   served only through an inference profile) that Converse does not serve by their id.
+- Inference profiles: `profiles` maps a system-defined (cross-region) profile's id
+  (`us.anthropic.claude-...`) to the models it routes to, `application_profiles` an application profile's id
+  to its models. A call names a system profile by its id or ARN, an application profile by its ARN
+  (`arn:aws:bedrock:<region>:<account>:application-inference-profile/<id>`), and is served as a model
+  (scripts are per name, as sent); an application profile's bare id is a `ValidationException`.
+  `GET /inference-profiles` is ListInferenceProfiles: `type=SYSTEM_DEFINED` (the default, as the API
+  lists) or `APPLICATION`, `maxResults` per page (default 1000), the next page's `nextToken`.
 - `POST /model/{modelId}/invoke` (InvokeModel) takes an Anthropic model's own Messages body, which must
   carry `anthropic_version: "bedrock-2023-05-31"` and no `model` or `stream` (else 400
   `ValidationException`, as Bedrock answers), and answers the Messages JSON (`Refusal` as
@@ -54,6 +61,7 @@ from devkit.behaviours import (
     Refusal,
     Reject,
     Serve,
+    serve,
 )
 from devkit.server import drop
 from devkit.upstream import FakeUpstream
@@ -139,6 +147,24 @@ class BedrockFake(FakeUpstream):
         super().__init__(name, models, compression="identity", **kw)
         self.region, self.access_key, self.secret_key = region, access_key, secret_key
         self.listed: dict[str, dict[str, Any]] = {}
+        self.account = "123456789012"
+        self.profiles: dict[str, tuple[str, ...]] = {}
+        self.application_profiles: dict[str, tuple[str, ...]] = {}
+
+    def profile_arn(self, profile: str) -> str:
+        """The ARN of a system-defined profile id, or of an application profile's id."""
+        kind = (
+            "application-inference-profile" if profile in self.application_profiles else "inference-profile"
+        )
+        return f"arn:aws:bedrock:{self.region}:{self.account}:{kind}/{profile}"
+
+    def _served(self, model: str) -> bool:
+        """A model id, a system profile's id or ARN, or an application profile's ARN this account serves."""
+        return (
+            model in self.models
+            or model in self.profiles
+            or any(model == self.profile_arn(p) for p in (*self.profiles, *self.application_profiles))
+        )
 
     @property
     def endpoint(self) -> str:
@@ -153,7 +179,9 @@ class BedrockFake(FakeUpstream):
         with self._lock:
             scripted = model in self._scripts
         # Bedrock names an unknown or not-enabled model in a ValidationException, not a 404.
-        return super()._behaviour_for(model) if scripted or model in self.models else validation()
+        if scripted or model in self.models:
+            return super()._behaviour_for(model)
+        return serve() if self._served(model) else validation()
 
     def _add_routes(self, app: web.Application) -> None:
         app.router.add_post("/model/{model_id}/converse", self._converse)
@@ -161,6 +189,7 @@ class BedrockFake(FakeUpstream):
         app.router.add_post("/model/{model_id}/invoke", self._invoke)
         app.router.add_post("/model/{model_id}/invoke-with-response-stream", self._invoke)
         app.router.add_get("/foundation-models", self._foundation_models)
+        app.router.add_get("/inference-profiles", self._inference_profiles)
 
     def _signature_problem(self, request: web.Request, body: bytes) -> tuple[str, str] | None:
         """None when the request is signed by this account for this region; else the AWS error."""
@@ -218,6 +247,41 @@ class BedrockFake(FakeUpstream):
             for model, fields in [*((m, {}) for m in self.models), *self.listed.items()]
         ]
         return web.json_response({"modelSummaries": summaries})
+
+    async def _inference_profiles(self, request: web.Request) -> web.StreamResponse:
+        self._record(request, None, None, "http")
+        problem = self._signature_problem(request, await request.read())
+        if problem is not None:
+            return _error(403, *problem)
+        kind = request.query.get("type", "SYSTEM_DEFINED")
+        if kind not in ("SYSTEM_DEFINED", "APPLICATION"):
+            return _error(400, "ValidationException", "1 validation error detected: Value at 'type' failed.")
+        profiles = self.profiles if kind == "SYSTEM_DEFINED" else self.application_profiles
+        try:
+            size = int(request.query.get("maxResults", "1000"))
+            start = int(request.query.get("nextToken", "0"))
+        except ValueError:
+            return _error(400, "ValidationException", "Invalid pagination token.")
+        if not 1 <= size <= 1000 or start < 0:
+            return _error(400, "ValidationException", "1 validation error detected: maxResults.")
+        summaries = [
+            {
+                "inferenceProfileName": profile,
+                "inferenceProfileArn": self.profile_arn(profile),
+                "inferenceProfileId": profile,
+                "models": [
+                    {"modelArn": f"arn:aws:bedrock:{self.region}::foundation-model/{model}"}
+                    for model in models
+                ],
+                "status": "ACTIVE",
+                "type": kind,
+            }
+            for profile, models in list(profiles.items())[start : start + size]
+        ]
+        page: dict[str, Any] = {"inferenceProfileSummaries": summaries}
+        if start + size < len(profiles):
+            page["nextToken"] = str(start + size)
+        return web.json_response(page)
 
     async def _admit(self, request: web.Request, stream: bool, problem_of) -> tuple[Any, Any]:
         """(the request body, the model's behaviour), or (None, the answer already due: a refused

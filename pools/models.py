@@ -58,6 +58,7 @@ class Adapter(models.TextChoices):
     OPENAI_COMPATIBLE = "openai_compatible"
     GEMINI = "gemini"
     BEDROCK = "bedrock"
+    VERTEX = "vertex"
 
 
 class GatewaySettings(models.Model):

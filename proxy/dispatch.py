@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
-from proxy import framing, upstream
+from proxy import framing, google_token, upstream
 from proxy.apis import chat
 from proxy.apis.base import ClientApi
 from proxy.exchange import Failure, Final
@@ -74,17 +74,27 @@ class HttpDispatch:
 
     async def open(self, c: Candidate, call: UpstreamCall, *, stream: bool) -> Failure | Answer | EventSource:
         wire = call.wire  # a provider whose wire is not the relay's (its signature, framing, answers)
+        headers = call.headers
+        try:
+            if call.oauth is not None:  # a Google service account's token (Vertex)
+                headers = {**headers, "authorization": await google_token.bearer(call.oauth)}
+        except google_token.Refused:
+            return Failure.observed(Observation(status=401))  # the account's credential: nothing sent
+        except TransportFailure as failure:
+            return Failure.observed(Observation(transport=failure.event))
         try:
             response = await upstream.open_stream(
                 "POST",
                 call.url,
-                headers=call.headers,
+                headers=headers,
                 json=call.payload,
                 read_timeout_s=settings.GATEWAY_UPSTREAM_READ_TIMEOUT_S,
                 sigv4=wire.sigv4 if wire is not None else None,
             )
         except TransportFailure as failure:
             return Failure.observed(Observation(transport=failure.event))
+        if response.status == 401 and call.oauth is not None:
+            google_token.forget(call.oauth)  # revoked before it expired: the next call exchanges again
         # Read on every answer, errors included (a 429 says when its limit resets), as it arrives: the
         # resets of OpenAI's headers are durations from now.
         limits = headroom.read(response.headers, datetime.now(UTC))

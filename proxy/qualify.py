@@ -543,8 +543,8 @@ async def replay(
                     continue  # no client's file reaches the route this way
                 outcome = Outcome(name, False, UNTRANSLATABLE)
                 break
-            if call.wire is not None and call.wire.stream() is not None:
-                # A provider with its own API (gemini, bedrock): the checks read bodies on the Chat
+            if (call.wire is not None and call.wire.stream() is not None) or call.oauth is not None:
+                # A provider with its own API (gemini, bedrock, vertex): the checks read bodies on the Chat
                 # wire, so verdicts on its translated request would be about the wrong body.
                 raise Inconclusive(probe.id, "not judged: the route speaks its provider's own API")
             # A websocket to a route without one of its own is the gateway's bridge: the SSE request.

@@ -185,13 +185,13 @@ async def open_stream(
     headers: dict[str, str],
     json: object,
     read_timeout_s: float,
-    content: AsyncIterable[bytes] | None = None,
+    content: bytes | AsyncIterable[bytes] | None = None,
     sigv4: SigV4 | None = None,
 ) -> Response:
     """Send the request and return the response with its body unread (the caller streams or reads
     it and must close it). Raises TransportFailure with what is known of the dispatch. `json`: the body,
-    encoded compactly as UTF-8 JSON (None: no body); `content` (instead of `json`): a body sent as it
-    is produced, never held whole (a file upload). `sigv4`: the AWS signature added over the request
+    encoded compactly as UTF-8 JSON (None: no body); `content` (instead of `json`): bytes, or a body sent
+    as it is produced, never held whole (a file upload). `sigv4`: the AWS signature added over the request
     as it will be sent (its URL, headers and body bytes)."""
     target, forbidden = _target(url)
     data: bytes | AsyncIterable[bytes] | None = content

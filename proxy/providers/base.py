@@ -84,6 +84,16 @@ class SigV4:
     session_token: str = field(default="", repr=False)
 
 
+@dataclass(frozen=True, slots=True)
+class GoogleOAuth:
+    """A Google service account whose OAuth 2.0 access token the transport sends as `authorization: Bearer`:
+    exchanged by google-auth at the key file's `token_uri` and kept until it expires (`runtime.google_oauth`).
+    A key file google-auth cannot read, or a token endpoint that refuses it, is the account's credential
+    rejected, with nothing sent to the API (SPEC §5.6)."""
+
+    key_file: str = field(repr=False)  # the service-account JSON, as the credential stores it
+
+
 class Wire(Protocol):
     """A provider whose own wire the relay sees as the Chat Completions one: each plain answer, error and
     stream is rewritten at the transport seam (`proxy.relay.HttpDispatch`, `proxy.framing`) before the
@@ -130,6 +140,8 @@ class UpstreamCall:
     strip_usage: bool = False
     # A provider whose wire is not the one `dialect` names (its answers reach the relay rewritten).
     wire: Wire | None = None
+    # The service account whose access token the transport adds (None: `headers` carry the credential).
+    oauth: GoogleOAuth | None = None
 
     def response(self, raw: bytes) -> bytes:
         """A successful plain answer as the client's API has it; ResponseTranslationError when the
@@ -224,6 +236,23 @@ class SignedListing(Protocol):
     def signature(self, base_url: str, region: str, credential: str) -> SigV4:
         """The signature of a listing request for an assignment on `base_url` in `region`."""
         ...
+
+
+@runtime_checkable
+class Listings(Protocol):
+    """A provider whose models are listed by more than one listing, or at a place that depends on the
+    assignment's region (Bedrock's foundation models and inference profiles, Vertex's regional hosts):
+    discovery asks each of these instead of `models_url`, page after page, with `model_page`."""
+
+    def listings(self, base_url: str, region: str) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
+class TokenListing(Protocol):
+    """A provider whose listing is authorized by a service account's access token (Vertex): discovery
+    exchanges the credential as the transport does and sends the token as `authorization: Bearer`."""
+
+    def oauth(self, credential: str) -> GoogleOAuth: ...
 
 
 # RFC 3986's unreserved characters and the two a path segment also takes as they are (a Bedrock model id

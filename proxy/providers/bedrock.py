@@ -26,11 +26,16 @@ ends the stream with a Messages `error` event of its kind. Errors are named as f
   not-enabled model), AccessDeniedException and the signature refusals a 403 of the account's
   credential (`credential_rejected`). A `content_filtered` or `guardrail_intervened` stop is a terminal
   refusal.
-- Catalog discovery asks ListFoundationModels on the control plane, `GET /foundation-models` on
-  `bedrock.<region>.amazonaws.com` (the runtime host's twin; any other host, a proxy or a local double, is
-  asked as it is), signed like every request. A model is listed when Converse can serve it by its id: text
-  out (`outputModalities` has TEXT) and on-demand (`inferenceTypesSupported` has ON_DEMAND); an embedding
-  or image model, or one served only through an inference profile or provisioned throughput, is not.
+- Catalog discovery asks the control plane, `bedrock.<region>.amazonaws.com` (the runtime host's twin; any
+  other host, a proxy or a local double, is asked as it is), signed like every request:
+  ListFoundationModels (`GET /foundation-models`), listing a model Converse serves by its id: text out
+  (`outputModalities` has TEXT) and on-demand (`inferenceTypesSupported` has ON_DEMAND), not an embedding
+  or image model, nor one served only through an inference profile or provisioned throughput; and
+  ListInferenceProfiles (`GET /inference-profiles`, system-defined and the account's own application
+  profiles, paged by `nextToken`), listing each ACTIVE profile by what a call names: a cross-region
+  profile's id (`us.anthropic.claude-sonnet-4-...`), an application profile's ARN. A profile id or ARN is a
+  model like any (`/model/{id}/converse`, InvokeModel for a Claude one); the listing does not say what a
+  profile's models output, so a profile of an embedding model is listed too.
 
 PURE: it decides; the transport reads the credential, signs and sends.
 """
@@ -252,10 +257,17 @@ class Bedrock:
         return SigV4(SERVICE, region_of(base_url, region), key_id, secret, token)
 
     def models_url(self, base_url: str) -> str:
-        control = _RUNTIME_HOST.sub(r"\g<scheme>bedrock\g<fips>.", base_url.strip())
-        return url(control, "/foundation-models")
+        return url(_control(base_url), "/foundation-models")
+
+    def listings(self, base_url: str, region: str) -> tuple[str, ...]:
+        """ListFoundationModels, then ListInferenceProfiles for each type (the API lists only the system's
+        unless asked for the account's own), as many per page as it gives."""
+        profiles = url(_control(base_url), "/inference-profiles?maxResults=1000&type=")
+        return (self.models_url(base_url), f"{profiles}SYSTEM_DEFINED", f"{profiles}APPLICATION")
 
     def model_page(self, payload: object) -> ModelPage:
+        if isinstance(payload, dict) and "inferenceProfileSummaries" in payload:
+            return _profile_page(payload)
         summaries = payload.get("modelSummaries") if isinstance(payload, dict) else None
         if not isinstance(summaries, list):
             raise ValueError("not a model list")
@@ -269,6 +281,33 @@ class Bedrock:
             ):
                 ids.append(model)
         return ModelPage(ids)
+
+
+def _control(base_url: str) -> str:
+    """The control plane's root: the runtime host's twin, or any other host as it is."""
+    return _RUNTIME_HOST.sub(r"\g<scheme>bedrock\g<fips>.", base_url.strip())
+
+
+def _profile_page(payload: Json) -> ModelPage:
+    """A ListInferenceProfiles page: each ACTIVE profile by the name a call gives it, a system-defined
+    profile's id (`us.anthropic.claude-...`) or an application profile's ARN (its id alone names no model
+    to Converse), the next page by `nextToken`."""
+    summaries = payload.get("inferenceProfileSummaries")
+    if not isinstance(summaries, list):
+        raise ValueError("not a model list")
+    ids = []
+    for summary in summaries:
+        if not isinstance(summary, dict):
+            raise ValueError("not a model list")
+        named = summary.get(
+            "inferenceProfileArn" if summary.get("type") == "APPLICATION" else "inferenceProfileId"
+        )
+        if not isinstance(named, str) or not named:
+            raise ValueError("not a model list")
+        if summary.get("status") == "ACTIVE":
+            ids.append(named)
+    token = payload.get("nextToken")
+    return ModelPage(ids, {"nextToken": token} if isinstance(token, str) and token else None)
 
 
 def anthropic_model(model: str) -> bool:

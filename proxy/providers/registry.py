@@ -17,6 +17,7 @@ from proxy.providers import (
     openai,
     openai_compatible,
     openrouter,
+    vertex,
 )
 from proxy.providers.base import Json, Provider, UpstreamCall
 from proxy.providers.tool_ids import strip_signatures
@@ -32,6 +33,7 @@ _ALL: tuple[Provider, ...] = (
     openai_compatible.PROVIDER,
     gemini.PROVIDER,
     bedrock.PROVIDER,
+    vertex.PROVIDER,
 )
 PROVIDERS: Mapping[str, Provider] = {p.name: p for p in _ALL}
 
@@ -66,7 +68,7 @@ def upstream_call(
     (Unix seconds, `Provider.call`). A route the target's provider cannot carry is excluded by
     eligibility before dispatch (`CARRIERS`), so it is a caller bug here; a request the translation
     refuses raises RequestTranslationError before anything is sent. Gemini's thought signatures ride in
-    tool-call ids (`tool_ids`): only a Gemini account is sent them."""
+    tool-call ids (`tool_ids`): only a Gemini model is sent them (a Vertex account strips them for Claude)."""
     chosen = PROVIDERS[target.adapter]
     route = "/files" if path.startswith("/files/") else path
     if route not in chosen.routes:
@@ -74,7 +76,7 @@ def upstream_call(
     return chosen.call(
         path,
         target,
-        body if chosen is gemini.PROVIDER else strip_signatures(body),
+        body if chosen in (gemini.PROVIDER, vertex.PROVIDER) else strip_signatures(body),
         model=model,
         requirements=requirements,
         credential=credential,

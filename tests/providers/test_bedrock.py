@@ -7,7 +7,8 @@ import anthropic
 import openai
 import pytest
 
-from catalog.models import Provenance
+from catalog.models import CatalogEntry, Provenance
+from catalog.services import catalog_sync
 from devkit import bedrock
 from devkit.bedrock import BedrockFake
 from devkit.behaviours import fail_after_visible, refusal, serve
@@ -236,10 +237,6 @@ def test_an_exception_frame_after_output_is_relayed_never_retried(gateway, bedro
 
 def test_catalog_discovery_lists_the_foundation_models_converse_serves_signed(bedrock_then_openai):
     """ListFoundationModels, SigV4-signed (the fake checks it): on-demand text models only."""
-    from catalog.models import CatalogEntry
-    from catalog.services import catalog_sync
-    from pools.models import Assignment
-
     aws, _ = bedrock_then_openai
     aws.models = (MODEL, "meta.llama3-70b-instruct-v1:0")
     aws.listed = {
@@ -248,17 +245,87 @@ def test_catalog_discovery_lists_the_foundation_models_converse_serves_signed(be
     }
     Assignment.objects.filter(name="bedrock").update(discovery=True)
     assert catalog_sync(assignment="bedrock").results[0].ok
-    assert aws.hits[-1].path == "/foundation-models"
-    assert "/us-east-1/bedrock/aws4_request" in aws.hits[-1].headers["authorization"]
+    assert aws.hits[0].path == "/foundation-models"
+    assert "/us-east-1/bedrock/aws4_request" in aws.hits[0].headers["authorization"]
     found = dict(CatalogEntry.objects.filter(assignment__name="bedrock").values_list("model", "provenance"))
     assert found == {MODEL: "configured", "meta.llama3-70b-instruct-v1:0": "observed"}
 
 
-def test_a_discovery_refused_for_its_signature_keeps_what_was_discovered(bedrock_then_openai, monkeypatch):
-    from catalog.models import CatalogEntry
-    from catalog.services import catalog_sync
-    from pools.models import Assignment
+PROFILE = "us.anthropic.claude-sonnet-4-5-v1:0"
 
+
+def test_catalog_discovery_lists_inference_profiles_by_the_name_a_call_gives_them(bedrock_then_openai):
+    """ListInferenceProfiles, signed, page after page, both types: a system profile by its id, an
+    application profile by its ARN."""
+    aws, _ = bedrock_then_openai
+    aws.profiles = {PROFILE: (MODEL,), "eu.meta.llama3-70b-instruct-v1:0": ("meta.llama3-70b-instruct-v1:0",)}
+    aws.application_profiles = {"team-a7x": (MODEL,)}
+    Assignment.objects.filter(name="bedrock").update(discovery=True)
+    assert catalog_sync(assignment="bedrock").results[0].ok
+    listed = [(hit.path, hit.headers["authorization"][:16]) for hit in aws.hits]
+    assert (
+        listed
+        == [("/foundation-models", "AWS4-HMAC-SHA256")] + [("/inference-profiles", "AWS4-HMAC-SHA256")] * 2
+    )
+    found = dict(CatalogEntry.objects.filter(assignment__name="bedrock").values_list("model", "provenance"))
+    assert found == {
+        MODEL: "configured",
+        PROFILE: "observed",
+        "eu.meta.llama3-70b-instruct-v1:0": "observed",
+        aws.profile_arn("team-a7x"): "observed",
+    }
+
+
+def test_inference_profile_pages_are_followed_and_only_active_profiles_kept():
+    from proxy.providers.bedrock import PROVIDER
+
+    summary = {"inferenceProfileId": PROFILE, "inferenceProfileArn": "arn:x", "type": "SYSTEM_DEFINED"}
+    page = PROVIDER.model_page(
+        {
+            "inferenceProfileSummaries": [{**summary, "status": "ACTIVE"}, {**summary, "status": "DELETING"}],
+            "nextToken": "n2",
+        }
+    )
+    assert (page.ids, page.next_query) == ([PROFILE], {"nextToken": "n2"})
+    with pytest.raises(ValueError):
+        PROVIDER.model_page({"inferenceProfileSummaries": [{"status": "ACTIVE"}]})
+
+
+@pytest.mark.parametrize("named", ["id", "system arn", "application arn"])
+@pytest.mark.parametrize("client", ["chat", "messages"])
+def test_an_inference_profile_is_a_model_on_converse_and_invoke_model(
+    gateway, bedrock_then_openai, named, client
+):
+    """A cross-region profile's id or ARN, or an application profile's ARN, is sent as the model id
+    (percent-encoded in the path, signed as sent); a Messages client on a Claude profile's id or ARN gets
+    InvokeModel."""
+    aws, other = bedrock_then_openai
+    aws.profiles = {PROFILE: (MODEL,)}
+    aws.application_profiles = {"team-a7x": (MODEL,)}
+    model = {
+        "id": PROFILE,
+        "system arn": aws.profile_arn(PROFILE),
+        "application arn": aws.profile_arn("team-a7x"),
+    }
+    model = model[named]
+    row = Assignment.objects.get(name="bedrock")
+    CatalogEntryFactory(assignment=row, model=model, provenance=Provenance.OBSERVED)
+    if client == "chat":
+        text = _openai(gateway).chat.completions.create(model=model, messages=TURN).choices[0].message.content
+    else:
+        answer = anthropic.Anthropic(base_url=gateway, api_key=GATEWAY_KEY, max_retries=0).messages.create(
+            model=model, max_tokens=20, messages=TURN
+        )
+        text = answer.content[0].text
+    assert text == "hello from bedrock"
+    assert aws.hits[-1].model == model
+    # An application profile's ARN does not say its model is Claude's: Converse serves it whatever it is.
+    operation = "invoke" if client == "messages" and named != "application arn" else "converse"
+    assert aws.hits[-1].path == f"/model/{model}/{operation}"
+    assert other.hits == []
+
+
+def test_a_discovery_refused_for_its_signature_keeps_what_was_discovered(bedrock_then_openai, monkeypatch):
     aws, _ = bedrock_then_openai
     aws.models = (MODEL, "meta.llama3-70b-instruct-v1:0")
     Assignment.objects.filter(name="bedrock").update(discovery=True)

@@ -3,13 +3,17 @@ fake, reads what the fake answers (plain, streamed, rejected) as it reads the re
 
 import json
 
+import anthropic
 import boto3
 import botocore.exceptions
 import openai
 import pytest
 from botocore.config import Config
 from google import genai
+from google.auth import exceptions as google_auth_errors
+from google.auth.transport.requests import Request as GoogleRequest
 from google.genai import errors as genai_errors
+from google.oauth2 import service_account
 
 from devkit import bedrock, gemini
 from devkit.azure import AzureFake, prompt_filtered
@@ -17,6 +21,7 @@ from devkit.bedrock import BedrockFake
 from devkit.behaviours import fail_after_visible, refusal
 from devkit.gemini import GeminiFake
 from devkit.upstream import FakeUpstream
+from devkit.vertex import ANTHROPIC_VERSION, VertexFake
 
 API_VERSION = "2024-10-21"
 
@@ -365,3 +370,170 @@ def test_genai_pages_through_the_models_and_reads_their_methods(google):
         ("models/text-embedding-004", ["embedContent"]),
     ]
     assert len(google.hits) == 2  # the second page asked with the first one's token
+
+
+def test_boto3_pages_through_the_inference_profiles_of_each_type(aws):
+    aws.profiles = {"us." + CLAUDE: (CLAUDE,), "eu." + CLAUDE: (CLAUDE,)}
+    aws.application_profiles = {"team-a7x": (CLAUDE,)}
+    pages = list(
+        _bedrock_control(aws)
+        .get_paginator("list_inference_profiles")
+        .paginate(PaginationConfig={"PageSize": 1})
+    )
+    assert [p["inferenceProfileSummaries"][0]["inferenceProfileId"] for p in pages] == [
+        "us." + CLAUDE,
+        "eu." + CLAUDE,
+    ]
+    (own,) = _bedrock_control(aws).list_inference_profiles(typeEquals="APPLICATION")[
+        "inferenceProfileSummaries"
+    ]
+    assert (
+        own["inferenceProfileArn"]
+        == f"arn:aws:bedrock:us-east-1:{aws.account}:application-inference-profile/team-a7x"
+    )
+    assert own["models"] == [{"modelArn": f"arn:aws:bedrock:us-east-1::foundation-model/{CLAUDE}"}]
+
+
+def test_boto3_calls_a_profile_by_its_id_or_arn_and_an_application_profile_by_its_arn_only(aws):
+    aws.profiles = {"us." + CLAUDE: (CLAUDE,)}
+    aws.application_profiles = {"team-a7x": (CLAUDE,)}
+    for model in ("us." + CLAUDE, aws.profile_arn("us." + CLAUDE), aws.profile_arn("team-a7x")):
+        answer = _bedrock_client(aws).converse(modelId=model, messages=TURN)
+        assert answer["output"]["message"]["content"] == [{"text": "hello from bedrock"}]
+        assert aws.hits[-1].model == model  # botocore percent-encodes the ARN's `:` and `/`
+    with pytest.raises(botocore.exceptions.ClientError) as bare:
+        _bedrock_client(aws).converse(modelId="team-a7x", messages=TURN)
+    assert bare.value.response["Error"]["Code"] == "ValidationException"
+
+
+# -- Google Vertex AI -----------------------------------------------------------------------------------
+
+GEMINI, CLAUDE_ON_VERTEX = "gemini-2.5-flash", "claude-sonnet-4@20250514"
+
+
+@pytest.fixture
+def vertex_ai():
+    with VertexFake() as fake:
+        yield fake
+
+
+def _service_account(fake: VertexFake) -> service_account.Credentials:
+    """google-auth's own credentials of the fake's key file (its token_uri is the fake's)."""
+    info = json.loads(fake.key_file())
+    return service_account.Credentials.from_service_account_info(
+        info, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+    )
+
+
+def _anthropic_vertex(fake: VertexFake) -> anthropic.AnthropicVertex:
+    return anthropic.AnthropicVertex(
+        region=fake.location,
+        project_id=fake.project,
+        credentials=_service_account(fake),
+        base_url=f"{fake.endpoint}/v1",
+        max_retries=0,
+    )
+
+
+def _genai_vertex(fake: VertexFake):
+    _clients.append(
+        genai.Client(
+            vertexai=True,
+            project=fake.project,
+            location=fake.location,
+            credentials=_service_account(fake),
+            http_options={"base_url": fake.endpoint},
+        )
+    )
+    return _clients[-1].models
+
+
+# The body's version Anthropic's Vertex guide requires and anthropic-sdk-python's AnthropicVertex sends; the
+# build installed here sends its own API version date instead, so it is given explicitly (the SDK keeps it).
+VERSIONED = {"extra_body": {"anthropic_version": ANTHROPIC_VERSION}}
+
+
+def test_google_auth_exchanges_the_key_file_for_a_token_the_fake_accepts(vertex_ai):
+    credentials = _service_account(vertex_ai)
+    credentials.refresh(GoogleRequest())
+    assert credentials.valid and credentials.token.startswith("ya29.")
+    assert vertex_ai.exchanges == 1
+    vertex_ai.revoke_key()
+    with pytest.raises(google_auth_errors.RefreshError) as refused:
+        _service_account(vertex_ai).refresh(GoogleRequest())
+    assert "invalid_grant" in str(refused.value)
+
+
+def test_anthropic_vertex_reads_raw_predict_answers_and_streams(vertex_ai):
+    client = _anthropic_vertex(vertex_ai)
+    answer = client.messages.create(
+        model=CLAUDE_ON_VERTEX, max_tokens=20, messages=[{"role": "user", "content": "hi"}], **VERSIONED
+    )
+    assert answer.content[0].text == "hello from vertex"
+    hit = vertex_ai.hits[-1]
+    where = f"/v1/projects/{vertex_ai.project}/locations/us-east5/publishers/anthropic/models"
+    assert hit.path == f"{where}/{CLAUDE_ON_VERTEX}:rawPredict"
+    assert "model" not in hit.body and hit.headers["authorization"].startswith("Bearer ya29.")
+    with client.messages.stream(
+        model=CLAUDE_ON_VERTEX, max_tokens=20, messages=[{"role": "user", "content": "hi"}], **VERSIONED
+    ) as s:
+        assert "".join(s.text_stream) == "hello from vertex"
+    assert vertex_ai.hits[-1].path.endswith(":streamRawPredict")
+    assert vertex_ai.exchanges == 1  # the SDK keeps its token too
+
+
+def test_anthropic_vertex_reads_vertex_s_and_claude_s_errors(vertex_ai):
+    client = _anthropic_vertex(vertex_ai)
+    turn = {
+        "model": CLAUDE_ON_VERTEX,
+        "max_tokens": 20,
+        "messages": [{"role": "user", "content": "hi"}],
+        **VERSIONED,
+    }
+    vertex_ai.script(CLAUDE_ON_VERTEX, gemini.resource_exhausted())
+    with pytest.raises(anthropic.RateLimitError):
+        client.messages.create(**turn)
+    vertex_ai.script(CLAUDE_ON_VERTEX, refusal())
+    assert client.messages.create(**turn).stop_reason == "refusal"
+    with pytest.raises(anthropic.BadRequestError) as unversioned:
+        client.messages.create(**{**turn, "extra_body": {"anthropic_version": "2023-06-01"}})
+    assert unversioned.value.body["error"]["type"] == "invalid_request_error"
+    vertex_ai.revoke_tokens()
+    with pytest.raises(anthropic.AuthenticationError):
+        client.messages.create(**turn)
+
+
+def test_genai_on_vertex_reads_generate_content_and_streams_with_the_token(vertex_ai):
+    models = _genai_vertex(vertex_ai)
+    assert models.generate_content(model=GEMINI, contents="hi").text == "hello from vertex"
+    hit = vertex_ai.hits[-1]
+    where = f"/v1beta1/projects/{vertex_ai.project}/locations/us-east5/publishers/google/models"
+    assert hit.path == f"{where}/{GEMINI}:generateContent"
+    assert hit.headers["authorization"].startswith("Bearer ya29.")
+    assert (
+        "".join(c.text for c in models.generate_content_stream(model=GEMINI, contents="hi"))
+        == "hello from vertex"
+    )
+
+
+def test_genai_on_vertex_reads_google_s_errors(vertex_ai):
+    models = _genai_vertex(vertex_ai)
+    with pytest.raises(genai_errors.ClientError) as missing:
+        models.generate_content(model="gemini-9", contents="hi")
+    assert (missing.value.code, missing.value.status) == (404, "NOT_FOUND")
+    vertex_ai.revoke_tokens()
+    with pytest.raises(genai_errors.ClientError) as revoked:
+        models.generate_content(model=GEMINI, contents="hi")
+    assert (revoked.value.code, revoked.value.status) == (401, "UNAUTHENTICATED")
+
+
+def test_genai_on_vertex_lists_model_garden_s_base_models_page_by_page(vertex_ai):
+    vertex_ai.garden = ("imagen-4.0-generate-001",)
+    listed = list(_genai_vertex(vertex_ai).list(config={"page_size": 1}))
+    assert [m.name for m in listed] == [
+        "publishers/google/models/gemini-2.5-flash",
+        "publishers/google/models/imagen-4.0-generate-001",
+    ]
+    assert [hit.path for hit in vertex_ai.hits if hit.path != "/token"] == [
+        "/v1beta1/publishers/google/models"
+    ] * 2

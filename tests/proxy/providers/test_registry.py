@@ -12,6 +12,9 @@ from routing.routes import CLIENT_ROUTES
 from routing.types import Requirements
 
 ENV = "GATEWAY_UPSTREAM_TEST_REGISTRY"
+EVERY_PROVIDER = {
+    "openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini", "bedrock", "vertex"
+}  # fmt: skip
 
 
 def test_every_adapter_has_exactly_one_provider_under_its_name():
@@ -24,16 +27,16 @@ def test_every_adapter_has_exactly_one_provider_under_its_name():
     [
         (
             "/chat/completions",
-            {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini", "bedrock"},
+            EVERY_PROVIDER,
         ),
         (
             "/messages",
-            {"openai", "openrouter", "anthropic", "azure_openai", "openai_compatible", "gemini", "bedrock"},
+            EVERY_PROVIDER,
         ),
         # Native on OpenAI-shaped accounts, translated through Chat on every other (issue 18 point 2).
         (
             "/responses",
-            {"openai", "openrouter", "azure_openai", "anthropic", "openai_compatible", "gemini", "bedrock"},
+            EVERY_PROVIDER,
         ),
         # No Anthropic or Chat form; compatible servers are declared without it.
         ("/responses/compact", {"openai", "openrouter", "azure_openai"}),
