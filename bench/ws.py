@@ -239,7 +239,7 @@ def _minus(a: dict[str, Any], b: dict[str, Any], key: str) -> int | None:
 
 
 async def measure_memory(
-    server: Server, count: int, hooks: Hooks, kinds: tuple[tuple[str | None, str], ...] = CLIENT_KINDS
+    server: Server, count: int, hooks: Hooks, clients: tuple[tuple[str | None, str], ...] = CLIENT_KINDS
 ) -> dict[str, Any]:
     assert server.pid is not None
     warm, errors, _ = await _open_idle(server, WARMUP_CONNECTIONS, "deflate")
@@ -250,7 +250,7 @@ async def measure_memory(
     held: list[ClientConnection] = []
     kinds: list[dict[str, Any]] = []
     try:
-        for compression, label in kinds:
+        for compression, label in clients:
             before = await _readings(server, hooks)
             opened = time.monotonic()
             conns, errors, negotiated = await _open_idle(server, count, compression)
