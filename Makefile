@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: install run test attack lint format bench bench-pool clean soak
+.PHONY: install run test attack lint format bench bench-pool bench-scale clean soak
 
 RUNTIME := $(VENV)/.runtime-stamp
 
@@ -67,6 +67,22 @@ bench-pool:
 	py=$$($(PYTHON) bench/interpreter.py --venv $(BENCH_VENV) $(if $(BENCH_PYTHON),--use $(BENCH_PYTHON))) && \
 	$(MAKE) --no-print-directory install PYTHON="$$py" VENV=$(BENCH_VENV)
 	$(BENCH_VENV)/bin/python bench/pool/run.py $(BENCH_POOL_ARGS)
+
+# Does the gateway's cost stay flat as keys, accounts, ledger history and open streams grow? Each curve's sizes
+# side by side in one run (10 to 100,000 keys, 2 to 200 accounts, 0 to 10 million ledger records, 1 to 1,000
+# streams and 5,000 idle websockets, 1 and 2 workers), each size a gateway on a database of its own on the
+# local PostgreSQL; writes its section of bench/results.md and bench/scale/plots/ (bench/README.md). About
+# 25 minutes; BENCH_SCALE_ARGS="--quick" for a ~5 minute smoke run, "--only keys" for one curve.
+bench-scale:
+	py=$$($(PYTHON) bench/interpreter.py --venv $(BENCH_VENV) $(if $(BENCH_PYTHON),--use $(BENCH_PYTHON))) && \
+	$(MAKE) --no-print-directory install PYTHON="$$py" VENV=$(BENCH_VENV)
+	$(MAKE) --no-print-directory $(BENCH_VENV)/.bench-extra-stamp
+	$(BENCH_VENV)/bin/python bench/scale/run.py $(BENCH_SCALE_ARGS)
+
+# The bench extra (matplotlib, for bench-scale's plots) on top of the dev one.
+$(BENCH_VENV)/.bench-extra-stamp: pyproject.toml
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	touch $@
 
 # A bounded soak on loopback: the gateway as a real process against chaotic upstreams, then the ledger,
 # circuit, leak and memory invariants (soak/README.md). SOAK_ARGS="--requests 2000" for a shorter run;

@@ -1,0 +1,121 @@
+"""`make bench-scale`'s own parts: its verdicts and where its section goes (pure), its bulk ledger and the
+admin probe on a real database, and its paced stream upstream and client over real sockets."""
+
+import asyncio
+
+import pytest
+from django.db import connection
+
+from bench.scale import figures, report, seed
+from bench.scale.streams import run_streams, summary
+from devkit.harness import HOST, PYTHON, Processes, free_port
+from proxy.models import Attempt, RequestRecord
+from tests.factories import AssignmentFactory, CatalogEntryFactory, PoolFactory
+
+
+def wrk(p50: float, cpu: float, db: float) -> dict:
+    return {"p50_ms": p50, "cpu_ms_per_req": cpu, "db_cpu_ms_per_req": db, "rps": 1000.0}
+
+
+def keys_raw(big_cpu: float) -> dict:
+    return {
+        "sizes": [10, 100_000],
+        "load": {
+            "c1": {"direct": wrk(0.1, 0, 0), "keys-10": wrk(1.1, 0, 0), "keys-100000": wrk(1.14, 0, 0)},
+            "c16": {"keys-10": wrk(5, 0.8, 0.2), "keys-100000": wrk(5, big_cpu, 0.2)},
+        },
+    }
+
+
+def test_the_keys_target_compares_the_largest_size_with_the_smallest_within_5_percent():
+    met = figures.keys_curve(keys_raw(big_cpu=0.84))  # 1.04 ms against 1.00 ms
+    assert [v[2] for v in met.verdicts] == [True, True]  # added p50 1.04 against 1.00 ms: +4 %
+    missed = figures.keys_curve(keys_raw(big_cpu=0.86))  # 1.06 ms: +6 %
+    assert [v[2] for v in missed.verdicts] == [True, False]
+    assert "+6.0 %" in missed.verdicts[1][3]
+    assert missed.rows[1][1] == ["1.000", "1.060 (+6.0 %)"]  # each size beside the smallest
+
+
+def test_a_page_at_the_largest_history_is_judged_against_500_ms_and_a_missing_figure_is_not_met():
+    probes = {
+        "0": {"request_list": {"ms": 40, "queries": 10}, "spend": {"ms": 10, "queries": 4}},
+        "10000000": {"request_list": {"ms": 499, "queries": 10}, "spend": {"ms": 900, "queries": 4}},
+    }
+    curve = figures.history_curve({"sizes": [0, 10_000_000], "load": {}, "probes": probes})
+    pages = {v[0]: v[2] for v in curve.verdicts if "records" in v[0] and "latency" not in v[0]}
+    assert pages["request list at 10,000,000 records"] is True
+    assert pages["spend page at 10,000,000 records"] is False
+    assert pages["a request's page at 10,000,000 records"] is None  # not measured: neither met nor missed
+
+
+def test_stream_cpu_per_event_is_flat_when_the_largest_is_within_20_percent_of_the_smallest():
+    def level(cpu: float, cut: int = 0) -> dict:
+        side = {"cpu_us_per_event": cpu, "cut": cut, "stalled": 0, "latency_p50_ms": 1.0}
+        return {"gateway": side, "direct": {"latency_p50_ms": 0.5}}
+
+    raw = {"sizes": [1, 1000], "levels": {"1": level(20.0), "1000": level(23.0)}, "idle": {}}
+    assert figures.streams_curve(raw).verdicts[0][2] is True
+    raw["levels"]["1000"] = level(25.0, cut=1)
+    flat, whole = figures.streams_curve(raw).verdicts[:2]
+    assert (flat[2], whole[2]) == (False, False)
+
+
+def test_the_section_replaces_its_own_markers_and_nothing_else():
+    first = report.place(
+        "# Benchmark results\n\n## Added latency\n\nrows\n", f"{report.BEGIN}\nA\n{report.END}\n"
+    )
+    assert first.index(report.BEGIN) < first.index("## Added latency")
+    again = report.place(first + "\n## Later\n", f"{report.BEGIN}\nB\n{report.END}\n")
+    assert "\nA\n" not in again and "\nB\n" in again
+    assert again.count(report.BEGIN) == 1 and again.endswith("## Later\n")
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the bulk ledger is PostgreSQL's SQL")
+def test_the_bulk_ledger_spreads_its_records_over_the_days_and_the_probe_times_each_page():
+    pool = PoolFactory(name="scale")
+    for name in ("acct-a", "acct-b"):
+        CatalogEntryFactory(assignment=AssignmentFactory(pool=pool, name=name), model="gpt-5")
+    seed.seed_keys(20, "scale")
+    seed.seed_ledger(2000, days=2, log=lambda _: None, vacuum=False)
+    assert RequestRecord.objects.count() == 2000
+    assert Attempt.objects.count() == 2100  # one in twenty handed off to a second attempt
+    first, last = (
+        RequestRecord.objects.order_by(f).values_list("started_at", flat=True)[0]
+        for f in ("started_at", "-started_at")
+    )
+    assert 1.9 * 86400 < (last - first).total_seconds() <= 2 * 86400
+    assert RequestRecord.objects.values("key").distinct().count() == 20
+
+    from bench.scale.probe import probe_admin
+
+    found = probe_admin(repeat=1, prune_days=1)
+    for page in ("request_list", "request_page", "spend", "upstreams"):
+        assert found[page]["queries"] > 0, page
+    deleted = int(found["prune"]["said"].split()[1])  # "deleted N request records started before ..."
+    assert 1000 <= deleted <= 1002  # the older of the two days (prune's now is a moment after the seed's)
+
+
+def test_the_paced_upstream_streams_every_event_and_the_client_times_each(tmp_path):
+    procs = Processes(tmp_path)
+    port = free_port()
+    procs.start(
+        "upstream", [PYTHON, "-m", "bench.scale.stream_upstream", "--port", str(port), "--interval-ms", "10"]
+    )
+    try:
+
+        async def streams():
+            for _ in range(100):
+                try:
+                    _, writer = await asyncio.open_connection(HOST, port)
+                    writer.close()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            return await run_streams(f"http://{HOST}:{port}/v1", "k", "gpt-5", 5, 30, (0, 600))
+
+        found = summary(*asyncio.run(streams()), 30, stall_s=60)
+    finally:
+        procs.stop_all()
+    assert (found["streams"], found["events_seen"], found["cut"], found["stalled"]) == (5, 150, 0, 0)
+    assert found["events_in_window"] == found["latency_samples"] == 150  # each event's stamp read back
