@@ -47,6 +47,9 @@ class AttemptLog:
     # routing.headroom): kept by the ledger writer beside the latency average, for the draw (§5.4).
     headroom_left: float | None = None
     headroom_until: datetime | None = None
+    # It placed its conversation on this account (a first turn, or one its last account did not serve): the
+    # ledger writer counts it as routing.latency.PLACEMENT_LOAD in the pair's load, as its next turns follow.
+    placed: bool = False
     input_tokens: int | None = None  # every input token, cached ones included (proxy.payloads.Usage)
     output_tokens: int | None = None
     cached_read_tokens: int | None = None  # parts of input_tokens, where the provider reports them

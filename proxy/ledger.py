@@ -164,7 +164,7 @@ class LedgerWriter:
         ]
         if not served:
             return
-        samples = [(a.assignment_id, a.model[:200], a.ttfb_ms) for a in served]
+        samples = [(a.assignment_id, a.model[:200], a.ttfb_ms, a.placed) for a in served]
         # The latest headroom each pair reported in the batch (a later answer knows better), kept beside its
         # latency: the draw scales the account's share by it until its limit resets (SPEC §5.4).
         headrooms = {

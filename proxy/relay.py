@@ -171,6 +171,7 @@ class Relay:
             pool=candidate.pool,
             adapter=candidate.adapter,
             offset_ms=max(int((datetime.now(UTC) - self.exchange.started_at).total_seconds() * 1000), 0),
+            placed=self.memory.session is not None and self.memory.session_seen != candidate.key,
             **fields,
         )
         self.exchange.attempts.append(log)

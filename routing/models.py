@@ -116,8 +116,9 @@ class Latency(models.Model):
     # limit resets: the draw scales the account's share by it until then (SPEC §5.4). Null: none reported.
     headroom_left = models.FloatField(null=True, blank=True)
     headroom_until = models.DateTimeField(null=True, blank=True)
-    # How much it has served lately: its succeeded attempts, each worth 1 when written and halving every
-    # `routing.latency.LOAD_HALF_LIFE_S` since (`updated_at` is when). The draw's second choice (§5.4).
+    # How much it has served lately: its succeeded attempts, each worth 1 when written (one that placed a
+    # conversation on it `routing.latency.PLACEMENT_LOAD`) and halving every `LOAD_HALF_LIFE_S` since
+    # (`updated_at` is when). Of the draw's choices the least loaded goes first (§5.4).
     load = models.FloatField(default=0.0)
 
     class Meta:

@@ -21,9 +21,10 @@ drops or filters (the plan gates first). Health comes first, then tier:
    the fastest of them; behind a held probe, the draw picks who comes second). The rest keep the
    deterministic order. Without a draw (`routing_explain`, a pool with the features off) the order is
    the deterministic one, a priority list. The draw is made CHOICES times (`_draws`), and of those the
-   candidate that served least lately for its share (`Candidate.load`, kept by the ledger writer) goes
-   first: the power of several choices, which keeps the busiest account near its fair share where one
-   draw left it at twice it.
+   candidate with the least recent load for its share (`Candidate.load`, kept by the ledger writer: its
+   served requests, a conversation placed on it counting as several, routing.latency) goes first: the
+   power of several choices, which keeps the busiest account near its fair share where one draw left it
+   at twice it.
 
 The sort is stable, so candidates equal on every key keep the selector's order. Group (3) stays in
 the plan at the end for an explicit model (availability); `auto` uses the ready pool instead (§5.5,
@@ -43,8 +44,10 @@ LATENCY_FLOOR = 0.1
 # Added to both latencies compared: a few milliseconds of jitter between two fast accounts (loopback,
 # one region) must not split their load 3 to 1; an account 0.5 s slower than its sibling still loses most.
 LATENCY_SLACK_MS = 50.0
-# How many candidates the draw takes, of which the least busy lately goes first (`order`).
-CHOICES = 3
+# How many candidates the draw takes, of which the least busy lately goes first (`order`). Four: three left
+# the busiest of 20 accounts a few points higher in make bench-pool; many more herd new conversations onto
+# whichever account looks idlest while the load the ledger writer keeps is a batch behind.
+CHOICES = 4
 # The smallest share of its weight an account keeps while its rate-limit headers say little is left: it
 # still answers, and its next answer says whether the limit has been reset.
 HEADROOM_SHARE_FLOOR = 0.05
@@ -109,7 +112,7 @@ def share_weights(candidates: Sequence[Candidate]) -> list[float]:
 
 
 def _busyness(c: Candidate, weight: float) -> float:
-    """What it served lately for its share of the draw: the lower, the more room it has."""
+    """Its recent load for its share of the draw: the lower, the more room it has."""
     return (c.load or 0.0) / weight if weight > 0 else float("inf")
 
 
@@ -156,9 +159,9 @@ def _drawn(leading: Sequence[Candidate], draw: float) -> int:
 
 
 def _draws(draw: float) -> list[float]:
-    """CHOICES uniform numbers from the request's one draw: itself, then its lower digits, 16 bits at a
-    time (a double's 53 bits leave the last of three 21 bits: finer than any pool's shares)."""
-    return [math.modf(draw * 65_536.0**n)[0] if n else draw for n in range(CHOICES)]
+    """CHOICES uniform numbers from the request's one draw: itself, then its lower digits, 13 bits at a
+    time (a double's 53 bits leave the last of four 14 bits: finer than any pool's shares)."""
+    return [math.modf(draw * 8_192.0**n)[0] if n else draw for n in range(CHOICES)]
 
 
 def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[Candidate, ...]:
@@ -169,7 +172,7 @@ def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[C
     leading = _leading(ranked[held:])
     if len(leading) < 2:
         return tuple(ranked)
-    # Several choices: of CHOICES candidates drawn by share, the one that served least lately for its
+    # Several choices: of CHOICES candidates drawn by share, the one with the least recent load for its
     # share goes first (a tie keeps the first drawn). Conversations keep their account, so where a new
     # one lands decides the load for its whole length: one random draw left the busiest of 20 accounts
     # at 2.1x its fair share in make bench-pool, the better of two at 1.44x.

@@ -310,7 +310,7 @@ def latencies_record(*, folds: list[Fold], now: datetime) -> None:
     q = connection.ops.quote_name
     table, assignments = q(Latency._meta.db_table), q(Assignment._meta.db_table)
     rows = sorted(folds, key=lambda f: (f.assignment_id, f.model))
-    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
     stamp = rawsql.as_param(now)
     # Seconds since the row was last written (never below 0: two nodes' clocks), for the load's halving
     # (routing.latency.LOAD_HALF_LIFE_S). Each backend spells a timestamp difference its own way.
@@ -320,20 +320,22 @@ def latencies_record(*, folds: list[Fold], now: datetime) -> None:
     else:
         seconds = f"((julianday({at}) - julianday({was})) * 86400.0)"
     age = f"(CASE WHEN {seconds} > 0 THEN {seconds} ELSE 0 END)"
-    # VALUES columns are column1..column5 on both backends; `WHERE` lets SQLite parse the upsert of a SELECT.
+    # VALUES columns are column1..column6 on both backends; `WHERE` lets SQLite parse the upsert of a SELECT.
     sql = (
         f"INSERT INTO {table} ({q('assignment_id')}, {q('model')}, {q('ewma_ms')}, {q('samples')}, "  # noqa: S608
         f"{q('updated_at')}, {q('load')}) SELECT v.column1, v.column2, v.column3, v.column4, v.column5, "
-        "v.column4 "
+        "v.column6 "
         f"FROM (VALUES {values}) v WHERE v.column1 IN (SELECT {q('id')} FROM {assignments}) "
         f"ON CONFLICT ({q('assignment_id')}, {q('model')}) DO UPDATE SET "
         f"{q('ewma_ms')} = {table}.{q('ewma_ms')} * POWER(%s, excluded.{q('samples')}) "
         f"+ excluded.{q('ewma_ms')} * (1 - POWER(%s, excluded.{q('samples')})), "
         f"{q('samples')} = {table}.{q('samples')} + excluded.{q('samples')}, "
-        f"{q('load')} = {table}.{q('load')} * POWER(0.5, {age} / %s) + excluded.{q('samples')}, "
+        f"{q('load')} = {table}.{q('load')} * POWER(0.5, {age} / %s) + excluded.{q('load')}, "
         f"{q('updated_at')} = excluded.{q('updated_at')}"
     )
-    params: list[object] = [v for f in rows for v in (f.assignment_id, f.model, f.mean, f.count, stamp)]
+    params: list[object] = [
+        v for f in rows for v in (f.assignment_id, f.model, f.mean, f.count, stamp, f.load)
+    ]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, 1 - ALPHA, 1 - ALPHA, LOAD_HALF_LIFE_S])
 

@@ -148,9 +148,9 @@ def test_routing_explain_prints_each_candidates_weight_and_latency_as_the_router
     call_command("routing_explain", key="lat", model="gpt-5", stdout=out)
     # With the pool features on, b (weight 3, no average yet: counted as fast as the fastest) is drawn
     # three times in four, and a, which served three requests lately, loses to it whenever b is one of
-    # the three draws (a comes first only when drawn three times: 1/64); off, nothing is drawn.
-    chances = (", first 2%", ", first 98%") if features else ("", "")
-    assert f"  acct-a / gpt-5: weight 1, latency 250 ms, served lately 3.0{chances[0]}\n" in out.getvalue()
+    # the four draws (a comes first only when drawn four times: 1/256); off, nothing is drawn.
+    chances = (", first 0%", ", first 100%") if features else ("", "")
+    assert f"  acct-a / gpt-5: weight 1, latency 250 ms, load 3.0{chances[0]}\n" in out.getvalue()
     assert f"  acct-b / gpt-5: weight 3, latency unknown (no answer yet){chances[1]}\n" in out.getvalue()
 
 

@@ -14,7 +14,7 @@ from catalog.models import Provenance
 from devkit.behaviours import model_not_found, serve, slow_stream
 from pools.models import Assignment, GatewaySettings
 from proxy.models import Attempt
-from routing.latency import Fold
+from routing.latency import PLACEMENT_LOAD, Fold
 from routing.models import Affinity, Circuit, Demotion, Latency
 from routing.services import latencies_record
 from routing.types import ASSIGNMENT_WIDE
@@ -343,15 +343,51 @@ def _ratelimit_headers(remaining: int) -> dict[str, str]:
 
 
 def test_new_work_goes_to_the_account_that_served_less_lately(gateway, two_assignments):
-    # The draw's second choice (SPEC §5.4): a has served a lot lately (its load, kept by the ledger writer
-    # on its latency row), b nothing; of two draws the less busy wins, so a comes first only when drawn
-    # twice (a quarter of the requests, not half).
+    # The draw's choices (SPEC §5.4): a has served a lot lately (its load, kept by the ledger writer on its
+    # latency row), b nothing; of four draws the least loaded wins, so a comes first only when drawn four
+    # times (a sixteenth of the requests, not half).
     a, b, (acct_a, _acct_b) = two_assignments
     _equal_tiers()
     latencies_record(folds=[Fold(acct_a.pk, "gpt-5", 20.0, 200)], now=timezone.now())
     for _ in range(REQUESTS):
         assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
-    # Expected 5 of 40 (a comes first only when all three draws pick it); 14 or more happens about once in
+    # Expected 2.5 of 40 (a comes first only when all four draws pick it); 10 or more happens about once in
     # 10^4 runs, where one draw at a half would expect 20.
-    assert a.hit_count() <= 13
-    assert b.hit_count() >= 27
+    assert a.hit_count() <= 9
+    assert b.hit_count() >= 31
+
+
+def _load(assignment: Assignment) -> float:
+    ledger_settled()
+    return Latency.objects.get(assignment=assignment, model="gpt-5").load
+
+
+def test_a_request_that_places_a_conversation_weighs_placement_load_in_its_accounts_load(
+    gateway, two_assignments
+):
+    # A conversation's next turns follow its first (cache affinity), so the ledger writer counts the turn
+    # that places it as PLACEMENT_LOAD served requests: the draw sees the account busier at once, not turn
+    # by turn. a (tier 0) serves whatever it can here, the draw being among the leading tier only.
+    _a, _b, (acct_a, acct_b) = two_assignments
+    session = {"x-gateway-session": "conversation-1"}
+    assert _served_by(post(gateway, "/v1/chat/completions", CHAT, headers=session)) == acct_a.pk
+    assert _load(acct_a) == PLACEMENT_LOAD  # a new row starts at its batch's load
+    # Its next turn on the same account, and a request of no conversation: one each (on what is left of the
+    # first: it halves every LOAD_HALF_LIFE_S).
+    assert _served_by(post(gateway, "/v1/chat/completions", CHAT, headers=session)) == acct_a.pk
+    assert _served_by(post(gateway, "/v1/chat/completions", CHAT)) == acct_a.pk
+    assert 2 < _load(acct_a) <= PLACEMENT_LOAD + 2
+    # a can no longer serve it: the turn that moves the conversation to b places it there.
+    Circuit.objects.create(
+        pool=acct_a.pool,
+        assignment=acct_a,
+        model="gpt-5",
+        route_class="http",
+        state="open",
+        reason="upstream_unavailable",
+        consecutive_failures=3,
+        cooldown_seconds=300,
+        open_until=timezone.now() + timedelta(minutes=5),
+    )
+    assert _served_by(post(gateway, "/v1/chat/completions", CHAT, headers=session)) == acct_b.pk
+    assert _load(acct_b) == PLACEMENT_LOAD

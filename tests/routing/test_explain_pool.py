@@ -74,8 +74,8 @@ def test_an_account_that_served_more_lately_loses_the_second_choice(pool_of_four
     (a, b, *_), _ = pool_of_four
     latencies_record(folds=[Fold(a.pk, "gpt-5", 100.0, 8), Fold(b.pk, "gpt-5", 100.0, 2)], now=timezone.now())
     text = _explain()
-    # Each drawn with 1/4, three draws, the least busy wins: a only when all three are a (1/64), b when
-    # none is c or d and not all are a (1/8 - 1/64), c and d share the rest (a tie goes to the first).
-    assert "  acct-a / gpt-5: weight 1, latency 100 ms, served lately 8.0, first 2%\n" in text
-    assert "  acct-b / gpt-5: weight 1, latency 100 ms, served lately 2.0, first 11%\n" in text
-    assert "  acct-c / gpt-5: weight 1, latency unknown (no answer yet), first 44%\n" in text
+    # Each drawn with 1/4, four draws, the least loaded wins: a only when all four are a (1/256), b when
+    # none is c or d and not all are a (1/16 - 1/256), c and d share the rest (a tie goes to the first).
+    assert "  acct-a / gpt-5: weight 1, latency 100 ms, load 8.0, first 0%\n" in text
+    assert "  acct-b / gpt-5: weight 1, latency 100 ms, load 2.0, first 6%\n" in text
+    assert "  acct-c / gpt-5: weight 1, latency unknown (no answer yet), first 47%\n" in text

@@ -238,22 +238,22 @@ def test_a_zero_weight_candidate_is_never_drawn_while_another_has_weight():
     assert counts == {2: 100}
 
 
-def test_of_the_draws_the_account_that_served_least_lately_goes_first():
+def test_of_the_draws_the_account_with_the_least_load_goes_first():
     busy, idle = c(1, load=5.0), c(2, load=0.0)
-    counts = _firsts([busy, idle], [(i + 0.5) / 2000 for i in range(2000)])
-    # busy comes first only when all three draws pick it: an eighth of the time, not a half.
-    assert CHOICES == 3
+    counts = _firsts([busy, idle], [(i + 0.5) / 4000 for i in range(4000)])
+    # busy comes first only when all four draws pick it: a sixteenth of the time, not a half.
+    assert CHOICES == 4
     assert 180 < counts[1] < 320
-    assert shares([busy, idle]) == {(1, "gpt-5"): 0.125, (2, "gpt-5"): 0.875}
-    # Three accounts, loads 0, 1 and 2: the odds of the least busy winning three draws.
+    assert shares([busy, idle]) == {(1, "gpt-5"): 0.0625, (2, "gpt-5"): 0.9375}
+    # Three accounts, loads 0, 1 and 2: the odds of the least loaded winning four draws.
     three = shares([c(1, load=2.0), c(2, load=1.0), c(3, load=0.0)])
     assert three == pytest.approx(
-        {(1, "gpt-5"): 1 / 27, (2, "gpt-5"): 8 / 27 - 1 / 27, (3, "gpt-5"): 19 / 27}
+        {(1, "gpt-5"): 1 / 81, (2, "gpt-5"): 16 / 81 - 1 / 81, (3, "gpt-5"): 65 / 81}
     )
     counts = _firsts(
-        [c(1, load=2.0), c(2, load=1.0), c(3, load=0.0)], [(i + 0.5) / 2700 for i in range(2700)]
+        [c(1, load=2.0), c(2, load=1.0), c(3, load=0.0)], [(i + 0.5) / 8100 for i in range(8100)]
     )
-    assert abs(counts[3] - 1900) < 150 and abs(counts.get(1, 0) - 100) < 60
+    assert abs(counts[3] - 6500) < 200 and abs(counts[2] - 1500) < 150 and abs(counts.get(1, 0) - 100) < 60
     # Load is measured against each one's share of the draw: twice the weight carries twice the load.
     assert shares([c(1, weight=2, load=4.0), c(2, load=2.0)]) == pytest.approx(
         {(1, "gpt-5"): 2 / 3, (2, "gpt-5"): 1 / 3}

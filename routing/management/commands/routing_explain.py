@@ -13,6 +13,7 @@ from proxy.providers.registry import carriers
 from routing import preference
 from routing.breaker import CircuitSnapshot, governing
 from routing.eligibility import tighten
+from routing.latency import PLACEMENT_LOAD
 from routing.models import Demotion
 from routing.panel import reason_text
 from routing.pricing import price_text
@@ -221,12 +222,13 @@ class Command(BaseCommand):
         drawn = preference.shares(eligible) if site_settings.GATEWAY_POOL_FEATURES else None
         self.stdout.write(
             "preference (weight, headroom: the share of its tightest rate limit left, latency: average time "
-            "to first byte, served lately: its recent load, chance of going first):"
+            "to first byte, load: what it served lately, a conversation placed on it counting "
+            f"{PLACEMENT_LOAD:.0f}, chance of going first):"
         )
         for c in eligible:
             latency = "unknown (no answer yet)" if c.latency_ms is None else f"{c.latency_ms:.0f} ms"
             headroom = "" if c.headroom_left is None else f", headroom {c.headroom_left:.0%} left"
-            served = "" if c.load is None else f", served lately {c.load:.1f}"
+            served = "" if c.load is None else f", load {c.load:.1f}"
             chance = f", first {drawn[c.key]:.0%}" if drawn is not None else ""
             line = f"weight {c.weight}{headroom}, latency {latency}{served}{chance}"
             self.stdout.write(f"  {c.assignment} / {c.model}: {line}")
