@@ -1,8 +1,11 @@
-from datetime import UTC
-
 from django.contrib import admin
+from django.db.models import Exists, OuterRef, Q
+from django.utils.formats import date_format
+from django.utils.html import format_html
+from django.utils.timezone import localtime
 
 from pools.scoping import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin
+from pools.selectors import keys_visible_to, pools_visible_to
 from proxy import ledger_admin
 from proxy.models import Attempt, RequestRecord
 from proxy.spend import SpendPage
@@ -49,14 +52,17 @@ class AttemptInline(PoolScopedInline):
 
 @admin.register(RequestRecord)
 class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
-    """A request belongs to its key: a pool operator sees it when the key's pools are all theirs (so
-    every attempt of it was on one of their assignments). A request without a key (a 401) is a
-    superuser's."""
+    """A pool operator sees every request that reached one of their pools' assignments (an attempt on
+    it, sent or found ineligible), as the Upstreams panel counts them, and every request of a key whose
+    pools are all theirs (one refused before any attempt too). Of a request that crossed into another
+    pool they see their own attempts only (the page's inline and the list's columns read the attempts
+    through the same pool scope), the key by its name (no prefix, no link), never another pool's
+    assignment. A request without a key nor an attempt (a 401) is a superuser's."""
 
     pool_path = None
     key_path = "key"
     list_display = (
-        "request_id",
+        "request_id_shown",
         "started",
         "key_name",
         "pools",
@@ -64,6 +70,21 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
         "outcome_code",
         "attempts_sent",
         "took",
+        "usage",
+    )
+    fields = (
+        "request_id",
+        "operation_id",
+        "started_at",
+        "finished_at",
+        "key_name",
+        "route",
+        "transport",
+        "requested_model",
+        "served_model",
+        "outcome",
+        "status_code",
+        "retry_count",
     )
     # None of these reads the ledger to offer its choices, and the list counts at most a capped number
     # of rows (proxy.ledger_admin, issue 49: the page at ten million records).
@@ -87,10 +108,19 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     def get_changelist(self, request, **kwargs):
         return ledger_admin.LedgerChangeList
 
-    @admin.display(description="started (UTC)", ordering="started_at")
+    def scope(self, queryset, user):
+        if user.is_superuser:
+            return queryset
+        reached = Attempt.objects.filter(request=OuterRef("pk"), assignment__pool__in=pools_visible_to(user))
+        return queryset.filter(Q(key__in=keys_visible_to(user)) | Exists(reached))
+
+    @admin.display(description="request")
+    def request_id_shown(self, record):
+        return ledger_admin.shortened(record.request_id, classes="request-id")
+
+    @admin.display(description="started", ordering="started_at")
     def started(self, record) -> str:
-        # A space between date and time: the one place the column may wrap on a narrow screen.
-        return record.started_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return date_format(localtime(record.started_at), "DATETIME_FORMAT")
 
     @admin.display(description="pool")
     def pools(self, record) -> str:
@@ -100,7 +130,7 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     def key_name(self, record) -> str:
         return record.key.name if record.key is not None else "-"
 
-    @admin.display(description="model (requested → served)", ordering="served_model")
+    @admin.display(description="model", ordering="served_model")  # requested → served
     def models(self, record) -> str:
         requested, served = record.requested_model, record.served_model
         if not served or served == requested:
@@ -118,6 +148,14 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     @admin.display(description="latency")
     def took(self, record) -> str:
         return ledger_admin.duration_text(ledger_admin.latency(record))
+
+    @admin.display(description="tokens, cost")
+    def usage(self, record):
+        return format_html(
+            '<span class="tokens">{}</span> <span class="cost">{}</span>',
+            ledger_admin.tokens_total(record),
+            ledger_admin.cost_total(record),
+        )
 
 
 @admin.register(Attempt)

@@ -1,9 +1,9 @@
 """How the ledger reads in admin (issue 20 point 6): the request list's columns and filters, and a
 request's attempts as a timeline an operator reads at a glance.
 
-The request list shows key, pool, model, outcome, attempts and latency. A request's pool is not a
-ledger column: it is the pool of the assignments its attempts went to (a key may reach several pools,
-and a request that never reached a candidate has none). Reading it from the attempts keeps the hot
+The request list shows key, pool, model, outcome, attempts, latency, tokens and cost. A request's pool
+is not a ledger column: it is the pool of the assignments its attempts went to (a key may reach several
+pools, and a request that never reached a candidate has none). Reading it from the attempts keeps the hot
 path's writes as they are (no new column for the ledger to fill, no migration of existing rows) and
 says the truth for a request that crossed pools; the list pays one extra query per page (the page's
 attempts, prefetched), whatever the number of rows.
@@ -26,13 +26,14 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Prefetch, Q
 from django.utils.functional import cached_property
-from django.utils.html import escape
+from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from catalog.models import CatalogEntry
 from pools.selectors import keys_visible_to, pools_visible_to
 from proxy.errors import TYPED_ERRORS
 from proxy.models import Attempt, AttemptStatus, DispatchState
+from proxy.spend import cost_is_unknown
 from routing.pricing import dollars
 from routing.vocabulary import ClientRoute, FailureClass, Outcome
 
@@ -94,13 +95,48 @@ def pool_names(record) -> list[str]:
     return sorted(names)
 
 
+def tokens_total(record) -> str:
+    """`123,456 in, 7,890 out` over the record's attempts (those the user may see), or `-` when none
+    reported usage."""
+    attempts = [a for a in dispatched(record) if a.input_tokens is not None or a.output_tokens is not None]
+    if not attempts:
+        return "-"
+    into = sum(a.input_tokens or 0 for a in attempts)
+    out = sum(a.output_tokens or 0 for a in attempts)
+    return f"{into:,} in, {out:,} out"
+
+
+def cost_total(record) -> str:
+    """What the record's attempts (those the user may see) cost: `$0.0123`; `unknown` when an attempt
+    that was charged has no price (`proxy.spend.UNKNOWN_COST`), `$0.0123 + unknown` beside known costs;
+    `-` when nothing was charged."""
+    attempts = dispatched(record)
+    known = [a.cost_micros for a in attempts if a.cost_micros is not None]
+    unknown = any(cost_is_unknown(a) for a in attempts)
+    if unknown:
+        return f"{dollars(sum(known))} + unknown" if known else "unknown"
+    return dollars(sum(known)) if known else "-"
+
+
+def shortened(text: str, *, classes: str = ""):
+    """`text` shown shortened (its first characters and an ellipsis, pools/static/pools/admin.css), whole
+    in its title for the hover and whole in the page for a copy."""
+    return format_html('<span class="shortened {}" title="{}">{}</span>', classes, text, text)
+
+
 class LedgerChangeList(ChangeList):
     """The request list's rows come with their attempts (assignment and pool), one query per page."""
 
     def get_queryset(self, request, exclude_parameters=None):
         queryset = super().get_queryset(request, exclude_parameters)
         attempts = Attempt.objects.select_related("assignment__pool").only(
-            "request_id", "status", "assignment__name", "assignment__pool__name"
+            "request_id",
+            "status",
+            "input_tokens",
+            "output_tokens",
+            "cost_micros",
+            "assignment__name",
+            "assignment__pool__name",
         )
         if not request.user.is_superuser:  # as the request page's inline: only the user's pools
             attempts = attempts.filter(assignment__pool__in=pools_visible_to(request.user))

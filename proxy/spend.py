@@ -10,7 +10,8 @@ from the same aggregate.
 
 Scoping is the request list's: the page reads the request records through the RequestRecord
 ModelAdmin's own `get_queryset` (the one admin scoping mechanism, `pools.scoping.PoolScopedAdmin`),
-so an operator sees exactly the spend of the records they may open, nothing of another pool. One
+and of them a pool operator's attempts only (as a request's page shows them), so an operator sees
+exactly the spend of the attempts they may open, nothing of another pool. One
 aggregate query, whatever the number of keys, models and days; reads only.
 """
 
@@ -27,6 +28,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 
+from pools.selectors import pools_visible_to
 from proxy.models import Attempt, AttemptStatus, RequestRecord
 from routing.pricing import dollars
 
@@ -39,6 +41,16 @@ UNKNOWN_COST = Q(cost_micros__isnull=True) & (
     | Q(input_tokens__isnull=False)
     | Q(output_tokens__isnull=False)
 )
+
+
+def cost_is_unknown(attempt) -> bool:
+    """`UNKNOWN_COST` for one attempt already loaded (the request list's cost column)."""
+    if attempt.cost_micros is not None:
+        return False
+    charged = attempt.status in (AttemptStatus.SUCCEEDED, AttemptStatus.CANCELLED)
+    return charged or attempt.input_tokens is not None or attempt.output_tokens is not None
+
+
 TOP_SERIES = 6  # the most expensive keys (models) get a colour each; the rest are one "other" series
 PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00")
 OTHER_COLOUR = "#8c8c8c"
@@ -231,15 +243,18 @@ def _summary(what: str, series: list[Series], total: int) -> str:
     return f"Spend per day by {what} over the last {DAYS} days, {dollars(total)} in all: {parts}."
 
 
-def spend_report(records, *, now: datetime) -> SpendReport:
+def spend_report(records, *, now: datetime, pools=None) -> SpendReport:
     """The last DAYS UTC days (today included) of the attempts of `records` (a scoped queryset of
-    RequestRecord), in one aggregate query."""
+    RequestRecord), in one aggregate query; with `pools` (a queryset of Pool), only their attempts: a pool
+    operator sees a request that crossed into another pool, never what that pool's attempts cost."""
     today = now.astimezone(UTC).date()
     days = tuple(today - timedelta(days=DAYS - 1 - i) for i in range(DAYS))
     since = datetime.combine(days[0], datetime.min.time(), tzinfo=UTC)
+    attempts = Attempt.objects.filter(request__in=records.values("pk"), request__started_at__gte=since)
+    if pools is not None:
+        attempts = attempts.filter(assignment__pool__in=pools)
     rows = (
-        Attempt.objects.filter(request__in=records.values("pk"), request__started_at__gte=since)
-        .exclude(status=AttemptStatus.INELIGIBLE)
+        attempts.exclude(status=AttemptStatus.INELIGIBLE)
         .annotate(day=TruncDate("request__started_at", tzinfo=UTC))
         .values("day", "request__key__name", "model")
         .annotate(
@@ -318,6 +333,11 @@ class SpendPage:
             return HttpResponseNotAllowed(["GET", "HEAD"])
         if not self.has_permission(request):
             raise PermissionDenied
-        report = spend_report(self.records_admin().get_queryset(request), now=timezone.now())
+        user = request.user
+        report = spend_report(
+            self.records_admin().get_queryset(request),
+            now=timezone.now(),
+            pools=None if user.is_superuser else pools_visible_to(user),
+        )
         context = {**self.admin_site.each_context(request), "title": "Spend", "report": report}
         return TemplateResponse(request, self.template_name, context)

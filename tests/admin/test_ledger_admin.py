@@ -124,11 +124,12 @@ def test_the_request_list_shows_key_pool_model_outcome_attempts_and_latency(admi
     for header in (
         "Key",
         "Pool",
-        "Model (requested → served)",
+        "Model",
         "Outcome",
         "Attempts",
         "Latency",
-        "Started (UTC)",
+        "Started",
+        "Tokens, cost",
     ):
         assert header in html, header
     row = html[html.index("req-a-0-0") :]
@@ -222,6 +223,61 @@ def test_an_operator_of_pool_a_never_sees_pool_bs_records_keys_pools_or_models(o
     record_b = RequestRecord.objects.get(request_id="req-b-0-0")
     response = operator_a.get(reverse("admin:proxy_requestrecord_change", args=[record_b.pk]))
     assert response.status_code in (302, 404)
+
+
+def _crossing(ledger) -> RequestRecord:
+    """A request of a key that reaches both pools: handed on from pool B's account to pool A's."""
+    both = GatewayKeyFactory(name="shared-key", pools=[ledger.pool_a, ledger.pool_b])
+    failed_on_b = {**_ok(ledger.acct_b, 7_000), "status": "retryable_failed", "failure_class": "rate_limited"}
+    crossing = _record("req-cross", both, ledger.now, failed_on_b, _ok(ledger.acct_a, 1_000), took_ms=900)
+    _record("req-shared-b-only", both, ledger.now, _ok(ledger.acct_b, 7_000), took_ms=300)
+    return crossing
+
+
+def test_an_operator_sees_every_request_that_reached_their_pools_and_only_their_attempts(operator_a, ledger):
+    """Issue 47 point 7: a pool operator's panel counted the requests of keys that reach other pools too,
+    their list did not. The list now holds every request with an attempt on one of their assignments;
+    of it they see their own attempts only (pool, tokens, cost), the key by name, nothing of pool B."""
+    crossing = _crossing(ledger)
+    html = operator_a.get(LIST).content.decode()
+    assert "req-cross" in html and "req-shared-b-only" not in html
+    row = html[html.index('title="req-cross"') :]
+    row = row[: row.index("</tr>")]
+    assert "shared-key" in row and "pool-a" in row
+    assert "10 in, 5 out" in row and "$0.001<" in row  # pool A's attempt, not pool B's $0.007 nor both
+    for secret in ("pool-b", "acct-b-secret", "$0.008", "$0.007", "sk-gw"):
+        assert secret not in row, secret
+    # Its page: pool A's attempt alone, the key by name without its prefix.
+    page = operator_a.get(reverse("admin:proxy_requestrecord_change", args=[crossing.pk])).content.decode()
+    assert page.count('class="timeline-attempt"') == 1 and "acct-a" in page
+    for secret in ("acct-b-secret", "rate limited", "sk-gw", "pool-b"):
+        assert secret not in page, secret
+    assert "shared-key" in page
+    # The spend page counts what pool A's attempt cost, not pool B's.
+    spend = operator_a.get(SPEND).content.decode()
+    assert 'data-total-micros="4000"' in spend  # 3 x $0.001 of team-a-key and the crossing $0.001
+    # As many requests as the Upstreams panel counts for the operator's pools in its window.
+    usage = operator_a.get(reverse("admin:upstreams")).context["panel"].usage
+    today = RequestRecord.objects.filter(started_at__gt=ledger.now - timedelta(minutes=5))
+    listed = {r.request_id for r in today if f'title="{r.request_id}"' in html}
+    assert listed == {"req-a-0-0", "req-cross"}
+    assert sum(row.requests for row in usage) == len(listed)
+
+
+def test_a_superuser_sees_a_crossing_requests_attempts_tokens_and_cost_in_full(admin_client, ledger):
+    _crossing(ledger)
+    html = admin_client.get(LIST, {"q": "req-cross"}).content.decode()
+    row = html[html.index('title="req-cross"') :]
+    row = row[: row.index("</tr>")]
+    assert "pool-a, pool-b" in row and "20 in, 10 out" in row and "$0.008<" in row
+
+
+def test_a_request_id_is_shortened_in_the_list_and_whole_in_its_title_and_text(admin_client, ledger):
+    long_id = "0123456789abcdef0123456789abcdef"
+    _record(long_id, ledger.key_a, ledger.now, _ok(ledger.acct_a, None))
+    html = admin_client.get(LIST, {"q": long_id}).content.decode()
+    assert f'<span class="shortened request-id" title="{long_id}">{long_id}</span>' in html
+    assert ">unknown<" in html  # answered at an unknown price: not $0
 
 
 # -- a request's page: its attempts as a timeline ----------------------------------------------------
