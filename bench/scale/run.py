@@ -301,7 +301,8 @@ async def one_level(run: Run, target: Target, count: int, seconds: float) -> dic
         readings["idle_cpu_per_s"] = (tree_cpu_seconds(target.pid) - idle0) / IDLE_S
         readings["rss_before_kib"] = rss_kb(target.pid)
     found, _ = await asyncio.gather(
-        streams.run_streams(target.base_url, target.key, "gpt-5", count, events, window), watch()
+        streams.run_streams(target.base_url, target.key, "gpt-5", count, events, window, 2 * seconds + 30),
+        watch(),
     )
     result = streams.summary(*found, events, STALL_S)
     if target.pid is not None:

@@ -130,10 +130,17 @@ def request_bytes(url: str, key: str, model: str, events: int) -> bytes:
 
 
 async def run_streams(
-    url: str, key: str, model: str, count: int, events: int, window: tuple[float, float]
+    url: str,
+    key: str,
+    model: str,
+    count: int,
+    events: int,
+    window: tuple[float, float],
+    give_up_s: float = 600,
 ) -> tuple[list[StreamStats], Shared]:
     """`count` streams of `events` events to `url` (ending in /v1), opened OPEN_CONCURRENCY at a time;
-    returns when every one has ended. `window`: seconds from the call."""
+    returns when every one has ended, or after `give_up_s` with the rest cut. `window`: seconds from
+    the call."""
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     shared = Shared((started + window[0], started + window[1]))
@@ -156,7 +163,13 @@ async def run_streams(
                 ended.set_result(None)
 
     await asyncio.gather(*(one(s) for s in stats))
-    await asyncio.gather(*endings)
+    left = give_up_s - (time.monotonic() - started)
+    try:
+        await asyncio.wait_for(asyncio.gather(*endings), max(left, 0.1))
+    except TimeoutError:
+        for s in stats:
+            if not s.done and not s.error:
+                s.error = f"not finished within {give_up_s:.0f} s"
     return stats, shared
 
 
