@@ -9,6 +9,7 @@ from routing.preference import (
     HEADROOM_SHARE_FLOOR,
     LATENCY_FLOOR,
     LATENCY_SLACK_MS,
+    _draws,
     group,
     order,
     shares,
@@ -258,6 +259,19 @@ def test_of_the_draws_the_account_with_the_least_load_goes_first():
     assert shares([c(1, weight=2, load=4.0), c(2, load=2.0)]) == pytest.approx(
         {(1, "gpt-5"): 2 / 3, (2, "gpt-5"): 1 / 3}
     )
+
+
+def test_the_choices_drawn_from_the_requests_one_number_are_each_uniform_and_independent():
+    # The request has one random number (a double: 53 bits); each choice needs its own. Spread over too
+    # many choices, the last gets a handful of bits and lands on a coarse grid, whatever the pool's shares.
+    rng = random.Random(11)
+    drawn = [_draws(rng.random()) for _ in range(8192)]
+    assert all(len(d) == CHOICES for d in drawn)
+    for n in range(CHOICES):
+        assert len({int(d[n] * 512) for d in drawn}) == 512  # every 512th of [0, 1) met: 16 expected in each
+    for m in range(CHOICES):
+        for n in range(m + 1, CHOICES):
+            assert len({(int(d[m] * 16), int(d[n] * 16)) for d in drawn}) == 256  # every pair of 16ths met
 
 
 def test_equal_loads_keep_the_first_draw():
