@@ -11,9 +11,11 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
-# `make run` leaves a development .env here so that a second terminal's commands see the same settings;
-# variables already in the environment win. GATEWAY_ENV_FILE names another file, or none when empty.
-_env_file = env.str("GATEWAY_ENV_FILE", default=str(BASE_DIR / ".env"))
+# A file of settings only when GATEWAY_ENV_FILE names one (variables already in the environment win).
+# manage.py names the checkout's .env, where `make run` leaves DJANGO_DEBUG=true so that a second
+# terminal's commands start without a secret; the server (gatewaysite.server, any ASGI server of
+# gatewaysite.asgi) names none, so that development file can never turn debug on for a production start.
+_env_file = env.str("GATEWAY_ENV_FILE", default="")
 if _env_file and Path(_env_file).is_file():
     environ.Env.read_env(_env_file)
 

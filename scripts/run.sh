@@ -11,11 +11,13 @@ PORT=${PORT:-8000}
 export DJANGO_DEBUG=${DJANGO_DEBUG:-true}
 mkdir -p var
 # The same development settings for every command of a second terminal (`.venv/bin/python manage.py ...`):
-# gatewaysite/settings.py reads .env; a variable set in the environment still wins.
+# manage.py reads .env (a variable set in the environment still wins). The server never reads it: this
+# script passes DJANGO_DEBUG to its own children above, and a production start in this checkout stays
+# out of debug (docs/operations.md).
 if [ ! -f .env ]; then
   cat > .env <<ENV
-# Written by \`make run\` for local development; read by gatewaysite/settings.py (the environment wins).
-# Never deploy with this file: it turns debug on.
+# Written by \`make run\` for local development. Read only by manage.py in this checkout (a variable set
+# in the environment wins; GATEWAY_ENV_FILE= reads none), never by the server.
 DJANGO_DEBUG=true
 ENV
 fi
