@@ -28,7 +28,8 @@ LOAD_HALF_LIFE_S = 30.0
 # What a served request that placed a conversation on an account adds to its load: about what a conversation
 # that goes on adds within a half-life (an agent's turn every few seconds). Counted as 1, a new conversation
 # looked like one request for its first turns, and the draw kept piling new ones onto the account that had
-# just taken some: the busiest of 20 accounts served 1.4x its fair share in make bench-pool, 1.2x with this.
+# just taken some: the busiest of 20 accounts served 1.39x to 1.48x its fair share in make bench-pool, 1.25x
+# with this (an offline model of the bench: 1.41x median with served requests alone, whatever the half-life).
 PLACEMENT_LOAD = 10.0
 
 
