@@ -109,7 +109,7 @@ class Candidate:
     weight: int = 1
     latency_ms: float | None = None
     headroom_left: float | None = None  # the share of its tightest rate limit left, while known (§5.4)
-    load: float | None = None  # what it served lately (routing.latency.load_now): the draw's second choice
+    load: float | None = None  # its recent load (routing.latency): of the draw's choices the least goes first
     demoted: bool = False
     health: Health = Health.HEALTHY
     # contract
