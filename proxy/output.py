@@ -12,6 +12,16 @@ the APIs differ), so "visible" means the same on SSE and on a websocket.
 What an event tells the ledger (usage, a response id, a refusal; never content) is noted on the
 attempt's `AttemptLog` and the `Exchange` as it passes. When the stream ends, `ended` (the loop's)
 settles its health writes and the exchange.
+
+A client that leaves once output began, before the upstream has said all the ledger needs (its stream's
+end and its usage: a Chat stream's usage chunk comes after the finish reason, a Messages stream's output
+tokens in `message_delta`, a Responses stream's usage in `response.completed`), does not end the upstream
+call at once: the rest of the stream is read, never relayed, for the usage it reports, within
+SETTLE_READ_S and SETTLE_READ_BYTES, and the request is settled from it, recorded `cancelled`. So what a
+request costs its key never falls below what its upstream said it cost (issue 45 finding 6: six clients
+that left between the finish reason and the usage were charged 126 micros for 18,000). A stream that
+does not report its usage within the bounds keeps its reservation as its cost (SPEC §7.4), its attempt
+flagged `usage_unreported`.
 """
 
 import asyncio
@@ -48,6 +58,15 @@ STOPPING_MESSAGE = "The gateway is shutting down; the response was cut short and
 POST_VISIBLE_MESSAGE = "The upstream failed after output began; the request was not retried."
 
 TERMINAL = frozenset({Visibility.TERMINAL_SUCCESS, Visibility.TERMINAL_FAILURE})
+
+# How much of a stream is read after its client left, for its usage (module docstring). A stream's usage
+# comes within milliseconds of its last output; these bound one whose client left mid-answer (the
+# upstream generating on) and one that never reports any.
+SETTLE_READ_S = 30.0
+SETTLE_READ_BYTES = 4 * 1024 * 1024
+# The error code of an attempt settled at its reservation: its client left and its upstream reported
+# no usage within those bounds.
+USAGE_UNREPORTED = "usage_unreported"
 
 
 def attempt_cost(c: Candidate, log: AttemptLog) -> int | None:
@@ -149,7 +168,8 @@ class AttemptStream:
         self.response_ids = response_ids  # a Responses route: the response id is remembered
         self.ended = ended
         self.response_id: str | None = None
-        self.terminal_seen = False  # the stream reached its terminal event
+        self.terminal_seen = False  # the stream reached its terminal event (Chat: or its finish reason)
+        self.finished = False  # the stream reached its terminal event itself
         self.failed_after_output: FailureClass | None = None  # an upstream error event after output
 
     def _output(self, blocks: Iterable[Block]) -> list[bytes]:
@@ -172,11 +192,19 @@ class AttemptStream:
                 self.response_id = payloads.response_id(payload)
             note_usage(self.log, payload)
             note_refusal(self.log, self.exchange, payload)
-        if cls.visibility in TERMINAL or (
-            self.dialect is Dialect.CHAT and payloads.finish_reason(payload) is not None
-        ):
+        if cls.visibility in TERMINAL:
+            self.terminal_seen = self.finished = True
+        elif self.dialect is Dialect.CHAT and payloads.finish_reason(payload) is not None:
             self.terminal_seen = True
         return cls
+
+    def _told_all(self) -> bool:
+        """Whether the upstream has said all the ledger needs: its terminal event, or (Chat, whose
+        `[DONE]` some servers omit) its finish reason and the usage that follows it."""
+        log = self.log
+        return self.finished or (
+            self.terminal_seen and log.input_tokens is not None and log.output_tokens is not None
+        )
 
     def _observed(self, cls: Classification, status: int | None) -> Observation:
         """An upstream error event (a websocket `error` names the HTTP status it stands for)."""
@@ -261,7 +289,9 @@ class AttemptStream:
         started = time.monotonic()
         source, batches = self.source, self.batches
         ended = False  # the exchange is settled (and handed to the ledger): touch it no more
-        delivered = False  # the client was sent the stream's end: a client leaving now lost nothing
+        delivered = False  # the client was sent the stream's end, and the ledger has its usage
+        left = False  # the client left before that: the rest is read for the usage (module docstring)
+        reading = False  # awaiting the upstream: a cancel there ends `batches` (the rest needs new ones)
         stopping = False
 
         async def interrupt() -> None:
@@ -285,14 +315,16 @@ class AttemptStream:
                     await settle(self._end(True, self.exchange.outcome or outcome, status))
                 for part in self.framing.pack(out):
                     yield part
-                delivered = self.terminal_seen
+                delivered = self._told_all()
                 if done:
                     return
                 try:
                     # After the first visible event the deadline no longer applies (§6.0): the stream
                     # ends when the upstream stays silent for GATEWAY_STREAM_IDLE_S.
                     async with asyncio.timeout(settings.GATEWAY_STREAM_IDLE_S):
+                        reading = True
                         batch = await anext(batches)
+                        reading = False
                 except TimeoutError:
                     raise TransportFailure(TransportEvent.READ_TIMEOUT) from None
                 except StopAsyncIteration:
@@ -311,6 +343,7 @@ class AttemptStream:
             # A client that closes once it has the stream's end (the SDKs do at `[DONE]`) while the
             # upstream has yet to close its side was served whole: a success, not a cancel.
             if not ended and not delivered:
+                left = True
                 log.status, log.failure_class = AttemptStatus.CANCELLED, FailureClass.CANCELLED
                 log.dispatch_state = DispatchState.UNKNOWN
                 outcome, status = Outcome.CANCELLED, 499
@@ -331,10 +364,49 @@ class AttemptStream:
                 status=None,
             )
         finally:
-            release()
-            if not ended:
-                log.elapsed_ms += int((time.monotonic() - started) * 1000)
-                await settle(self._end(False, self.exchange.outcome or outcome, status))
+            try:
+                if left:  # still a stream the shutdown interrupts: its grace bounds the reading too
+                    await settle(self._settle_after_leaving(started, fresh=reading))
+                elif not ended:
+                    log.elapsed_ms += int((time.monotonic() - started) * 1000)
+                    await settle(self._end(False, self.exchange.outcome or outcome, status))
+            finally:
+                release()
+
+    async def _settle_after_leaving(self, started: float, *, fresh: bool) -> None:
+        """The client left before the upstream said all the ledger needs: the rest of the stream is
+        read for it (module docstring), and the attempt, `cancelled`, is settled from what it said."""
+        log = self.log
+        whole = await self._read_rest(fresh)
+        if whole:
+            log.dispatch_state = DispatchState.COMPLETED  # it ran to its end upstream
+        if log.input_tokens is None or log.output_tokens is None:
+            log.error_code = USAGE_UNREPORTED  # charged its reservation (proxy.services.charge_micros)
+        log.cost_micros = attempt_cost(self.candidate, log)
+        log.elapsed_ms += int((time.monotonic() - started) * 1000)
+        await self._end(whole, self.exchange.outcome or Outcome.CANCELLED, 499)
+
+    async def _read_rest(self, fresh: bool) -> bool:
+        """Read the rest of the stream for what it tells the ledger (`_read`), relaying nothing, within
+        SETTLE_READ_S and SETTLE_READ_BYTES: whether it reached its end. `fresh`: the client left while
+        the stream was being read, which ended that reading's batches: read on from new ones (an SSE
+        block the cancel cut in two is lost; if it was the usage, the reservation stays the cost)."""
+        batches = self.source.batches() if fresh else self.batches
+        read = 0
+        try:
+            async with asyncio.timeout(SETTLE_READ_S):
+                async for batch in batches:
+                    for block in batch:
+                        read += len(block.raw)
+                        if self._read(block).visibility in TERMINAL:
+                            return True
+                    if read > SETTLE_READ_BYTES:
+                        return False
+        except (TimeoutError, TransportFailure):
+            return False
+        finally:
+            await batches.aclose()
+        return self.terminal_seen  # its end: the upstream closed it after its terminal event
 
     async def _end(self, done: bool, outcome: str, status: int) -> None:
         # `done` is set only by a terminal event: a websocket at a response boundary stays usable.

@@ -1,5 +1,6 @@
-"""A client that goes away cancels its upstream call at once; the attempt ends `cancelled`, neutral
-for the circuit."""
+"""A client that goes away before any output cancels its upstream call at once; once output began, the
+rest of the stream is read, never relayed, for its usage (issue 45 finding 6). Either way the attempt
+ends `cancelled`, neutral for the circuit."""
 
 import time
 from dataclasses import replace
@@ -44,7 +45,7 @@ def test_a_client_disconnect_while_waiting_cancels_the_upstream_call(gateway, tw
     assert not Circuit.objects.exists()  # a disconnect says nothing about the upstream's health
 
 
-def test_a_client_disconnect_mid_stream_cancels_the_upstream_stream(gateway, two_assignments):
+def test_a_client_disconnect_mid_stream_reads_the_rest_for_its_usage(gateway, two_assignments):
     a, _, _ = two_assignments
     a.script("gpt-5", slow_stream(0.3))
     with httpx.stream(
@@ -52,10 +53,9 @@ def test_a_client_disconnect_mid_stream_cancels_the_upstream_stream(gateway, two
     ) as response:
         chunks = response.iter_bytes()
         assert b"data:" in next(chunks)  # output began
-    started = time.monotonic()
     attempt = _cancelled_attempt()
-    assert time.monotonic() - started < 3
-    assert attempt.elapsed_ms < 2500  # the whole stream would take ~2 s more
+    assert attempt.request.outcome == "cancelled"
+    assert (attempt.dispatch_state, attempt.input_tokens, attempt.output_tokens) == ("completed", 10, 3)
     assert not Circuit.objects.exists()
 
 
