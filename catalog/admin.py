@@ -28,9 +28,7 @@ class CapabilityEvidenceAdmin(PoolScopedAdmin, ReadOnlyAdmin):
         "detail",
         "qualified_at",
         "expires_at",
-        "corpus_version",
-        "config_hash",
-    )
+    )  # the corpus version and configuration hash are on the verdict's page
     list_filter = ("capability", "qualified", ("assignment__pool", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("assignment",)
     search_fields = ("model", "assignment__name")

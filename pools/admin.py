@@ -1,3 +1,5 @@
+import json
+
 from django import forms
 from django.contrib import admin
 
@@ -19,9 +21,57 @@ from routing.budget import micros_from_usd, usd
 SUPERUSER_ONLY_ASSIGNMENT_FIELDS = ("base_url", "api_key_env")
 
 
-class AssignmentInline(admin.TabularInline):
+class StringListField(forms.Field):
+    """A list of names (models, regions) typed one per line, as a person writes a list, where Django's
+    default for the JSON column was a box of raw JSON (issue 47 point 7). Commas separate too, blank lines
+    are dropped and a name given twice is kept once; a JSON list (what the box used to hold) still reads.
+    A name holds no whitespace."""
+
+    widget = forms.Textarea(attrs={"rows": 4, "cols": 40})
+
+    def prepare_value(self, value):
+        if isinstance(value, list | tuple):
+            return "\n".join(str(item) for item in value)
+        return value
+
+    def to_python(self, value) -> list[str]:
+        if isinstance(value, list | tuple):
+            items = [str(item) for item in value]
+        else:
+            text = (value or "").strip()
+            try:
+                parsed = json.loads(text) if text.startswith("[") else None
+            except json.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, list) and all(isinstance(item, str) for item in parsed):
+                items = parsed
+            else:
+                items = text.replace(",", "\n").splitlines()
+        names = list(dict.fromkeys(item.strip() for item in items if item.strip()))
+        spaced = [name for name in names if any(ch.isspace() for ch in name)]
+        if spaced:
+            raise forms.ValidationError(
+                "One name per line, without spaces: %(names)s", params={"names": ", ".join(spaced)}
+            )
+        return names
+
+
+class PoolForm(forms.ModelForm):
+    auto_models = StringListField(
+        required=False, help_text="Candidates for model=auto, one per line, in order of preference."
+    )
+
+    class Meta:
+        model = Pool
+        fields = ("name", "auto_models", "operator_groups")
+
+
+class AssignmentInline(admin.StackedInline):
+    """A pool's assignments on its page, each a short form whose rows wrap (a table of seven inputs was
+    1,870 px wide at 1280, issue 47 point 7); the rest of an assignment is on its own page."""
+
     model = Assignment
-    fields = ("name", "adapter", "base_url", "tier", "region", "router", "enabled")
+    fields = (("name", "adapter"), "base_url", ("tier", "region", "router", "enabled"))
     extra = 0
     show_change_link = True
 
@@ -35,6 +85,7 @@ class AssignmentInline(admin.TabularInline):
 @admin.register(Pool)
 class PoolAdmin(PoolScopedAdmin):
     pool_path = "pk"
+    form = PoolForm
     list_display = ("name", "auto_models")
     search_fields = ("name",)
     inlines = [AssignmentInline]
@@ -163,6 +214,12 @@ class KeyFormBase(forms.ModelForm):
     """A key's budget in dollars (stored as micros, SPEC §7.4), as the YAML's `budget_usd`; a new key's
     allow-list starts at every model of its pools, as in the YAML and create_key."""
 
+    allowed_models = StringListField(
+        help_text="The models this key may use, one per line; * for every model of its pools."
+    )
+    regions = StringListField(
+        required=False, help_text="The regions its requests may be served in, one per line; empty: any."
+    )
     budget_usd = forms.DecimalField(
         label="Budget (USD)",
         required=False,
@@ -282,6 +339,14 @@ class GatewayKeyAdmin(PoolScopedAdmin):
     def get_form(self, request, obj=None, change=False, **kwargs):
         kwargs["form"] = GatewayKeyForm if request.user.is_superuser else GatewayKeyOperatorForm
         return super().get_form(request, obj, change, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        # A view-only page shows the form's fields read from the key; the budget in dollars is a field of
+        # the form only, which read from the key was "Budget usd: None" whatever the budget.
+        fields = super().get_fields(request, obj)
+        if self.has_change_permission(request, obj):
+            return fields
+        return ["budget" if name == "budget_usd" else name for name in fields]
 
     def get_readonly_fields(self, request, obj=None):
         return self.readonly_fields if request.user.is_superuser else (*self.readonly_fields, "pools")

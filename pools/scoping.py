@@ -3,6 +3,7 @@ mechanism, by pool. Every app's admin builds on these; they live with the pools 
 every app that uses them (the project's admin site, `gatewaysite.admin`, sits above all apps)."""
 
 from django.contrib import admin
+from django.utils.html import format_html
 
 from pools.models import Assignment, GatewayKey, Pool
 from pools.selectors import keys_visible_to, pools_visible_to
@@ -118,3 +119,9 @@ class PoolScopedInline(admin.TabularInline):
         if request.user.is_superuser:
             return queryset
         return queryset.filter(**{_in(self.pool_path): pools_visible_to(request.user)})
+
+
+def shortened(text: str, *, classes: str = ""):
+    """`text` shown shortened in a list (its first characters and an ellipsis, pools/static/pools/admin.css),
+    whole in its title for the hover and whole in the page for a copy: a request id, an affinity's key."""
+    return format_html('<span class="shortened {}" title="{}">{}</span>', classes, text, text)

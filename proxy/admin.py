@@ -1,10 +1,8 @@
 from django.contrib import admin
 from django.db.models import Exists, OuterRef, Q
-from django.utils.formats import date_format
 from django.utils.html import format_html
-from django.utils.timezone import localtime
 
-from pools.scoping import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin
+from pools.scoping import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin, shortened
 from pools.selectors import keys_visible_to, pools_visible_to
 from proxy import ledger_admin
 from proxy.models import Attempt, RequestRecord
@@ -63,11 +61,11 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     key_path = "key"
     list_display = (
         "request_id_shown",
-        "started",
+        "started_at",
         "key_name",
         "pools",
         "models",
-        "outcome_code",
+        "outcome",
         "attempts_sent",
         "took",
         "usage",
@@ -116,11 +114,7 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
 
     @admin.display(description="request")
     def request_id_shown(self, record):
-        return ledger_admin.shortened(record.request_id, classes="request-id")
-
-    @admin.display(description="started", ordering="started_at")
-    def started(self, record) -> str:
-        return date_format(localtime(record.started_at), "DATETIME_FORMAT")
+        return shortened(record.request_id, classes="request-id")
 
     @admin.display(description="pool")
     def pools(self, record) -> str:
@@ -136,10 +130,6 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
         if not served or served == requested:
             return requested or served or "-"
         return f"{requested} → {served}"
-
-    @admin.display(description="outcome", ordering="outcome")
-    def outcome_code(self, record) -> str:
-        return ledger_admin.breakable(record.outcome)
 
     @admin.display(description="attempts")
     def attempts_sent(self, record) -> int:
@@ -161,9 +151,21 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
 @admin.register(Attempt)
 class AttemptAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     pool_path = "assignment__pool"
-    list_display = ("request", "ordinal", "assignment", "model", "route_class", "status", "failure_class")
+    list_display = (
+        "request_id_shown",
+        "ordinal",
+        "assignment",
+        "model",
+        "route_class",
+        "status",
+        "failure_class",
+    )
     list_filter = ("status", "route_class", "failure_class")
     list_select_related = ("request", "assignment")
+
+    @admin.display(description="request", ordering="request__started_at")
+    def request_id_shown(self, attempt):
+        return shortened(attempt.request.request_id, classes="request-id")
 
 
 # Listed in this order under Operations.

@@ -26,8 +26,6 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Prefetch, Q
 from django.utils.functional import cached_property
-from django.utils.html import escape, format_html
-from django.utils.safestring import mark_safe
 
 from catalog.models import CatalogEntry
 from pools.selectors import keys_visible_to, pools_visible_to
@@ -58,12 +56,6 @@ ROUTE_CLASS_WORDS = {"http": "HTTP", "sse": "SSE stream", "websocket": "websocke
 def words(code: str) -> str:
     """`upstream_model_unavailable` -> `upstream model unavailable`."""
     return code.replace("_", " ")
-
-
-def breakable(code: str):
-    """`upstream_dispatch_unknown` with a line-break opportunity after each underscore (<wbr>), so a
-    long code wraps in a narrow column instead of being cut off; the text is unchanged."""
-    return mark_safe("_<wbr>".join(escape(part) for part in code.split("_")))  # noqa: S308 - escaped
 
 
 def latency(record) -> timedelta | None:
@@ -116,12 +108,6 @@ def cost_total(record) -> str:
     if unknown:
         return f"{dollars(sum(known))} + unknown" if known else "unknown"
     return dollars(sum(known)) if known else "-"
-
-
-def shortened(text: str, *, classes: str = ""):
-    """`text` shown shortened (its first characters and an ellipsis, pools/static/pools/admin.css), whole
-    in its title for the hover and whole in the page for a copy."""
-    return format_html('<span class="shortened {}" title="{}">{}</span>', classes, text, text)
 
 
 class LedgerChangeList(ChangeList):

@@ -15,6 +15,7 @@ exactly the spend of the attempts they may open, nothing of another pool. One
 aggregate query, whatever the number of keys, models and days; reads only.
 """
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -56,9 +57,14 @@ PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00")
 OTHER_COLOUR = "#8c8c8c"
 NO_KEY = "(no key)"
 
-# Chart geometry (SVG user units; the SVG scales to its container's width).
+# Chart geometry (SVG user units; the SVG scales to its container's width). On a phone the chart is
+# about 340 px wide, half its units, so its labels are drawn at PHONE_LABEL_UNITS (proxy/static/proxy/
+# spend.css; 11 px labels there were drawn at about 6 px): the plot leaves them that much room whatever the
+# width, the y axis as much as its longest amount needs (LABEL_EM: the width of a digit or `$` in ems).
 CHART_WIDTH, CHART_HEIGHT = 640, 220
-PLOT_LEFT, PLOT_RIGHT, PLOT_TOP, PLOT_BOTTOM = 64, 8, 12, 28
+PHONE_LABEL_UNITS = 22
+LABEL_EM = 0.62
+PLOT_RIGHT, PLOT_TOP, PLOT_BOTTOM = 8, PHONE_LABEL_UNITS // 2 + 4, PHONE_LABEL_UNITS + 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +112,9 @@ class Chart:
     rects: tuple[Rect, ...]
     ticks: tuple[Tick, ...]
     day_labels: tuple[tuple[float, str], ...]  # (x, "MM-DD") every few days
+    plot_left: int
     width: int = CHART_WIDTH
     height: int = CHART_HEIGHT
-    plot_left: int = PLOT_LEFT
     plot_bottom_y: int = CHART_HEIGHT - PLOT_BOTTOM
     plot_right_x: int = CHART_WIDTH - PLOT_RIGHT
 
@@ -197,16 +203,18 @@ def _nice_max(value: int) -> int:
 
 
 def chart(series: list[Series], days: tuple[date, ...]) -> Chart:
-    """Stacked bars, one per day, each series a colour; y in dollars from 0."""
+    """Stacked bars, one per day, each series a colour; y in dollars from 0; every fifth day labelled."""
     totals = [sum(s.by_day[i] for s in series) for i in range(len(days))]
     top = _nice_max(max(totals, default=0))
-    plot_w = CHART_WIDTH - PLOT_LEFT - PLOT_RIGHT
+    amounts = [dollars(top * quarter // 4) for quarter in (0, 1, 2, 3, 4)]
+    plot_left = math.ceil(max(len(a) for a in amounts) * LABEL_EM * PHONE_LABEL_UNITS) + 10
+    plot_w = CHART_WIDTH - plot_left - PLOT_RIGHT
     plot_h = CHART_HEIGHT - PLOT_TOP - PLOT_BOTTOM
     slot = plot_w / max(len(days), 1)
     bar_w = slot * 0.75
     rects = []
     for i, day in enumerate(days):
-        x = PLOT_LEFT + i * slot + (slot - bar_w) / 2
+        x = plot_left + i * slot + (slot - bar_w) / 2
         y = CHART_HEIGHT - PLOT_BOTTOM
         for s in series:
             micros = s.by_day[i]
@@ -225,15 +233,15 @@ def chart(series: list[Series], days: tuple[date, ...]) -> Chart:
                 )
             )
     ticks = tuple(
-        Tick(round(CHART_HEIGHT - PLOT_BOTTOM - plot_h * quarter / 4, 2), dollars(top * quarter // 4))
-        for quarter in (0, 1, 2, 3, 4)
+        Tick(round(CHART_HEIGHT - PLOT_BOTTOM - plot_h * quarter / 4, 2), amount)
+        for quarter, amount in enumerate(amounts)
     )
     labels = tuple(
-        (round(PLOT_LEFT + i * slot + slot / 2, 2), d.strftime("%m-%d"))
+        (round(plot_left + i * slot + slot / 2, 2), d.strftime("%m-%d"))
         for i, d in enumerate(days)
-        if i % 5 == 4
+        if i % 5 == 2  # none at either edge, where half of it would be outside the chart
     )
-    return Chart(tuple(rects), ticks, labels)
+    return Chart(tuple(rects), ticks, labels, plot_left=plot_left)
 
 
 def _summary(what: str, series: list[Series], total: int) -> str:

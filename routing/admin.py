@@ -3,7 +3,7 @@ ledger's usage, /admin/upstreams/, is `proxy.upstreams`: it reads the ledger, a 
 
 from django.contrib import admin
 
-from pools.scoping import PoolScopedAdmin, ReadOnlyAdmin
+from pools.scoping import PoolScopedAdmin, ReadOnlyAdmin, shortened
 from routing.models import Affinity, Circuit, Demotion
 
 
@@ -43,11 +43,9 @@ class AffinityAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     # An affinity's key is a response or file id, or a session's digest: whoever holds an id can ask
     # for what it names (issue 45). A pool operator sees enough of it to tell rows apart.
     def get_list_display(self, request):
-        return (
-            self.list_display
-            if request.user.is_superuser
-            else tuple("key_shown" if name == "key" else name for name in self.list_display)
-        )
+        # A superuser's list shortens the key too (one long token), whole in its title and for a copy.
+        shown = "key_whole" if request.user.is_superuser else "key_shown"
+        return tuple(shown if name == "key" else name for name in self.list_display)
 
     def get_fields(self, request, obj=None):
         hidden = "key_shown" if request.user.is_superuser else "key"
@@ -59,3 +57,7 @@ class AffinityAdmin(PoolScopedAdmin, ReadOnlyAdmin):
     @admin.display(description="key")
     def key_shown(self, obj: Affinity) -> str:
         return f"{obj.key[:8]}…" if len(obj.key) > 8 else obj.key
+
+    @admin.display(description="key", ordering="key")
+    def key_whole(self, obj: Affinity):
+        return shortened(obj.key)

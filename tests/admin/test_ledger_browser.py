@@ -4,6 +4,7 @@ the outcome and time columns are inside the viewport (not cut off), the attempts
 wider than the page, the spend charts are drawn, and axe finds no violation. Screenshots go to
 tests/artifacts/. Skips (fails under CI=true) without Chromium or axe-core, as the panel's test does."""
 
+import itertools
 import uuid
 from datetime import timedelta
 
@@ -35,8 +36,8 @@ LIST_JS = """() => {
     };
     return {
         clipped: box.scrollWidth - box.clientWidth,
-        outcome: cell("outcome_code"), took: cell('took'), started: cell('started'),
-        outcome_text: row.querySelector('.field-outcome_code').innerText,
+        outcome: cell('outcome'), took: cell('took'), started: cell('started_at'),
+        outcome_text: row.querySelector('.field-outcome').innerText,
         took_text: row.querySelector('.field-took').innerText,
     };
 }"""
@@ -47,9 +48,18 @@ TIMELINE_JS = """() => [...document.querySelectorAll('.timeline-attempt')].map((
             bar_width: bar.width, colour: getComputedStyle(e.querySelector('.timeline-bar')).backgroundColor,
             text: e.innerText};
 })"""
+# Each chart's box, and each of its labels as drawn: its size on the screen (font size in the SVG's units
+# times the SVG's scale) and its box, to tell whether it can be read and whether it runs into another.
 SPEND_JS = """() => [...document.querySelectorAll('svg.spend-chart')].map((s) => {
     const r = s.getBoundingClientRect();
-    return {right: r.right, width: r.width, rects: s.querySelectorAll('rect').length};
+    const scale = s.getScreenCTM().a;
+    const labels = [...s.querySelectorAll('text')].map((t) => {
+        const b = t.getBoundingClientRect();
+        return {text: t.textContent, px: parseFloat(getComputedStyle(t).fontSize) * scale,
+                left: b.left, right: b.right, top: b.top, bottom: b.bottom};
+    });
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width,
+            rects: s.querySelectorAll('rect').length, labels};
 })"""
 OVERFLOW_JS = "() => document.documentElement.scrollWidth - window.innerWidth"
 
@@ -146,5 +156,15 @@ def test_the_ledger_pages_fit_the_screen_and_pass_axe(chromium, live_server, wid
 
     charts = seen["spend"]["charts"]
     assert len(charts) == 2 and all(c["right"] <= viewport and c["rects"] > 0 for c in charts), charts
+    for c in charts:
+        # Every label legible (about 6 px on a phone before issue 47 point 7), inside the chart, and
+        # clear of every other label.
+        assert len(c["labels"]) == 5 + 6 and min(label["px"] for label in c["labels"]) >= 10, c["labels"]
+        for label in c["labels"]:
+            assert c["left"] - 0.5 <= label["left"] and label["right"] <= c["right"] + 0.5, label
+            assert c["top"] - 0.5 <= label["top"] and label["bottom"] <= c["bottom"] + 0.5, label
+        for a, b in itertools.combinations(c["labels"], 2):
+            apart = a["right"] <= b["left"] or b["right"] <= a["left"]
+            assert apart or a["bottom"] <= b["top"] or b["bottom"] <= a["top"], (a, b)
 
     assert _rows() == before  # browsing changed nothing
