@@ -37,6 +37,7 @@ class IssueCode(enum.StrEnum):
     INVALID = "invalid"  # wrong type, out of range, not one of the choices
     DUPLICATE = "duplicate"
     UNKNOWN_POOL = "unknown_pool"
+    UNKNOWN_USER = "unknown_user"  # operators[].users names a user the database does not have
     SELF_MAPPING = "self_mapping"
     CHAINED = "chained"  # an alias or fallback whose target is itself mapped (one hop only)
     ALIAS_CONFLICT = "alias_conflict"  # an alias also used as a fallback name, or a fallback to an alias

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from django.contrib.auth.models import User
 
 from catalog.models import CatalogEntry, Provenance
 from gatewayconfig.checker import ROOT, Checker, join
@@ -29,6 +30,7 @@ from gatewayconfig.checker import ConfigIssue as ConfigIssue
 from gatewayconfig.checker import ConfigSyntaxError as ConfigSyntaxError
 from gatewayconfig.checker import IssueCode as IssueCode
 from gatewayconfig.checker import parse_yaml as parse_yaml
+from gatewayconfig.operators import OperatorSpec, operators_from_database, read_operators, render_operators
 from gatewayconfig.schema import (
     ASSIGNMENT,
     AUTO_MODEL,
@@ -130,6 +132,7 @@ class GatewayConfig:
     fallbacks: tuple[tuple[str, str], ...] = ()  # (requested, served)
     pools: tuple[PoolSpec, ...] = ()
     keys: tuple[KeySpec, ...] = ()
+    operators: tuple[OperatorSpec, ...] = ()
     # assignment name -> the credential its `api_key_from_env` held at load time; stored encrypted
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -146,6 +149,7 @@ class DatabaseFacts:
     key_names: frozenset[str] = frozenset()
     key_hashes: Mapping[str, str] = field(default_factory=dict)  # key hash -> key name
     catalog_models: Mapping[str, frozenset[str]] = field(default_factory=dict)  # assignment -> models
+    user_names: frozenset[str] = frozenset()  # the admin's users, whom `operators[].users` may name
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +175,7 @@ def validate_config(
     pools = _pools(c, root)
     keys = _keys(c, root, {p.name for p in pools}, env=env, facts=facts, prune=prune)
     _check_model_maps(c, aliases, fallbacks, pools, facts=facts, prune=prune)
+    operators = read_operators(c, root, {p.name for p in pools}, facts.user_names)
     credentials = _credentials(c, pools, env)
 
     config = None
@@ -181,6 +186,7 @@ def validate_config(
             fallbacks=tuple((k, v[0]) for k, v in fallbacks.items()),
             pools=tuple(pools),
             keys=tuple(keys),
+            operators=tuple(operators),
             credentials=credentials,
         )
     return Validation(config=config, errors=tuple(c.errors), warnings=tuple(c.warnings))
@@ -516,6 +522,7 @@ def render_document(config: GatewayConfig) -> dict[str, Any]:
             "model_fallbacks": dict(sorted(config.fallbacks)),
             "pools": pools,
             "keys": keys,
+            **({"operators": render_operators(config.operators)} if config.operators else {}),
         },
         TOP_LEVEL,
     )
@@ -541,6 +548,7 @@ def database_facts() -> DatabaseFacts:
         # A secret replaced in a rotation is still valid during its overlap: no other key may take it.
         key_hashes={digest: name for name, *digests in key_rows for digest in digests if digest is not None},
         catalog_models={name: frozenset(models) for name, models in catalog.items()},
+        user_names=frozenset(User.objects.values_list("username", flat=True)),
     )
 
 
@@ -582,6 +590,7 @@ def config_from_database() -> GatewayConfig:
         fallbacks=tuple(ModelFallback.objects.order_by("requested").values_list("requested", "served")),
         pools=tuple(pools),
         keys=tuple(keys),
+        operators=operators_from_database(),
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gatewayconfig.checker import MISSING
-from gatewayconfig.schema import ASSIGNMENT, KEY, MODEL, POOL, TOP_LEVEL, Block, Entry, Field
+from gatewayconfig.schema import ASSIGNMENT, KEY, MODEL, OPERATOR, POOL, TOP_LEVEL, Block, Entry, Field
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "docs" / "configuration.md"
@@ -42,6 +42,11 @@ SECTIONS: tuple[tuple[str, tuple[Entry, ...], str], ...] = (
         KEY,
         "A gateway key. Its secret is stored as a hash only; a key without `allowed_models` may use every "
         "model of its pools, as `manage.py create_key` and the admin give it.",
+    ),
+    (
+        "operators[]",
+        OPERATOR,
+        "A pool operator group: the staff in it see and operate only these pools in the admin (SPEC §9).",
     ),
 )
 

@@ -16,15 +16,19 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from django.contrib.auth.models import Group, User
 from django.db import models
 
 from catalog.models import CatalogEntry
 from gatewayconfig.checker import INT32_MAX, INT64_MAX, MISSING, Checker, IssueCode, join
 from pools.models import Adapter, Assignment, GatewayKey, GatewaySettings, Pool
+from pools.scoping import OperatorAccess
 from routing.budget import micros_from_usd, usd
 from routing.vocabulary import Router, TriState
 
 NAME_MAX = Pool._meta.get_field("name").max_length
+GROUP_NAME_MAX = Group._meta.get_field("name").max_length
+USERNAME_MAX = User._meta.get_field("username").max_length
 MODEL_MAX = CatalogEntry._meta.get_field("model").max_length
 REGION_MAX = Assignment._meta.get_field("region").max_length
 ENV_NAME_MAX = Assignment._meta.get_field("api_key_env").max_length
@@ -331,6 +335,13 @@ TOP_LEVEL: tuple[Entry, ...] = (
     ),
     Field("pools", always=True, accepts="list of pools", doc="The pools of upstream accounts (`pools[]`)."),
     Field("keys", always=True, accepts="list of keys", doc="The gateway keys clients call with (`keys[]`)."),
+    Field(
+        "operators",
+        accepts="list of operator groups",
+        doc="Who operates which pools in the admin (`operators[]`): Django groups, their pools, what they "
+        "may do there and who is in them. A group not named here is left as it is (with `--prune`, a group "
+        "not named here operates no pool).",
+    ),
 )
 
 # The `GatewaySettings` columns: the top level's blocks and scalars that are not sections of their own.
@@ -624,6 +635,52 @@ KEY: tuple[Entry, ...] = (
         nullable=True,
         doc="Per-key limits across every node (in Redis with `REDIS_URL`, else the database); `null`: none. "
         "Over one: 429 `rate_limit_exceeded`.",
+    ),
+)
+
+
+ACCESS = Kind(
+    _nullable(lambda c, value, path: c.choice(value, path, [level.value for level in OperatorAccess])),
+    accepts=f"{' or '.join(level.value for level in OperatorAccess)}, or null",
+)
+USERNAMES = Kind(
+    _nullable(lambda c, value, path: c.strings(value, path, max_length=USERNAME_MAX, what="user")),
+    lambda names: None if names is None else list(names),
+    "list of distinct user names (existing admin users), or null",
+)
+
+OPERATOR: tuple[Entry, ...] = (
+    Field(
+        "group",
+        string(GROUP_NAME_MAX),
+        always=True,
+        doc="A Django group's name (created when it does not exist); its staff see the pools below in "
+        "the admin, and only them.",
+    ),
+    Field(
+        "pools",
+        string(NAME_MAX, what="pool"),
+        default=(),
+        always=True,
+        doc="The pools the group operates: exactly these (a pool it operated before and not listed here is "
+        "taken away, with a warning).",
+    ),
+    Field(
+        "access",
+        ACCESS,
+        default=None,
+        doc="`view`: its staff may look at everything of these pools (assignments, keys, catalog, circuits, "
+        "requests, spend); `change`: also change their pools, assignments, keys and catalog entries (never "
+        "a base URL, a credential, a key's secret or its pools: a superuser's). Sets the group's admin "
+        "permissions to exactly that; `null`: its permissions are left as they are.",
+    ),
+    Field(
+        "users",
+        USERNAMES,
+        default=None,
+        doc="The group's members: exactly these existing users (one removed is a warning); `null`: its "
+        "members are left as they are. Users and their passwords are made in the admin or with "
+        "`manage.py createsuperuser`, never in this file.",
     ),
 )
 

@@ -9,10 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from django.contrib.auth.models import Group, Permission, User
 from django.db import models, transaction
 
 from catalog.models import CatalogEntry, Provenance
 from gatewayconfig.document import ConfigIssue, GatewayConfig, IssueCode, database_facts, parse_config
+from gatewayconfig.operators import OperatorSpec, group_permissions
 from pools import credentials
 from pools.models import (
     Assignment,
@@ -23,10 +25,20 @@ from pools.models import (
     Pool,
     hash_key,
 )
+from pools.scoping import OPERATOR_PERMISSIONS
 
 M = TypeVar("M", bound=models.Model)
 
-KINDS = ("settings", "model aliases", "model fallbacks", "pools", "assignments", "catalog entries", "keys")
+KINDS = (
+    "settings",
+    "model aliases",
+    "model fallbacks",
+    "pools",
+    "assignments",
+    "catalog entries",
+    "keys",
+    "operator groups",
+)
 # Django's delete() counts per model label, cascades included.
 KIND_OF_LABEL = {
     "pools.ModelAlias": "model aliases",
@@ -286,6 +298,8 @@ def gateway_config_apply(
         else:
             counts["keys"].unchanged += 1
 
+    _apply_operators(summary, config.operators, pools, prune=prune)
+
     if prune:
         stale_entries = [
             e.pk for k, e in entries.items() if e.provenance == Provenance.CONFIGURED and k not in declared
@@ -301,3 +315,59 @@ def gateway_config_apply(
         ]
         summary.record_deleted(gone.delete())
     return summary
+
+
+def _apply_operators(
+    summary: ApplySummary, specs: tuple[OperatorSpec, ...], pools: Mapping[str, Pool], *, prune: bool
+) -> None:
+    """Each group of the file operates exactly its pools, with its access level's permissions and its
+    members when the file gives them; with `prune`, a group the file does not name operates no pool.
+    Whatever this takes away from someone is a warning line (`access_removed`)."""
+    counts = summary.counts["operator groups"]
+    permissions = {
+        (p.content_type.app_label, p.codename): p for p in Permission.objects.select_related("content_type")
+    }
+    named = {spec.group for spec in specs}
+    for spec in specs:
+        group, created = Group.objects.get_or_create(name=spec.group)
+        changed = created
+        before = {p.pk: p.name for p in group.operated_pools.all()}
+        wanted = {pools[name].pk for name in spec.pools}
+        if set(before) != wanted:
+            group.operated_pools.set(wanted)
+            changed = True
+            lost = sorted(name for pk, name in before.items() if pk not in wanted)
+            if lost:
+                summary.access_removed.append(_pools_taken(spec.group, lost))
+        if spec.access is not None:
+            held = group_permissions(group)
+            level = OPERATOR_PERMISSIONS[spec.access]
+            if held != level:
+                group.permissions.set([permissions[code] for code in sorted(level)])
+                changed = True
+                if held - level:
+                    dropped = ", ".join(sorted(codename for _, codename in held - level))
+                    summary.access_removed.append(f"group {spec.group!r} loses permission(s) {dropped}")
+        if spec.users is not None:
+            members = {u.username: u for u in group.user_set.all()}
+            if set(members) != set(spec.users):
+                group.user_set.set(User.objects.filter(username__in=spec.users))
+                changed = True
+                for username in sorted(set(members) - set(spec.users)):
+                    summary.access_removed.append(f"user {username!r} leaves group {spec.group!r}")
+        if created:
+            counts.created += 1
+        elif changed:
+            counts.updated += 1
+        else:
+            counts.unchanged += 1
+    if prune:
+        for group in Group.objects.filter(operated_pools__isnull=False).exclude(name__in=named).distinct():
+            lost = sorted(group.operated_pools.values_list("name", flat=True))
+            group.operated_pools.clear()
+            counts.updated += 1
+            summary.access_removed.append(_pools_taken(group.name, lost))
+
+
+def _pools_taken(group: str, pools: list[str]) -> str:
+    return f"group {group!r} no longer operates pool(s) {', '.join(pools)}"

@@ -2,11 +2,51 @@
 mechanism, by pool. Every app's admin builds on these; they live with the pools they scope by, below
 every app that uses them (the project's admin site, `gatewaysite.admin`, sits above all apps)."""
 
+import enum
+
 from django.contrib import admin
 from django.utils.html import format_html
 
 from pools.models import Assignment, GatewayKey, Pool
 from pools.selectors import keys_visible_to, pools_visible_to
+
+
+class OperatorAccess(enum.StrEnum):
+    """What a pool operator's group may do in the admin on the pools granted to it (the YAML's
+    `operators[].access`): look at everything of them, or also change their pools, assignments, keys and
+    catalog entries (within what SPEC §9 leaves to operators: never a base_url, a credential, a key's
+    secret or its pools). Gateway-wide settings, users and groups stay a superuser's either way."""
+
+    VIEW = "view"
+    CHANGE = "change"
+
+
+# (app label, codename) of each level's model permissions; the view level covers every ModelAdmin that
+# holds pool data (tests/admin/test_operator_access.py holds that as models are added).
+_VIEWED = {
+    "pools": ("pool", "assignment", "gatewaykey", "gatewaysettings", "modelalias", "modelfallback"),
+    "catalog": ("catalogentry", "capabilityevidence"),
+    "routing": ("circuit", "demotion", "affinity"),
+    "proxy": ("requestrecord", "attempt"),
+}
+_VIEW = frozenset((app, f"view_{model}") for app, models in _VIEWED.items() for model in models)
+OPERATOR_PERMISSIONS: dict[OperatorAccess, frozenset[tuple[str, str]]] = {
+    OperatorAccess.VIEW: _VIEW,
+    OperatorAccess.CHANGE: _VIEW
+    | {
+        ("pools", "change_pool"),
+        ("pools", "change_assignment"),
+        ("pools", "change_gatewaykey"),
+        ("catalog", "add_catalogentry"),
+        ("catalog", "change_catalogentry"),
+        ("catalog", "delete_catalogentry"),
+    },
+}
+
+
+def operator_access(permissions: set[tuple[str, str]]) -> OperatorAccess | None:
+    """The level whose permissions are exactly `permissions`, or None for any other set."""
+    return next((level for level, perms in OPERATOR_PERMISSIONS.items() if perms == permissions), None)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
