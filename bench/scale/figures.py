@@ -252,6 +252,8 @@ def streams_curve(raw: dict[str, Any]) -> Curve:
     added50 = [None if g is None or d is None else g - d for g, d in zip(g50, d50, strict=True)]
     added99 = [None if g is None or d is None else g - d for g, d in zip(g99, d99, strict=True)]
     cut, stalled, gap = side("gateway", "cut"), side("gateway", "stalled"), side("gateway", "max_gap_s")
+    refused = [r or 0 for r in side("gateway", "refused")]
+    why = [", ".join(e or []) for e in side("gateway", "refused_examples")]
     rows = [
         ("gateway CPU per relayed event, its idle CPU subtracted (us)", beside(cpu, 1)),
         ("&nbsp;&nbsp;not subtracted (us)", beside(side("gateway", "cpu_us_per_event_raw"), 1)),
@@ -261,6 +263,10 @@ def streams_curve(raw: dict[str, Any]) -> Curve:
         (
             "&nbsp;&nbsp;direct p50 / p99 (ms)",
             [f"{fmt(a, 3)} / {fmt(b, 3)}" for a, b in zip(d50, d99, strict=True)],
+        ),
+        (
+            "streams refused before their first event (why)",
+            [f"{r}" + (f" ({w})" if w else "") for r, w in zip(refused, why, strict=True)],
         ),
         (
             "streams cut / stalled (longest gap, s)",
@@ -279,10 +285,10 @@ def streams_curve(raw: dict[str, Any]) -> Curve:
             " / ".join("n/a" if r is None else f"{r * 100:+.1f} %" for r in rise) or "n/a",
         ),
         (
-            "streams cut or stalled",
+            "streams refused, cut or stalled",
             "none",
-            None if None in cut else sum(cut) + sum(stalled) == 0,
-            f"{sum(c or 0 for c in cut)} cut, {sum(s or 0 for s in stalled)} stalled",
+            None if None in cut else sum(cut) + sum(stalled) + sum(refused) == 0,
+            f"{sum(refused)} refused, {sum(c or 0 for c in cut)} cut, {sum(s or 0 for s in stalled)} stalled",
         ),
     ]
     idle = raw.get("idle", {})

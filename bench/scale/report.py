@@ -20,6 +20,7 @@ from bench.scale.figures import Curve, fmt
 from bench.targets import RESULTS_MD, git_commit
 
 PLOTS = Path(__file__).resolve().parent / "plots"
+PROFILE = Path(__file__).resolve().parent / "profile.md"  # kept by hand: why each missed target is missed
 BEGIN, END = "<!-- bench-scale:begin -->", "<!-- bench-scale:end -->"
 HEADING = "## Scale (make bench-scale)"
 
@@ -170,6 +171,8 @@ def render(results: dict[str, Any], quick: bool, plots: Path | None = None) -> s
         lines += [*table(curve), ""]
     if "workers" in results["curves"]:
         lines += ["### Workers", "", *workers_lines(results["curves"]["workers"]), ""]
+    if PROFILE.exists():
+        lines += [PROFILE.read_text().strip(), ""]
     lines.append(END)
     return "\n".join(lines) + "\n"
 

@@ -174,19 +174,23 @@ async def run_streams(
 
 
 def summary(stats: list[StreamStats], shared: Shared, events: int, stall_s: float) -> dict[str, Any]:
-    """Every stream complete? The streams cut (fewer events, no [DONE], an error) and stalled (a gap
-    over `stall_s`), and the latency of the window's events."""
+    """Every stream complete? The streams refused (no event: an error status, or no connection), cut
+    (started, then fewer events than asked, no [DONE] or an error) and stalled (a gap over `stall_s`),
+    and the latency of the window's events."""
     lat = sorted(shared.latencies_us)
 
     def pct(p: float) -> float | None:
         return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] / 1000 if lat else None
 
-    cut = [s for s in stats if s.error or not s.done or s.events != events]
+    refused = [s for s in stats if not s.events]
+    cut = [s for s in stats if s.events and (s.error or not s.done or s.events != events)]
     return {
         "streams": len(stats),
         "events_each": events,
         "events_seen": sum(s.events for s in stats),
         "events_in_window": shared.in_window,
+        "refused": len(refused),
+        "refused_examples": sorted({s.error or f"HTTP {s.status}" for s in refused})[:3],
         "cut": len(cut),
         "cut_examples": sorted({s.error or f"{s.events} events, done={s.done}" for s in cut})[:3],
         "stalled": sum(1 for s in stats if s.max_gap_s > stall_s),
