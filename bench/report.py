@@ -20,7 +20,17 @@ from bench.figures import (
     ws_memory_figure,
     ws_report,
 )
-from bench.targets import GATEWAY_KEY, POOL_MD, PROFILE_MD, SLOW_DELAY_MS, SOAK_MD, Scenario, Target
+from bench.scale import report as scale_report
+from bench.targets import (
+    GATEWAY_KEY,
+    POOL_MD,
+    PROFILE_MD,
+    RESULTS_MD,
+    SLOW_DELAY_MS,
+    SOAK_MD,
+    Scenario,
+    Target,
+)
 
 
 def interpreter_line(info: dict | None, end_ms: float | None = None) -> str:
@@ -257,6 +267,7 @@ def build_report(
         if kept.exists():
             L.append(kept.read_text().strip())
             L.append("")
+    L.extend(scale_report.kept(RESULTS_MD))  # `make bench-scale`'s section, between its markers, as it was
 
     # --- latency
     L.append("## Added latency, c=1, non-streaming (ms)")

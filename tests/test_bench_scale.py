@@ -70,6 +70,14 @@ def test_the_section_replaces_its_own_markers_and_nothing_else():
     assert again.count(report.BEGIN) == 1 and again.endswith("## Later\n")
 
 
+def test_make_bench_keeps_the_section_as_it_was(tmp_path):
+    results = tmp_path / "results.md"
+    assert report.kept(results) == []
+    section = f"{report.BEGIN}\n## Scale\nrows\n{report.END}"
+    results.write_text(f"# Benchmark results\n\nold run\n{section}\n\n## Added latency\n")
+    assert report.kept(results) == [section, ""]
+
+
 @pytest.mark.django_db
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the bulk ledger is PostgreSQL's SQL")
 def test_the_bulk_ledger_spreads_its_records_over_the_days_and_the_probe_times_each_page():

@@ -189,6 +189,14 @@ def place(results_md: str, section: str) -> str:
     return results_md[:at] + "\n" + section + results_md[at:]
 
 
+def kept(results_md: Path) -> list[str]:
+    """The section as `results_md` holds it, markers included (none: []): what `make bench`'s rewrite of
+    the file carries over (bench/report.py)."""
+    text = results_md.read_text() if results_md.exists() else ""
+    start, end = text.find(BEGIN), text.find(END)
+    return [text[start : end + len(END)], ""] if start >= 0 and end > start else []
+
+
 def write(results: dict[str, Any], quick: bool, out: Path) -> Path:
     """Where the section went: bench/results.md, or `out`/section.md for a quick run."""
     if quick:
