@@ -38,6 +38,11 @@ LIST_JS = """() => {
         clipped: box.scrollWidth - box.clientWidth,
         outcome: cell('outcome'), took: cell('took'), started: cell('started_at'),
         outcome_text: row.querySelector('.field-outcome').innerText,
+        request_id: (() => {
+            const id = row.querySelector('.request-id');
+            return {title: id.title, text: id.textContent, shown: id.getBoundingClientRect().width,
+                    whole: id.scrollWidth};
+        })(),
         took_text: row.querySelector('.field-took').innerText,
     };
 }"""
@@ -107,8 +112,9 @@ def test_the_ledger_pages_fit_the_screen_and_pass_axe(chromium, live_server, wid
     make_user("ledger-operator", perms=OPERATOR_PERMS, pools=(ledger.pool_a,))
     # The newest row, first in the list: a real (32 hex) request id, the longest outcome code and a
     # cross-model fallback, the widest things a row holds.
+    newest = uuid.uuid4().hex
     _record(
-        uuid.uuid4().hex,
+        newest,
         ledger.key_a,
         ledger.now + timedelta(seconds=1),
         _ok(ledger.acct_a, 9, model="claude-opus-4-8"),
@@ -143,6 +149,11 @@ def test_the_ledger_pages_fit_the_screen_and_pass_axe(chromium, live_server, wid
             box,
         )
     assert cells["outcome_text"].endswith("upstream_dispatch_unknown")
+    # The request id: shortened on a desktop, whole in its title (hover) and in the page (a copy).
+    request_id = cells["request_id"]
+    assert request_id["title"] == request_id["text"] == newest and len(newest) == 32
+    if width == WIDTHS["desktop"]:
+        assert request_id["shown"] < request_id["whole"] / 2, request_id
     assert cells["took_text"].endswith("450 ms")
 
     bars = seen["request"]["bars"]
