@@ -3,8 +3,8 @@ page, and each operator page (Upstreams with every Routing panel open, Spend), i
 Chromium through Playwright) at 1280 and 375 px, as a superuser and as a pool operator. On none does the
 page scroll sideways, nor does any box hide part of its content behind a scroll bar or a clip (a table
 cut off inside its box is how the lists used to lose their last columns), nor does any visible element
-reach past the viewport's right edge; a page that does not fit leaves its screenshot in tests/artifacts/. At 375 px a changelist's rows read as cards: each cell on its own
-line, labelled with its column's name.
+reach past the viewport's right edge; a page that does not fit leaves its screenshot in tests/artifacts/.
+At 375 px a changelist's rows read as cards: each cell on its own line, labelled with its column's name.
 
 The pages are not a hand list: they are read from `admin.site`'s registry and its operator pages, so a
 model registered tomorrow is checked here too. The data is the widest an operator meets: a 32-hex request
