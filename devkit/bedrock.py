@@ -29,6 +29,11 @@ Contract (as Bedrock answers, checked against boto3's `bedrock-runtime` client i
   signature over five minutes old 403 `InvalidSignatureException`.
 - Errors: the status, `x-amzn-ErrorType: <Name>:<namespace>` and `{"message": ...}`; a model the account
   cannot use is 400 `ValidationException`, as Bedrock answers for an unknown or not-enabled model.
+- Usage: `inputTokens` excludes the cache's reads and writes (`cacheReadInputTokens`,
+  `cacheWriteInputTokens`); InvokeModel's is Anthropic's. Tool steps (`tool_steps`, devkit.tool_steps) answer
+  `toolUse` blocks (`stopReason: tool_use`; streamed as `contentBlockStart` with the tool's id and name, one
+  `contentBlockDelta` with the input as a JSON string, `contentBlockStop`), and InvokeModel Anthropic's
+  `tool_use` blocks.
 - Scripting, hits and the behaviours are `FakeUpstream`'s (`Serve`, `Refusal` as
   `stopReason: content_filtered`, `Reject` with the exception's name as its `type`, `FailBeforeVisible`,
   `FailAfterVisible`, `CutStream`, `Hang`); the frame *encoder* lives here only, decoding is botocore's.
@@ -44,13 +49,14 @@ import struct
 import uuid
 import zlib
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from devkit import tool_steps
 from devkit.behaviours import (
     ApiError,
     CutStream,
@@ -65,7 +71,7 @@ from devkit.behaviours import (
 )
 from devkit.server import drop
 from devkit.upstream import FakeUpstream
-from devkit.wire import reply_for
+from devkit.wire import Call, Messages, Reply, reply_for
 
 NAMESPACE = "http://internal.amazon.com/coral/com.amazon.bedrock/"
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
@@ -318,18 +324,20 @@ class BedrockFake(FakeUpstream):
         body, behaviour = await self._admit(request, stream, _converse_problem)
         if body is None:
             return behaviour
+        behaviour, calls = self._tool_step(tool_steps.converse, body, behaviour)
+        uses = [{"toolUseId": f"tooluse_{uuid.uuid4().hex[:22]}", "name": n, "input": a} for n, a in calls]
         if not stream:
             if not isinstance(behaviour, Serve | Refusal):
                 return drop(request)
             reply = reply_for(behaviour, self.name)
             if isinstance(behaviour, Serve) and behaviour.delay_s and await self._pause(behaviour.delay_s):
                 return drop(request)
-            content = [] if reply.refused else [{"text": reply.text}]
+            content = [] if reply.refused else [{"toolUse": u} for u in uses] or [{"text": reply.text}]
             return web.json_response(
                 {
                     "output": {"message": {"role": "assistant", "content": content}},
-                    "stopReason": "content_filtered" if reply.refused else "end_turn",
-                    "usage": _usage(reply.input_tokens, reply.output_tokens),
+                    "stopReason": _stop(reply, uses),
+                    "usage": _usage(reply),
                     "metrics": {"latencyMs": 1},
                 },
                 headers={"x-amzn-RequestId": str(uuid.uuid4())},
@@ -338,13 +346,19 @@ class BedrockFake(FakeUpstream):
         deltas = [
             _event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": d}}) for d in reply.deltas
         ]
+        blocks = [_event("contentBlockStop", {"contentBlockIndex": 0})]
+        if uses:  # each toolUse block: its start, its input as one JSON string delta, its stop
+            deltas, blocks = [], []
+            for n, use in enumerate(uses):
+                start = {"toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}
+                deltas.append(_event("contentBlockStart", {"contentBlockIndex": n, "start": start}))
+                delta = {"toolUse": {"input": json.dumps(use["input"])}}
+                deltas.append(_event("contentBlockDelta", {"contentBlockIndex": n, "delta": delta}))
+                deltas.append(_event("contentBlockStop", {"contentBlockIndex": n}))
         tail = [
-            _event("contentBlockStop", {"contentBlockIndex": 0}),
-            _event("messageStop", {"stopReason": "content_filtered" if reply.refused else "end_turn"}),
-            _event(
-                "metadata",
-                {"usage": _usage(reply.input_tokens, reply.output_tokens), "metrics": {"latencyMs": 1}},
-            ),
+            *blocks,
+            _event("messageStop", {"stopReason": _stop(reply, uses)}),
+            _event("metadata", {"usage": _usage(reply), "metrics": {"latencyMs": 1}}),
         ]
         head = [_event("messageStart", {"role": "assistant"})]
         return await self._stream(request, behaviour, head, [] if reply.refused else deltas, tail)
@@ -354,16 +368,20 @@ class BedrockFake(FakeUpstream):
         body, behaviour = await self._admit(request, stream, _invoke_problem)
         if body is None:
             return behaviour
+        behaviour, calls = self._tool_step(tool_steps.messages, body, behaviour)
         reply = reply_for(behaviour, self.name)
         model = request.match_info["model_id"]
-        stop = "refusal" if reply.refused else "end_turn"
-        usage = {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens}
+        messages = Messages(Call(model, body, calls))  # the tool_use blocks, as Anthropic's API has them
+        stop = "refusal" if reply.refused else "tool_use" if calls else "end_turn"
+        usage = {**reply.anthropic_usage, "output_tokens": reply.output_tokens}
         message = {
             "id": f"msg_bdrk_{uuid.uuid4().hex[:24]}",
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [] if reply.refused else [{"type": "text", "text": reply.text}],
+            "content": []
+            if reply.refused
+            else messages.tool_uses() or [{"type": "text", "text": reply.text}],
             "stop_reason": stop,
             "stop_sequence": None,
             "usage": usage,
@@ -375,16 +393,21 @@ class BedrockFake(FakeUpstream):
                 return drop(request)
             return web.json_response(message, headers={"x-amzn-RequestId": str(uuid.uuid4())})
         started = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        text_start = {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "text", "text": ""},
+        }
         head = [
             _chunk({"type": "message_start", "message": started}),
-            _chunk(
-                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-            ),
+            *([] if calls else [_chunk(text_start)]),
         ]
         deltas = [
             _chunk({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d}})
             for d in reply.deltas
         ]
+        if calls:
+            deltas = [_chunk(cast(dict[str, Any], e.data)) for e in messages.tool_use_events()]
         metrics = {
             "inputTokenCount": reply.input_tokens,
             "outputTokenCount": reply.output_tokens,
@@ -392,7 +415,7 @@ class BedrockFake(FakeUpstream):
             "firstByteLatency": 1,
         }
         tail = [
-            _chunk({"type": "content_block_stop", "index": 0}),
+            *([] if calls else [_chunk({"type": "content_block_stop", "index": 0})]),
             _chunk(
                 {
                     "type": "message_delta",
@@ -476,9 +499,19 @@ def _invoke_problem(body: Any) -> str | None:
     return None
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {
-        "inputTokens": input_tokens,
-        "outputTokens": output_tokens,
-        "totalTokens": input_tokens + output_tokens,
+def _usage(reply: Reply) -> dict[str, int]:
+    """Converse's usage: `inputTokens` without the cache's reads and writes, reported beside it."""
+    uncached = reply.input_tokens - reply.cached_read_tokens - reply.cached_write_tokens
+    usage = {
+        "inputTokens": uncached,
+        "outputTokens": reply.output_tokens,
+        "totalTokens": reply.input_tokens + reply.output_tokens,
     }
+    if reply.cached_read_tokens or reply.cached_write_tokens:
+        usage["cacheReadInputTokens"] = reply.cached_read_tokens
+        usage["cacheWriteInputTokens"] = reply.cached_write_tokens
+    return usage
+
+
+def _stop(reply: Reply, uses: list[Any]) -> str:
+    return "content_filtered" if reply.refused else "tool_use" if uses else "end_turn"

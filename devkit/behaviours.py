@@ -31,6 +31,9 @@ class Serve(Behaviour):
     # fields (Anthropic's input_tokens then excludes them); 0: not mentioned, as before.
     cached_read_tokens: int = 0
     cached_write_tokens: int = 0
+    # Part of output_tokens the model spent reasoning, in each API's own field where it has one (OpenAI's
+    # `reasoning_tokens`, Gemini's `thoughtsTokenCount`); 0: not mentioned.
+    reasoning_tokens: int = 0
     delay_s: float = 0.0  # pause before each stream event, or before a JSON body
     linger_s: float = 0.0  # on streams: the connection stays open this long after the last event
 
@@ -123,6 +126,7 @@ def serve(
     output_tokens: int | None = None,
     cached_read_tokens: int = 0,
     cached_write_tokens: int = 0,
+    reasoning_tokens: int = 0,
 ) -> Serve:
     return Serve(
         text=text,
@@ -130,6 +134,7 @@ def serve(
         output_tokens=output_tokens,
         cached_read_tokens=cached_read_tokens,
         cached_write_tokens=cached_write_tokens,
+        reasoning_tokens=reasoning_tokens,
     )
 
 

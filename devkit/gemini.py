@@ -22,6 +22,8 @@ Contract (as the API answers, checked against the `google-genai` client in tests
   first `functionCall` part lacks its `thoughtSignature` is 400 `INVALID_ARGUMENT`, as is a signature
   this fake never gave (Gemini: "Corrupted thought signature"); Google's documented stand-ins for
   history from another model (`DUMMY_SIGNATURES`) are accepted. `signatures` holds every one given.
+- Usage: `Serve`'s cached reads are `cachedContentTokenCount` (within `promptTokenCount`), its reasoning
+  tokens `thoughtsTokenCount` (apart from `candidatesTokenCount`, as Gemini counts thoughts).
 - Errors: `{"error": {"code", "message", "status"}}`; `Reject` renders its `type` as the `status`
   (`RESOURCE_EXHAUSTED`, `UNAVAILABLE`...). `Refusal` is an answer cut with `finishReason: SAFETY` and
   no content; `prompt_blocked()` a 200 with `promptFeedback.blockReason` and no candidates.
@@ -353,6 +355,11 @@ class _Answer:
                 {"category": "HARM_CATEGORY_DANGEROUS_CONTENT", "probability": "HIGH", "blocked": True}
             ]
         usage = _usage(reply.input_tokens, reply.output_tokens if final else 0)
+        if final and reply.reasoning_tokens:  # thoughts are counted apart from the candidates
+            usage["candidatesTokenCount"] -= reply.reasoning_tokens
+            usage["thoughtsTokenCount"] = reply.reasoning_tokens
+        if reply.cached_read_tokens:  # part of the prompt, as Google counts it
+            usage["cachedContentTokenCount"] = reply.cached_read_tokens
         return {
             "candidates": [candidate],
             "usageMetadata": usage,

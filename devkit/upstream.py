@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from aiohttp import WSMsgType, web
 from aiohttp.web import ContentCoding
 
+from devkit import tool_steps
 from devkit.behaviours import (
     BAD_KEY,
     MID_STREAM_FAILURE,
@@ -105,6 +106,9 @@ _ROUTES = {
 }
 
 
+_TOOL_STEPS: dict[type[Api], tool_steps.Decide] = {Chat: tool_steps.chat, Messages: tool_steps.messages}
+
+
 def _parse_object(raw: bytes | str) -> JsonObject | None:
     try:
         parsed = json.loads(raw)
@@ -132,6 +136,7 @@ class FakeUpstream(FilesApi):
         super().__init__(*args, **kwargs)
         self._responses: set[str] = set()  # the Responses it served (and so stores), by id
         self.answer_headers: dict[str, str] = {}
+        self.tool_steps = 0  # tool steps a turn takes on Chat and Messages (devkit.tool_steps)
 
     @property
     def ws_url(self) -> str:
@@ -186,7 +191,8 @@ class FakeUpstream(FilesApi):
             if missing is not None:
                 return fail(404, no_such_file(missing))
             behaviour = self._behaviour_for(model)
-            api = route.make(Call(model, body))
+            behaviour, calls = self._tool_step(_TOOL_STEPS.get(route.make), body, behaviour)
+            api = route.make(Call(model, body, calls))
             self._stores(api, behaviour)
             if stream:
                 return await self._respond_stream(request, cast(StreamingApi, api), behaviour, fail)
@@ -199,6 +205,16 @@ class FakeUpstream(FilesApi):
             return self._finish(request, response)
 
         return compressed
+
+    def _tool_step(
+        self, decide: tool_steps.Decide | None, body: JsonObject, behaviour: Behaviour
+    ) -> tuple[Behaviour, tuple[tuple[str, JsonObject], ...]]:
+        """The behaviour and the tool calls of this answer when the fake takes tool steps (`decide`: the
+        wire's rule, devkit.tool_steps; None: its API takes no tools here)."""
+        step = decide(body, self.tool_steps) if decide is not None and isinstance(behaviour, Serve) else None
+        if step is None:
+            return behaviour, ()
+        return (replace(behaviour, text=step.text) if step.text is not None else behaviour), step.calls
 
     async def _handle_models(self, request: web.Request) -> web.StreamResponse:
         self._record(request, None, None, "http")

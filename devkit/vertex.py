@@ -22,8 +22,8 @@ Contract (as Vertex and Google's token endpoint answer, checked against google-a
 - `POST .../publishers/anthropic/models/{model}:rawPredict` and `:streamRawPredict` take a Messages body
   that must carry `anthropic_version: "vertex-2023-10-16"`, `messages` and `max_tokens` and no `model`
   (else Anthropic's 400 `invalid_request_error`), `stream: true` exactly on `:streamRawPredict`, and
-  answer the Messages JSON or SSE (`devkit.wire.Messages`). A model id is Claude's when it starts with
-  `claude-`; an unknown model of either publisher is 404 `NOT_FOUND`.
+  answer the Messages JSON or SSE (`devkit.wire.Messages`, tool steps as `FakeUpstream`'s). A model id is
+  Claude's when it starts with `claude-`; an unknown model of either publisher is 404 `NOT_FOUND`.
 - `GET /v1beta1/publishers/{publisher}/models` (Model Garden) lists `publishers/{publisher}/models/{id}`
   (the Gemini models and `garden`, Google's other models, for `google`; the Claude ones for `anthropic`),
   `pageSize` (default 50) per page, the next one named by `nextPageToken`, asked back as `pageToken`.
@@ -48,6 +48,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from devkit import tool_steps
 from devkit.behaviours import ApiError, Behaviour, Reject, error_envelope
 from devkit.gemini import _STATUS_CODES, GeminiFake, status_error
 from devkit.wire import Call, Messages, StreamingApi
@@ -254,7 +255,8 @@ class VertexFake(GeminiFake):
         behaviour = self._behaviour_for(model)
         if isinstance(behaviour, Reject):
             return fail(behaviour.status, behaviour.error)
-        api = Messages(Call(model, cast(dict[str, Any], body)))
+        behaviour, calls = self._tool_step(tool_steps.messages, cast(dict[str, Any], body), behaviour)
+        api = Messages(Call(model, cast(dict[str, Any], body), calls))
         if stream:
             return await self._respond_stream(request, cast(StreamingApi, api), behaviour, fail)
         return await self._respond_json(request, api, behaviour, fail)

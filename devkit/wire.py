@@ -39,6 +39,7 @@ class Reply:
     refused: bool = False
     cached_read_tokens: int = 0  # parts of input_tokens (Serve's)
     cached_write_tokens: int = 0
+    reasoning_tokens: int = 0  # part of output_tokens
 
     @property
     def anthropic_usage(self) -> JsonObject:
@@ -70,6 +71,7 @@ def reply_for(behaviour: Behaviour, fake_name: str) -> Reply:
         served.output_tokens or len(deltas),
         cached_read_tokens=served.cached_read_tokens,
         cached_write_tokens=served.cached_write_tokens,
+        reasoning_tokens=served.reasoning_tokens,
     )
 
 
@@ -92,6 +94,12 @@ def new_id(prefix: str) -> str:
 class Call:
     model: str
     body: JsonObject
+    # A tool step's calls (name, input), answered instead of text (devkit.tool_steps).
+    calls: tuple[tuple[str, JsonObject], ...] = ()
+
+    def tool_calls(self, prefix: str) -> list[tuple[str, str, JsonObject]]:
+        """(id, name, input) of each call, ids fresh for this answer."""
+        return [(new_id(prefix)[: len(prefix) + 24], name, args) for name, args in self.calls]
 
 
 class Api(Protocol):
@@ -117,6 +125,7 @@ class Chat:
         self.call = call
         self.id = new_id("chatcmpl-")
         self.created = int(time.time())
+        self.calls = call.tool_calls("call_")
 
     def _head(self, obj: str) -> JsonObject:
         return {
@@ -139,19 +148,25 @@ class Chat:
             usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_read_tokens}
             if reply.cached_write_tokens:  # as OpenRouter reports them
                 usage["prompt_tokens_details"]["cache_write_tokens"] = reply.cached_write_tokens
+        if reply.reasoning_tokens:
+            usage["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_tokens}
         return usage
 
-    @staticmethod
-    def _finish(reply: Reply) -> str:
-        return "content_filter" if reply.refused else "stop"
+    def _finish(self, reply: Reply) -> str:
+        return "content_filter" if reply.refused else "tool_calls" if self.calls else "stop"
 
     def json_body(self, reply: Reply) -> JsonObject:
-        message = {
+        message: JsonObject = {
             "role": "assistant",
-            "content": None if reply.refused else reply.text,
+            "content": None if reply.refused or self.calls else reply.text,
             "refusal": None,
             "annotations": [],
         }
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": i, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                for i, name, args in self.calls
+            ]
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": self._finish(reply)}
         return {**self._head("chat.completion"), "choices": [choice], "usage": self._usage(reply)}
 
@@ -167,7 +182,15 @@ class Chat:
             return Event(None, data, visible)
 
         events = [chunk({"role": "assistant", "content": "", "refusal": None})]
-        events += [chunk({"content": delta}, visible=True) for delta in reply.deltas]
+        if self.calls:  # each call's head, then its arguments, as OpenAI streams them
+            for n, (i, name, args) in enumerate(self.calls):
+                head = {"index": n, "id": i, "type": "function", "function": {"name": name, "arguments": ""}}
+                events.append(chunk({"tool_calls": [head]}, visible=True))
+                events.append(
+                    chunk({"tool_calls": [{"index": n, "function": {"arguments": json.dumps(args)}}]})
+                )
+        else:
+            events += [chunk({"content": delta}, visible=True) for delta in reply.deltas]
         events.append(chunk({}, self._finish(reply)))
         if include_usage:
             events.append(
@@ -325,6 +348,7 @@ class Messages:
     def __init__(self, call: Call) -> None:
         self.call = call
         self.id = new_id("msg_")
+        self.calls = call.tool_calls("toolu_")
 
     def _message(self, content: list[JsonObject], stop_reason: str | None, usage: JsonObject) -> JsonObject:
         return {
@@ -338,12 +362,14 @@ class Messages:
             "usage": usage,
         }
 
-    @staticmethod
-    def _stop_reason(reply: Reply) -> str:
-        return "refusal" if reply.refused else "end_turn"
+    def _stop_reason(self, reply: Reply) -> str:
+        return "refusal" if reply.refused else "tool_use" if self.calls else "end_turn"
+
+    def tool_uses(self) -> list[JsonObject]:
+        return [{"type": "tool_use", "id": i, "name": name, "input": args} for i, name, args in self.calls]
 
     def json_body(self, reply: Reply) -> JsonObject:
-        content = [] if reply.refused else [{"type": "text", "text": reply.text}]
+        content = [] if reply.refused else self.tool_uses() or [{"type": "text", "text": reply.text}]
         usage = {**reply.anthropic_usage, "output_tokens": reply.output_tokens}
         return self._message(content, self._stop_reason(reply), usage)
 
@@ -353,6 +379,8 @@ class Messages:
         cached = reply.cached_read_tokens or reply.cached_write_tokens
         final = {**(reply.anthropic_usage if cached else {}), "output_tokens": reply.output_tokens}
         events = [_typed("message_start", message=start)]
+        if self.calls:
+            return [*events, *self.tool_use_events(), *self._end(reply, final)]
         if not reply.refused:
             events.append(_typed("content_block_start", index=0, content_block={"type": "text", "text": ""}))
         events.append(_typed("ping"))
@@ -362,15 +390,21 @@ class Messages:
                 for d in reply.deltas
             ]
             events.append(_typed("content_block_stop", index=0))
-        return [
-            *events,
-            _typed(
-                "message_delta",
-                delta={"stop_reason": self._stop_reason(reply), "stop_sequence": None},
-                usage=final,
-            ),
-            _typed("message_stop"),
-        ]
+        return [*events, *self._end(reply, final)]
+
+    def tool_use_events(self) -> list[Event]:
+        """Each tool_use block: its start with an empty input, the input as one JSON delta, its stop."""
+        events = []
+        for n, use in enumerate(self.tool_uses()):
+            events.append(_typed("content_block_start", index=n, content_block={**use, "input": {}}))
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}
+            events.append(_typed("content_block_delta", True, index=n, delta=delta))
+            events.append(_typed("content_block_stop", index=n))
+        return events
+
+    def _end(self, reply: Reply, usage: JsonObject) -> list[Event]:
+        delta = {"stop_reason": self._stop_reason(reply), "stop_sequence": None}
+        return [_typed("message_delta", delta=delta, usage=usage), _typed("message_stop")]
 
     def after_visible_failure(self) -> list[Event]:
         return [_typed("error", error={"type": "overloaded_error", "message": "Overloaded"})]

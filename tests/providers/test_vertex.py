@@ -383,3 +383,26 @@ def test_discovery_with_a_refused_key_keeps_what_was_discovered(vertex_then_open
     google.revoke_key()
     (failed,) = catalog_sync(assignment="vertex").results
     assert (failed.ok, failed.reason, failed.preserved) == (False, "credential refused", 1)
+
+
+def test_no_key_file_or_token_reaches_a_log_or_the_ledger(gateway, vertex_then_openai, caplog):
+    """Canary: the key file's private key and every token issued, through an answer, a token the API
+    refuses and an exchange Google refuses, are in no log line (any logger, any level) and no ledger row."""
+    import logging
+
+    from proxy.models import RequestRecord
+
+    google, _ = vertex_then_openai
+    caplog.set_level(logging.DEBUG)
+    client = _openai(gateway)
+    client.chat.completions.create(model=CLAUDE, messages=TURN)
+    issued = list(google._tokens)
+    google.revoke_tokens()
+    client.chat.completions.create(model=GEMINI, messages=TURN)
+    google.revoke_key()
+    client.chat.completions.create(model=GEMINI, messages=TURN)
+    writer.flush()
+    private_key = json.loads(google.key_file())["private_key"]
+    secrets = [line for line in private_key.splitlines() if "PRIVATE KEY" not in line][:3] + issued
+    rows = json.dumps([list(RequestRecord.objects.values()), list(Attempt.objects.values())], default=str)
+    assert issued and all(secret not in caplog.text and secret not in rows for secret in secrets)
