@@ -335,10 +335,18 @@ def test_a_disabled_assignment_is_qualified_only_when_named():
     assert verdicts(assignment) == ALL_TRUE
 
 
-@pytest.mark.parametrize("adapter", [Adapter.GEMINI, Adapter.BEDROCK])
-def test_a_route_over_a_providers_own_api_is_not_judged_and_nothing_is_sent(adapter):
+@pytest.mark.parametrize(
+    ("adapter", "model"),
+    [
+        (Adapter.GEMINI, "gpt-5"),
+        (Adapter.BEDROCK, "gpt-5"),
+        (Adapter.VERTEX, "gpt-5"),
+        (Adapter.VERTEX, "claude-sonnet-4@20250514"),  # Anthropic's body, but behind Google's token
+    ],
+)
+def test_a_route_over_a_providers_own_api_is_not_judged_and_nothing_is_sent(adapter, model):
     with ModelUpstream("faithful") as fake:
-        assignment = route(fake, adapter=adapter)
+        assignment = route(fake, adapter=adapter, model=model)
         out = io.StringIO()
         with pytest.raises(CommandError, match="1 route could not be judged"):
             call_command("qualify", stdout=out)
