@@ -284,8 +284,12 @@ def test_a_messages_client_on_claude_reaches_raw_predict_with_its_own_body(
 
 @pytest.mark.parametrize("model", [GEMINI, CLAUDE])
 def test_a_responses_client_is_served_through_chat(gateway, vertex_then_openai, model):
-    answer = _openai(gateway).responses.create(model=model, input="hi", instructions="be brief")
+    client = _openai(gateway)
+    answer = client.responses.create(model=model, input="hi", instructions="be brief")
     assert answer.output_text == "hello from vertex"
+    events = list(client.responses.create(model=model, input="hi", stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "hello from vertex"
+    assert events[-1].type == "response.completed"
 
 
 @pytest.mark.parametrize("model", [GEMINI, CLAUDE])
