@@ -24,6 +24,16 @@ class Curve:
     x: list[float]  # the sizes as numbers, for the plot
     y_label: str
     limit: float | None = None  # a horizontal line on the plot
+    log_y: bool = False  # figures of different magnitudes on one plot
+    ticks: list[str] | None = None  # the sizes as the plot's axis reads them (short)
+
+
+def short(n: int) -> str:
+    """A size as an axis reads it: 0, 10, 10k, 1M."""
+    for size, suffix in ((1_000_000, "M"), (1_000, "k")):
+        if n >= size:
+            return f"{n / size:g}{suffix}"
+    return str(n)
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -116,6 +126,7 @@ def keys_curve(raw: dict[str, Any]) -> Curve:
         {"added p50, c=1 (ms)": path["added_p50"], "CPU per request, c=16 (ms)": path["cpu"]},
         [float(n) for n in sizes],
         "ms",
+        ticks=[short(n) for n in sizes],
     )
 
 
@@ -186,6 +197,7 @@ def accounts_curve(raw: dict[str, Any]) -> Curve:
         },
         [float(n) for n in sizes],
         "ms",
+        ticks=[short(n) for n in sizes],
     )
 
 
@@ -237,6 +249,8 @@ def history_curve(raw: dict[str, Any]) -> Curve:
         [float(max(n, 1)) for n in sizes],
         "ms",
         PAGE_LIMIT_MS,
+        log_y=True,
+        ticks=[short(n) for n in sizes],
     )
 
 
@@ -306,12 +320,14 @@ def streams_curve(raw: dict[str, Any]) -> Curve:
     return Curve(
         "streams",
         "Streams",
-        [f"{n:,} streams" for n in sizes],
+        [f"{n:,} stream{'' if n == 1 else 's'}" for n in sizes],
         rows,
         verdicts,
         {"CPU per event (us)": cpu, "memory per stream (KiB)": rss},
         [float(n) for n in sizes],
         "us / KiB",
+        log_y=True,
+        ticks=[short(n) for n in sizes],
     )
 
 

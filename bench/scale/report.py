@@ -86,10 +86,14 @@ def plot(curve: Curve, where: Path) -> str | None:
     if curve.limit is not None:
         ax.axhline(curve.limit, color="grey", linestyle="--", linewidth=1, label=f"limit {curve.limit:g}")
     ax.set_xscale("log")
-    ax.set_xticks(curve.x, curve.sizes, fontsize=7)
+    ax.set_xticks(curve.x, curve.ticks or curve.sizes, fontsize=7)
     ax.minorticks_off()
+    ax.set_xlabel(curve.title.lower(), fontsize=8)
     ax.set_ylabel(curve.y_label)
-    ax.set_ylim(bottom=0)
+    if curve.log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_title(curve.title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
