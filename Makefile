@@ -72,7 +72,7 @@ bench-pool:
 # side by side in one run (10 to 100,000 keys, 2 to 200 accounts, 0 to 10 million ledger records, 1 to 1,000
 # streams and 5,000 idle websockets, 1 and 2 workers), each size a gateway on a database of its own on the
 # local PostgreSQL; writes its section of bench/results.md and bench/scale/plots/ (bench/README.md). About
-# 25 minutes; BENCH_SCALE_ARGS="--quick" for a ~5 minute smoke run, "--only keys" for one curve.
+# 18 minutes on 2 quiet CPUs (32 at load 10); BENCH_SCALE_ARGS="--quick" for a ~4 minute smoke run, "--only keys" for one curve.
 bench-scale:
 	py=$$($(PYTHON) bench/interpreter.py --venv $(BENCH_VENV) $(if $(BENCH_PYTHON),--use $(BENCH_PYTHON))) && \
 	$(MAKE) --no-print-directory install PYTHON="$$py" VENV=$(BENCH_VENV)
