@@ -75,12 +75,16 @@ def _safe(value: object) -> object:
 def _record_factory(default):
     def make(*args, **kwargs) -> logging.LogRecord:
         record = default(*args, **kwargs)
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and any(isinstance(one, DATABASE_ERRORS) for one, _ in _chain(exc)):
-            record.exc_text = traceback_text(exc)  # what every Formatter prints for exc_info
+        # Most records (the per-request line: a dict, no arguments, no exception) have nothing to look
+        # at: each test below runs only when its field is set.
+        if record.exc_info:
+            exc = record.exc_info[1]
+            if exc is not None and any(isinstance(one, DATABASE_ERRORS) for one, _ in _chain(exc)):
+                record.exc_text = traceback_text(exc)  # what every Formatter prints for exc_info
         if isinstance(record.msg, DATABASE_ERRORS):
             record.msg = described(record.msg)
-        if isinstance(record.args, tuple) and any(isinstance(a, DATABASE_ERRORS) for a in record.args):
+        args = record.args
+        if args and isinstance(args, tuple) and any(isinstance(a, DATABASE_ERRORS) for a in args):
             record.args = tuple(_safe(a) for a in record.args)
         return record
 

@@ -49,7 +49,7 @@ from proxy.exchange import (
 )
 from proxy.health import HealthWrites, Remembered, db_wait_s, probe_circuit
 from proxy.output import AttemptStream, attempt_cost, plain_answer, relay_body
-from proxy.providers.base import UpstreamCall
+from proxy.providers.base import RESPONSES, UpstreamCall
 from proxy.providers.registry import upstream_call
 from proxy.services import charge_micros
 from proxy.sse import Dialect
@@ -89,7 +89,9 @@ def call_for(
         requirements=requirements,
         credential=credential_of(target),
         created=int(time.time()),  # once per call: every chunk of a translated stream shares it
-        response_id=new_response_id(),  # a translated Responses answer's id is the gateway's own
+        # A translated Responses answer's id is the gateway's own; no other route's answer has one to
+        # mint (an id costs a system call for its random bytes).
+        response_id=new_response_id() if path.startswith(RESPONSES) else "",
         anthropic_beta=anthropic_beta,
     )
 

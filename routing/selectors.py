@@ -563,7 +563,8 @@ class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
 # tuple they were built from: (that tuple, the (average, headroom, load) triples, the candidates built).
 Measured = tuple[float | None, float | None, float | None]
 _latency_built: dict[int, tuple[tuple[Candidate, ...], tuple[Measured, ...], tuple[Candidate, ...]]] = {}
-_UNMEASURED = tuple(name for name in Candidate.__slots__ if name not in ("latency_ms", "headroom_left", "load"))
+_MEASURED_FIELDS = ("latency_ms", "headroom_left", "load")
+_UNMEASURED = tuple(name for name in Candidate.__slots__ if name not in _MEASURED_FIELDS)
 _set = object.__setattr__
 
 
@@ -615,7 +616,8 @@ def with_latency(
     )
     if len(_latency_built) >= CACHE_LIMIT:
         _latency_built.clear()
-    _latency_built[id(candidates)] = (candidates, measured, result)  # holds `candidates`: its id stays its own
+    # Holds `candidates`: its id stays its own.
+    _latency_built[id(candidates)] = (candidates, measured, result)
     return result
 
 

@@ -43,3 +43,13 @@ def test_pythons_warnings_are_printed_as_json_lines_too():
     (line,) = [json.loads(raw) for raw in done.stderr.splitlines()]
     assert (line["logger"], line["level"]) == ("py.warnings", "WARNING")
     assert "a library warning" in line["message"]
+
+
+def test_an_event_without_its_own_time_gets_the_records_and_the_time_leads_the_line():
+    record = _record(Fields(event="request", key="team-a"))
+    record.created = 1_780_000_000.25
+    text = JsonFormatter().format(record)
+    assert json.loads(text)["time"] == "2026-05-28T20:26:40.250+00:00"
+    assert text.startswith('{"time": ')
+    timed = JsonFormatter().format(_record(Fields(event="request", time="2026-12-05T08:00:00.000+00:00")))
+    assert timed.startswith('{"time": "2026-12-05T08:00:00.000+00:00", "level": "ERROR"')

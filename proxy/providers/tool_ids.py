@@ -22,7 +22,6 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Mapping
 from typing import Any
 
 MARK = "__ts_"
@@ -66,9 +65,7 @@ _INNER = (("tool_calls", ("id",)), ("content", ("id", "tool_use_id")))  # Chat's
 
 def _rewrite(item: object, keys: tuple[str, ...]) -> object:
     """`item` with its signed ids under `keys` cut to plain ids; `item` itself when it has none."""
-    if not isinstance(item, Mapping) or not any(
-        isinstance(item.get(k), str) and MARK in item[k] for k in keys
-    ):
+    if not isinstance(item, dict) or not any(isinstance(item.get(k), str) and MARK in item[k] for k in keys):
         return item
     return {**item, **{k: _plain(item[k]) for k in keys if k in item}}
 
@@ -81,7 +78,7 @@ def _rewrite_all(items: list[Any], keys: tuple[str, ...]) -> list[Any] | None:
 
 def _rewrite_message(message: object) -> object:
     message = _rewrite(message, ("tool_call_id",))  # a Chat tool result
-    if not isinstance(message, Mapping):
+    if not isinstance(message, dict):
         return message
     for key, keys in _INNER:
         inner = message.get(key)
