@@ -48,12 +48,14 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC
 from functools import partial
 from typing import TypeVar
 
 import psycopg
 from django.db import DatabaseError
 from django.db.backends.sqlite3.base import SQLiteCursorWrapper
+from psycopg.types.datetime import TimestamptzLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from runtime import db, rawsql
@@ -90,6 +92,11 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
     zone = django.timezone_name
     if zone and conn.info.parameter_status("TimeZone") != zone:
         await conn.execute("SELECT set_config('TimeZone', %s, false)", [zone])
+    if zone == "UTC" and django.timezone is UTC:
+        # Django's timestamptz loader is a Python subclass of psycopg's (to give its zone), so psycopg's
+        # C loader goes unused: 2 us a value against 0.13, and the request's statement reads one or two
+        # per latency row, one row per account and model that served. In UTC both give the same values.
+        conn.adapters.register_loader("timestamptz", TimestamptzLoader)
     role = django.settings_dict["OPTIONS"].get("assume_role")
     if role:
         await conn.execute("SELECT set_config('role', %s, false)", [role])

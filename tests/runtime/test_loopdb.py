@@ -117,6 +117,24 @@ async def test_rows_come_back_typed_as_a_django_cursors():
     assert zone == "UTC"
 
 
+async def test_timestamps_are_read_by_psycopgs_compiled_loader_in_utc(kept):
+    """Django's timestamptz loader is Python (2 us a value, the request's statement reads one or two per
+    account and model that served); in UTC the loop's connections read with psycopg's own, compiled, and
+    get what Django's would (`test_rows_come_back_typed_as_a_django_cursors`)."""
+    from django.db.backends.postgresql.psycopg_any import BaseTzLoader
+
+    await loopdb.fetch_within(5, "SELECT 1", [])
+    pool = loopdb._pool()
+    conn = await pool.getconn()
+    try:
+        oid = conn.adapters.types["timestamptz"].oid
+        loader = conn.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
+    finally:
+        await pool.putconn(conn)
+    assert not issubclass(loader, BaseTzLoader)
+    assert loader.__module__ != "psycopg.types.datetime"  # the compiled one (psycopg[binary])
+
+
 async def test_a_connection_in_another_time_zone_is_set_to_djangos(monkeypatch):
     options = connections["default"].settings_dict["OPTIONS"]
     monkeypatch.setitem(options, "options", "-c TimeZone=Asia/Kolkata")
