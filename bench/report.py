@@ -22,12 +22,9 @@ from bench.figures import (
 )
 from bench.scale import report as scale_report
 from bench.targets import (
-    GATEWAY_KEY,
     POOL_MD,
-    PROFILE_MD,
     RESULTS_MD,
     SLOW_DELAY_MS,
-    SOAK_MD,
     Scenario,
     Target,
 )
@@ -259,14 +256,16 @@ def build_report(
     L.append('Margins: "headroom" is how far inside the limit, "short" how far outside.')
     L.append("")
     L.extend(workers_report(targets, (c1, c16, c64, slow)))
-    if PROFILE_MD.exists():
-        # What the profiles show for the targets still missed: kept by hand next to this report.
-        L.append(PROFILE_MD.read_text().strip())
+    # Where the time goes and the levers tried (bench/profile.md), and the last `make soak` (bench/soak.md):
+    # documents of their own, linked; `make bench-pool`'s section is kept here as it wrote it.
+    L.append(
+        "Where the gateway's time goes and what was tried: bench/profile.md. Under faults: bench/soak.md "
+        "(the last `make soak`)."
+    )
+    L.append("")
+    if POOL_MD.exists():
+        L.append(POOL_MD.read_text().strip())
         L.append("")
-    for kept in (SOAK_MD, POOL_MD):  # written by `make soak` and `make bench-pool`, kept as they are
-        if kept.exists():
-            L.append(kept.read_text().strip())
-            L.append("")
     L.extend(scale_report.kept(RESULTS_MD))  # `make bench-scale`'s section, between its markers, as it was
 
     # --- latency
@@ -418,34 +417,10 @@ def build_report(
         L.append(f"| {label} | " + " | ".join(fn(g.name) for g in gws) + " |")
     L.append("")
 
-    # --- method
-    L.append("## Method")
-    L.append("")
-    method = METHOD.format(
-        delay=SLOW_DELAY_MS,
-        key=GATEWAY_KEY,
-        loadgen=ctx["loadgen"],
-        idle=websocket.get("idle_connections", ws.IDLE_CONNECTIONS),
-        deltas=websocket.get("deltas", ws.DELTAS),
+    L.append(
+        "How each figure is measured: bench/README.md (Method). Every repetition's figures: "
+        "bench/out/results.json."
     )
-    L.extend(method.strip().splitlines())
-    L.append("")
-
-    # --- raw
-    L.append("## Every repetition")
-    L.append("")
-    L.append("| scenario | target | req/s | p50 ms | p99 ms | TTFB p50 ms | errors |")
-    L.append("|---|---|---|---|---|---|---|")
-    for sc in scenarios:
-        for t in targets:
-            res = sc.results.get(t.name)
-            if not res:
-                continue
-            for r in res.get("reps", []):
-                L.append(
-                    f"| {sc.title} | {t.label} | {fmt(r['rps'], 0)} | {fmt(r['p50_ms'], 3)} "
-                    f"| {fmt(r['p99_ms'], 3)} | {fmt(r.get('ttfb_p50_ms'), 3)} | {r['errors']} |"
-                )
     L.append("")
     if notes:
         block = ["Why some numbers are missing:", ""]
@@ -506,62 +481,3 @@ def failover_share(m: dict[str, Any]) -> float | None:
     if not ok or all(k == "200:absent" for k in ok):
         return None
     return ok.get("200:2", 0) / sum(ok.values())
-
-
-METHOD = """
-- **Upstreams**: `devkit/fast_upstream.py` (asyncio + httptools on uvloop), two processes: `fast-a` serves
-  gpt-5 and rejects gpt-x with 404 `{{"error": {{"code": "model_not_found", "param": "model", ...}}}}`,
-  `fast-b` serves both. Fixed ~0.3 KB chat completion; a stream is 7 events written one by one.
-- **Direct**: the same requests sent straight to `fast-a`. Every "added" number is target minus direct,
-  medians of the same repetitions.
-- **Gateway**: served as production serves it, `python -m gatewaysite.server --loop uvloop` (uvicorn with
-  httptools and the gateway's header deadline), with `DJANGO_DEBUG=false` and a generated
-  `DJANGO_SECRET_KEY`, three times side by side: on PostgreSQL (the primary row: a database created
-  afresh by the run, `--database-url`), on SQLite (a fresh file in bench/out/), and on the same
-  PostgreSQL database with `--workers 2` (on the same one CPU as the others). Each database gets
-  `manage.py migrate` and `manage.py load_gateway_config bench/gateway_config.yaml` (pool `bench`,
-  assignments `fast-a` tier 0 and `fast-b` tier 1, key `{key}`). Default logging of each server
-  (access log to bench/out/logs).
-- **LiteLLM**: litellm 1.110.2 proxy from bench/requirements-litellm-proxy.txt in its own venv, started
-  offline as the peers README says, with bench/litellm_config.yaml (the same two upstreams, simple-shuffle),
-  one worker.
-- **Non-streaming latency and throughput**: {loadgen}; closed loop, fixed concurrency 1, 16, 64 (and 50 for
-  the slow-upstream case), fixed duration; latency percentiles from wrk's histogram (microsecond
-  resolution); req/s counts only 2xx answers: at c=1 completed / duration, at c>1 c / mean latency x the
-  2xx share (Little's law for a closed loop, so a slow target is not undercounted by the requests still
-  in flight when the window closes). After every run the harness waits until the server's CPU use falls
-  below 5 %, so abandoned requests do not spill into the next target's run. Every target and scenario
-  is checked with one request first; a target that does not answer 200 is reported with the answer it
-  gave instead of numbers.
-- **SSE**: an asyncio/aiohttp client, c=1, sequential streams; time from sending the request to the
-  first event that carries non-empty `content` (what the user sees first; the gateway may hold back a
-  role-only chunk, so time-to-first-byte would not compare like with like). Exact percentiles over every
-  request.
-- **Failover**: wrk, c=1, model gpt-x through the gateway; every 2xx answer's `x-gateway-attempts` is
-  tallied (the config sets `demotion_seconds: 0` and an unreachable circuit threshold so every request
-  fails over). Cost = failover p50 minus the direct c=1 p50.
-- **Server CPU per request**: user + system CPU time of the server's processes (/proc: uvicorn and its
-  workers) during each measured run, divided by its 2xx answers; for a gateway on PostgreSQL, plus the
-  CPU time of the PostgreSQL backends it is connected to (found by the `application_name` it connects
-  with, `PGAPPNAME`; read from /proc, so the database must run on this machine).
-  Contention from other processes barely moves it, so it is the
-  steadiest number on a shared machine. (The peers README gives about 14 ms for LiteLLM.)
-- **Upstream connections**: the fast upstreams count the connections they accept; the report shows new
-  connections per 100 answered requests during each run (about 0 when a proxy keeps a connection pool;
-  the one pre-flight request per target and scenario and the counters' own readings are outside the
-  measured runs). A target's repetitions are about as far apart as the gateway keeps an idle
-  connection (30 s): a pool that expired in between is opened again, up to the concurrency.
-- **Slow upstream**: both upstreams switched at run time to a {delay} ms delay before answering; c=50;
-  gateway req/s as a share of direct req/s.
-- **Websocket** (bench/ws.py, run before the HTTP scenarios so that the idle connections cannot
-  reuse memory HTTP load left free): `fast_upstream.py` also speaks the Responses websocket mode on
-  `/v1/responses`, stamping every event with `time.monotonic_ns()` as it writes it. Memory: the gateway
-  process's VmRSS (/proc) before and after opening {idle} client websockets per kind of client, each
-  through one whole `response.create` and then idle; the upstreams count the websockets they hold (one
-  per client connection) and /proc the gateway's descriptors (two per connection); all are closed at
-  the end and both counts must come back. Latency: one kept-open client connection per target (the
-  `websockets` client), {deltas} deltas per response, each delta's upstream-write-to-client-read time
-  through the gateway minus the same directly against the upstream, targets interleaved in every
-  repetition; p50 and p99 over every delta.
-- **DB queries per successful request**: counted by the tests, not by this run.
-"""
