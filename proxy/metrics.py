@@ -1,4 +1,5 @@
-"""Prometheus metrics (SPEC §10): `GET /metrics` in the text exposition format.
+"""Prometheus metrics (SPEC §10): `GET /metrics` in the text exposition format. Every metric, its labels
+and its cardinality: docs/metrics.md (tests/ops/test_metrics_docs.py keeps the two in step).
 
 Contract:
 - One dedicated `REGISTRY`, never the client library's global default: only the gateway's own series
@@ -9,13 +10,18 @@ Contract:
   checks the names and converts every value on each call (a few microseconds each, eight or more per
   request), and hands back the same child for the same values anyway (multiprocess mode included:
   the child's value finds its process's file itself, also after a fork).
-- `gateway_open_circuits` is computed at scrape time by one aggregate query over the shared Circuit
-  rows (every node sees the same value), never maintained per request.
-- Every label value comes from a bounded set. A value outside its set is folded into `other` (or, for
-  an outcome, into the final attempt's failure class), because the outcome of an upstream final
-  failure is the provider's own error code and a provider can send any string. Nothing is ever
-  labelled by the requested model (a client can send any string), a key, a prompt or a provider
-  message.
+- What the database holds for every node alike is read at scrape time by `DatabaseCollector`, never
+  maintained per request: the circuits not closed (`gateway_open_circuits`, by pool, assignment, model,
+  route class and reason) and each budgeted key's budget and what is left of it. Two statements per
+  scrape, however many circuits or keys; none on a request's path.
+- Every label value comes from a bounded set: a fixed vocabulary (routes, transports, route classes,
+  statuses, failure classes, reasons, outcomes, limits), or a name from the operators' configuration:
+  a pool, an assignment, a model of the catalog (an attempt's model is its candidate's, which the
+  router took from the catalog) and a gateway key's name (the key the request authenticated with,
+  never its secret). A value outside its set is folded into `other` (or, for an outcome, into the
+  final attempt's failure class), because the outcome of an upstream final failure is the provider's
+  own error code and a provider can send any string. Nothing is ever labelled by the requested model
+  (a client can send any string), a key's secret, a prompt or a provider message.
 
 - Several worker processes (`python -m gatewaysite.server --workers N`, or any server started with
   `PROMETHEUS_MULTIPROC_DIR` set): each worker's counters live in files in that directory and a
@@ -23,13 +29,15 @@ Contract:
   mode), so counts never alternate between workers.
 
 /metrics has no authentication, as is usual for Prometheus targets: operators should keep it on a
-private network (or block `/metrics` at the ingress). It exposes counts only, never content.
+private network (or block `/metrics` at the ingress). It exposes counts and configured names only,
+never content.
 """
 
 import functools
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 
 from django.db import DatabaseError
 from django.db.models import Count
@@ -43,19 +51,31 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from pools.models import GatewayKey
+from pools.selectors import budget_left
 from proxy.errors import TYPED_ERRORS
 from proxy.exchange import Exchange
+from routing.budget import MICROS
 from routing.failures import FailureClass
 from routing.models import Circuit
 from routing.sanitize import CANONICAL
 from routing.types import ASSIGNMENT_WIDE
-from routing.vocabulary import AttemptStatus, CircuitReason, CircuitState, ClientRoute, Outcome, RouteClass
+from routing.vocabulary import (
+    AttemptStatus,
+    BudgetPeriod,
+    CircuitReason,
+    CircuitState,
+    ClientRoute,
+    Outcome,
+    RouteClass,
+)
 
 log = logging.getLogger("gateway")
 
 OTHER = "other"
 WIDE_LABEL = "assignment"  # the route_class label of an assignment-wide circuit
 NONE = "none"
+LIFETIME = "lifetime"  # the period label of a budget that never resets
 
 ROUTES = frozenset(ClientRoute)
 TRANSPORTS = frozenset(RouteClass)
@@ -63,6 +83,10 @@ ROUTE_CLASSES = frozenset(RouteClass)
 FAILURE_CLASSES = frozenset(FailureClass)
 CIRCUIT_REASONS = frozenset(CircuitReason)
 ATTEMPT_STATUSES = frozenset(AttemptStatus)
+STATUS_CLASSES = frozenset({"1xx", "2xx", "3xx", "4xx", "5xx"})
+# The key's own limits that refuse a request (proxy.limits; `budget`: SPEC §7.4).
+KEY_LIMITS = frozenset({"rpm", "tpm", "concurrent", "budget"})
+BUDGET_PERIODS = frozenset({*BudgetPeriod, LIFETIME})
 # The gateway's own outcome codes: the relay's outcomes plus its typed errors (proxy.errors).
 OUTCOMES = frozenset(
     {
@@ -77,7 +101,7 @@ OUTCOMES = frozenset(
         "previous_response_not_found",
     }
 )
-# Pool, assignment and model names come from the operators' configuration and catalog, so they are
+# Pool, assignment, model and key names come from the operators' configuration and catalog, so they are
 # bounded by it; a name longer than this (never configured) is folded into `other` all the same.
 NAME_LIMIT = 200
 
@@ -88,8 +112,8 @@ REGISTRY = CollectorRegistry()
 
 REQUESTS = Counter(
     "gateway_requests",
-    "Finished client requests by route, transport and outcome.",
-    ["route", "transport", "outcome"],
+    "Finished client requests by route, transport, outcome and the class of the HTTP status answered.",
+    ["route", "transport", "outcome", "status_class"],
     registry=REGISTRY,
 )
 ATTEMPTS = Counter(
@@ -113,8 +137,9 @@ FALLBACKS = Counter(
 FALLBACKS.labels(reason="model_not_found")
 UPSTREAM_LATENCY = Histogram(
     "gateway_upstream_latency_seconds",
-    "Time of each dispatched attempt, from send to the end of the response (a whole stream).",
-    ["route_class"],
+    "Time of each dispatched attempt, from send to the end of the response (a whole stream), by pool, "
+    "assignment, model and route class.",
+    ["pool", "assignment", "model", "route_class"],
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
@@ -152,6 +177,20 @@ TIME_TO_FIRST_TOKEN = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+UPSTREAM_TIME_TO_FIRST_TOKEN = Histogram(
+    "gateway_upstream_time_to_first_token_seconds",
+    "Streams: time from the serving attempt's dispatch to the first visible output released to the "
+    "client, by pool, assignment and model.",
+    ["pool", "assignment", "model"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+KEY_THROTTLED = Counter(
+    "gateway_key_throttled",
+    "Requests refused by their key's own limit (rpm, tpm, concurrent) or budget, by key name and limit.",
+    ["key", "limit"],
+    registry=REGISTRY,
+)
 
 
 def _bounded(value: str, allowed: frozenset[str]) -> str:
@@ -174,8 +213,23 @@ def _outcome(exchange: Exchange) -> str:
     return OTHER
 
 
+def _status_class(status: int | None) -> str:
+    """`2xx`, `4xx`, `5xx`...: what an alert on the share of server errors needs, in five values."""
+    return _bounded(f"{status // 100}xx", STATUS_CLASSES) if status is not None else NONE
+
+
 def _name(value: str) -> str:
     return value if value and len(value) <= NAME_LIMIT else OTHER
+
+
+def _throttled_by(exchange: Exchange) -> str | None:
+    """The key's own limit that refused the request (`budget` for its budget), else None. An upstream's
+    relayed 429 is also `rate_limit_exceeded`, but names no limit of the key: not counted here."""
+    if exchange.outcome == "budget_exceeded":
+        return "budget"
+    if exchange.outcome == "rate_limit_exceeded" and exchange.limit:
+        return _bounded(exchange.limit, KEY_LIMITS)
+    return None
 
 
 # Substitutions before routing (SPEC §5.1): an unrouted model served by its explicit or family fallback.
@@ -193,7 +247,7 @@ def _child(metric: MetricWrapperBase, *values: str) -> MetricWrapperBase:
 def observe_exchange(exchange: Exchange) -> None:
     route = _bounded(exchange.route, ROUTES)
     transport = _bounded(exchange.transport, TRANSPORTS)
-    _child(REQUESTS, route, transport, _outcome(exchange)).inc()
+    _child(REQUESTS, route, transport, _outcome(exchange), _status_class(exchange.status_code)).inc()
     if exchange.finished_at is not None:
         duration = (exchange.finished_at - exchange.started_at).total_seconds()
         _child(REQUEST_DURATION, route, transport).observe(max(duration, 0.0))
@@ -201,6 +255,10 @@ def observe_exchange(exchange: Exchange) -> None:
         _child(FALLBACKS, "model_not_found").inc()
     if exchange.fallback_reason in FALLBACK_REASONS:
         _child(FALLBACKS, exchange.fallback_reason).inc()
+    limit = _throttled_by(exchange)
+    if limit is not None:
+        _child(KEY_THROTTLED, _name(exchange.key_name), limit).inc()
+    served = None  # (pool, assignment, model) and start of the last attempt dispatched
     for attempt in exchange.attempts:
         route_class = _bounded(attempt.route_class, ROUTE_CLASSES)
         failure_class = _failure_class(attempt.failure_class)
@@ -210,8 +268,9 @@ def observe_exchange(exchange: Exchange) -> None:
             _child(HANDOFFS, failure_class).inc()
         if status == AttemptStatus.INELIGIBLE:
             continue
-        _child(UPSTREAM_LATENCY, route_class).observe(attempt.elapsed_ms / 1000)
         where = (_name(attempt.pool), _name(attempt.assignment), _name(attempt.model))
+        served = where, attempt.offset_ms
+        _child(UPSTREAM_LATENCY, *where, route_class).observe(attempt.elapsed_ms / 1000)
         _child(UPSTREAM_ATTEMPTS, *where, status).inc()
         # A counter raises on a negative amount: whatever an attempt holds, only a positive one counts.
         for direction, tokens in (("input", attempt.input_tokens), ("output", attempt.output_tokens)):
@@ -222,61 +281,110 @@ def observe_exchange(exchange: Exchange) -> None:
     if exchange.first_output_at is not None:
         ttft = (exchange.first_output_at - exchange.started_at).total_seconds()
         _child(TIME_TO_FIRST_TOKEN, route, transport).observe(max(ttft, 0.0))
+        if served is not None:
+            # Output becomes visible from one attempt only, the last dispatched (no handoff after it).
+            where, offset_ms = served
+            _child(UPSTREAM_TIME_TO_FIRST_TOKEN, *where).observe(max(ttft - offset_ms / 1000, 0.0))
 
 
-def open_circuit_counts() -> list[tuple[str, str, int]]:
-    """(route class, reason, count) of every circuit not closed: one GROUP BY, however many rows."""
+# -- read at scrape time from the shared database ----------------------------------------------------
+
+CIRCUIT_LABELS = ["pool", "assignment", "model", "route_class", "reason"]
+
+
+def open_circuit_counts() -> list[tuple[str, str, str, str, str, int]]:
+    """(pool, assignment, model, route class, reason, count) of the circuits not closed: one GROUP BY
+    over the circuit rows (a row exists only for a pair that failed, SPEC §7.1), however many."""
     rows = (
         Circuit.objects.exclude(state=CircuitState.CLOSED)
-        .values_list("route_class", "reason")
+        .values_list("pool__name", "assignment__name", "model", "route_class", "reason")
         .annotate(n=Count("id"))
         .order_by()
     )
     return list(rows)
 
 
-class OpenCircuitsCollector(Collector):
-    NAME = "gateway_open_circuits"
-    HELP = "Circuits currently open or half-open (all nodes), by route class and reason."
+def budgeted_keys() -> list[GatewayKey]:
+    """Every enabled key with a budget, with the columns `budget_left` reads: one statement."""
+    return list(
+        GatewayKey.objects.filter(enabled=True, budget_micros__isnull=False).only(
+            "name", "budget_micros", "budget_period", "spent_micros", "reserved_micros", "period_start"
+        )
+    )
+
+
+class DatabaseCollector(Collector):
+    """What every node reads alike from the database, at scrape time (not per process: with several
+    workers it is registered once beside their summed files)."""
+
+    CIRCUITS = (
+        "gateway_open_circuits",
+        "Circuits currently open or half-open (all nodes), by pool, assignment, model, route class "
+        "(`assignment` and model `*`: an assignment-wide circuit) and reason.",
+    )
+    BUDGET = ("gateway_key_budget_usd", "The budget of each enabled key that has one, in US dollars.")
+    REMAINING = (
+        "gateway_key_budget_remaining_usd",
+        "What each budgeted key may still spend this period, in US dollars: its budget less this period's "
+        "spend and what its requests in flight hold.",
+    )
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         # Without describe, registering would call collect() and query the database at import.
-        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["route_class", "reason"])]
+        return [
+            GaugeMetricFamily(*self.CIRCUITS, labels=CIRCUIT_LABELS),
+            GaugeMetricFamily(*self.BUDGET, labels=["key", "period"]),
+            GaugeMetricFamily(*self.REMAINING, labels=["key", "period"]),
+        ]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        gauge = GaugeMetricFamily(self.NAME, self.HELP, labels=["route_class", "reason"])
-        # Every known pair is exported, at 0 when nothing is open, so the series never vanish.
-        values = {(rc, str(reason)): 0 for rc in sorted(ROUTE_CLASSES) for reason in CircuitReason}
-        values[(WIDE_LABEL, str(CircuitReason.CREDENTIAL_REJECTED))] = 0
         try:
-            counts = open_circuit_counts()
+            circuits, keys = open_circuit_counts(), budgeted_keys()
         except DatabaseError:
-            # The process counters matter most during an outage: serve them without this gauge.
+            # The process counters matter most during an outage: serve them without these gauges.
             # Django drops the unusable connection itself when the request finishes.
-            log.warning("metrics: open circuits unavailable (database error)")
-            yield gauge
+            log.warning("metrics: open circuits and budgets unavailable (database error)")
             return
-        for route_class, reason, n in counts:
-            key = (
+        yield self._circuits(circuits)
+        yield from self._budgets(keys, datetime.now(UTC))
+
+    def _circuits(self, counts: list[tuple[str, str, str, str, str, int]]) -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(*self.CIRCUITS, labels=CIRCUIT_LABELS)
+        values: dict[tuple[str, ...], int] = {}
+        for pool, assignment, model, route_class, reason, n in counts:
+            labels = (
+                _name(pool),
+                _name(assignment),
+                _name(model),
                 # An assignment-wide circuit (credential_rejected) covers every route class.
                 WIDE_LABEL if route_class == ASSIGNMENT_WIDE else _bounded(route_class, ROUTE_CLASSES),
                 _bounded(reason, CIRCUIT_REASONS) if reason else NONE,
             )
-            values[key] = values.get(key, 0) + n
-        for (route_class, reason), n in sorted(values.items()):
-            gauge.add_metric([route_class, reason], n)
-        yield gauge
+            values[labels] = values.get(labels, 0) + n
+        for labels, n in sorted(values.items()):
+            gauge.add_metric(list(labels), n)
+        return gauge
+
+    def _budgets(self, keys: list[GatewayKey], now: datetime) -> Iterator[GaugeMetricFamily]:
+        budget = GaugeMetricFamily(*self.BUDGET, labels=["key", "period"])
+        remaining = GaugeMetricFamily(*self.REMAINING, labels=["key", "period"])
+        for key in keys:
+            labels = [_name(key.name), _bounded(key.budget_period or LIFETIME, BUDGET_PERIODS)]
+            budget.add_metric(labels, (key.budget_micros or 0) / MICROS)
+            remaining.add_metric(labels, (budget_left(key, now) or 0) / MICROS)
+        yield budget
+        yield remaining
 
 
-REGISTRY.register(OpenCircuitsCollector())
+REGISTRY.register(DatabaseCollector())
 
 
 def scrape_registry() -> CollectorRegistry:
     """What a scrape exposes: this process's REGISTRY, or with several workers the sum of every
-    worker's files plus the database gauge (counted once: it is not per process)."""
+    worker's files plus the database gauges (counted once: they are not per process)."""
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         return REGISTRY
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    registry.register(OpenCircuitsCollector())
+    registry.register(DatabaseCollector())
     return registry

@@ -128,7 +128,12 @@ def _requests(outcome: str) -> float:
     return (
         metrics.REGISTRY.get_sample_value(
             "gateway_requests_total",
-            {"route": "/v1/chat/completions", "transport": "http", "outcome": outcome},
+            {
+                "route": "/v1/chat/completions",
+                "transport": "http",
+                "outcome": outcome,
+                "status_class": "none",
+            },
         )
         or 0.0
     )

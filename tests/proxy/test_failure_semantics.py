@@ -166,7 +166,8 @@ def test_a_revoked_key_on_tier0_is_answered_by_tier1_in_the_same_request(gateway
 
     # The label, where operators look: /metrics, routing_explain and the panel.
     scraped = httpx.get(f"{gateway}/metrics", timeout=5).text
-    assert 'gateway_open_circuits{reason="credential_rejected",route_class="assignment"} 1.0' in scraped
+    wide = 'assignment="acct-a",model="*",pool="main",reason="credential_rejected",route_class="assignment"'
+    assert f"gateway_open_circuits{{{wide}}} 1.0" in scraped
     assert 'gateway_handoffs_total{failure_class="credential_rejected"}' in scraped
     out = StringIO()
     call_command("routing_explain", "--key", "e2e", "--model", "gpt-5", "--route-class", "sse", stdout=out)

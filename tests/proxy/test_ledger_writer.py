@@ -576,7 +576,7 @@ def test_a_scrape_counts_every_request_this_process_answered_without_waiting_for
     that request counted, however long its batch still had to wait."""
     monkeypatch.setattr(ledger, "OBSERVE_EVERY_S", 3600.0)
 
-    labels = {"route": "/v1/chat/completions", "transport": "http", "outcome": "ok"}
+    labels = {"route": "/v1/chat/completions", "transport": "http", "outcome": "ok", "status_class": "2xx"}
 
     def ok_requests() -> float:
         families = text_string_to_metric_families(client.get("/metrics").content.decode())
@@ -840,7 +840,7 @@ async def test_a_plain_answer_is_sent_before_its_request_is_counted_and_logged(t
 
     monkeypatch.setattr(ledger, "LINGER_S", 5.0)  # the record stays in its journal until the flush
     a, _, _ = two_assignments
-    labels = {"route": "/v1/chat/completions", "transport": "http", "outcome": "ok"}
+    labels = {"route": "/v1/chat/completions", "transport": "http", "outcome": "ok", "status_class": "2xx"}
 
     def counted() -> float:
         # The counter's own samples: a scrape of the registry would query the database for its gauge.

@@ -16,7 +16,7 @@ from proxy import metrics
 from proxy.exchange import AttemptLog, Exchange
 from proxy.metrics import observe_exchange
 from routing.models import Circuit, CircuitState
-from tests.factories import AssignmentFactory
+from tests.factories import AssignmentFactory, GatewayKeyFactory, PoolFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +41,8 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 
 def attempt(ordinal: int, status: str, failure_class: str = "", elapsed_ms: int = 0, **kw) -> AttemptLog:
-    fields = {"assignment_id": ordinal, "model": "gpt-5", "route_class": "http"} | kw
+    fields = {"assignment_id": ordinal, "model": "gpt-5", "route_class": "http", "pool": "main"}
+    fields |= {"assignment": "acct-x"} | kw
     return AttemptLog(
         ordinal=ordinal, status=status, failure_class=failure_class, elapsed_ms=elapsed_ms, **fields
     )
@@ -79,7 +80,8 @@ def test_a_failover_counts_the_request_each_attempt_the_handoff_and_the_latencie
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert delta("gateway_requests_total", route="/v1/chat/completions", transport="sse", outcome="ok") == 1
+    ok = {"route": "/v1/chat/completions", "transport": "sse", "outcome": "ok", "status_class": "2xx"}
+    assert delta("gateway_requests_total", **ok) == 1
     assert delta("gateway_attempts_total", route_class="sse", status="ineligible", failure_class="none") == 1
     assert (
         delta(
@@ -94,10 +96,11 @@ def test_a_failover_counts_the_request_each_attempt_the_handoff_and_the_latencie
     assert delta("gateway_handoffs_total", failure_class="rate_limited") == 1
     assert delta("gateway_handoffs_total", failure_class="none") == 0
     # The ineligible candidate was never dispatched: two latencies, 0.2 s and 3 s.
-    assert delta("gateway_upstream_latency_seconds_count", route_class="sse") == 2
-    assert delta("gateway_upstream_latency_seconds_sum", route_class="sse") == pytest.approx(3.2)
-    assert delta("gateway_upstream_latency_seconds_bucket", route_class="sse", le="0.25") == 1
-    assert delta("gateway_upstream_latency_seconds_bucket", route_class="sse", le="5.0") == 2
+    where = {"pool": "main", "assignment": "acct-x", "model": "gpt-5", "route_class": "sse"}
+    assert delta("gateway_upstream_latency_seconds_count", **where) == 2
+    assert delta("gateway_upstream_latency_seconds_sum", **where) == pytest.approx(3.2)
+    assert delta("gateway_upstream_latency_seconds_bucket", **where, le="0.25") == 1
+    assert delta("gateway_upstream_latency_seconds_bucket", **where, le="5.0") == 2
     labels = {"route": "/v1/chat/completions", "transport": "sse"}
     assert delta("gateway_request_duration_seconds_count", **labels) == 1
     assert delta("gateway_request_duration_seconds_sum", **labels) == pytest.approx(1.5)
@@ -131,7 +134,7 @@ def test_the_fallback_series_is_exported_at_zero_before_any_fallback():
 
 
 def test_a_provider_error_code_outcome_is_counted_under_its_failure_class(client):
-    labels = {"route": "/v1/responses", "transport": "http"}
+    labels = {"route": "/v1/responses", "transport": "http", "status_class": "4xx"}
     before = scrape(client)
     observe_exchange(
         exchange(
@@ -161,7 +164,7 @@ def test_out_of_set_label_values_fold_into_other(client):
         )
     )
     after = scrape(client)
-    other = {"route": "other", "transport": "other", "outcome": "other"}
+    other = {"route": "other", "transport": "other", "outcome": "other", "status_class": "2xx"}
     assert (
         value(after, "gateway_requests_total", **other) - value(before, "gateway_requests_total", **other)
         == 1
@@ -187,13 +190,13 @@ def test_no_label_carries_the_requested_model(client):
     assert CANARY_MODEL not in body
 
 
-def _circuit(state: str, route_class: str, reason: str, n: int) -> Circuit:
-    assignment = AssignmentFactory()
+def _circuit(state: str, route_class: str, reason: str, n: int, assignment=None, model: str = "") -> Circuit:
+    assignment = assignment or AssignmentFactory(name=f"acct-{n}", pool=PoolFactory(name="team-a"))
     open_until = datetime.now(UTC) + timedelta(minutes=5) if state != CircuitState.CLOSED else None
     return Circuit.objects.create(
         pool=assignment.pool,
         assignment=assignment,
-        model=f"model-{n}",
+        model=model or f"model-{n}",
         route_class=route_class,
         state=state,
         reason=reason,
@@ -201,33 +204,44 @@ def _circuit(state: str, route_class: str, reason: str, n: int) -> Circuit:
     )
 
 
-def test_open_circuits_are_counted_by_route_class_and_reason_from_the_shared_rows(client):
-    _circuit(CircuitState.OPEN, "sse", "timeout", 1)
-    _circuit(CircuitState.OPEN, "sse", "timeout", 2)
-    _circuit(CircuitState.HALF_OPEN, "http", "rate_limited", 3)
-    _circuit(CircuitState.CLOSED, "http", "rate_limited", 4)
+def circuits(samples: Samples) -> dict[tuple[str, ...], float]:
+    """gateway_open_circuits as {(pool, assignment, model, route_class, reason): value}."""
+    names = ("pool", "assignment", "model", "route_class", "reason")
+    return {
+        tuple(dict(labels)[n] for n in names): v
+        for (name, labels), v in samples.items()
+        if name == "gateway_open_circuits"
+    }
+
+
+def test_open_circuits_name_their_pool_assignment_model_and_reason_from_the_shared_rows(client):
+    acct = AssignmentFactory(name="acct-1", pool=PoolFactory(name="team-a"))
+    _circuit(CircuitState.OPEN, "sse", "timeout", 1, assignment=acct, model="gpt-5")
+    _circuit(CircuitState.OPEN, "http", "timeout", 1, assignment=acct, model="gpt-5")
+    _circuit(CircuitState.HALF_OPEN, "http", "upstream_unavailable", 3)
+    _circuit(CircuitState.CLOSED, "http", "upstream_unavailable", 4)
     _circuit(CircuitState.CLOSED, "websocket", "", 5)
-    samples = scrape(client)
-    assert value(samples, "gateway_open_circuits", route_class="sse", reason="timeout") == 2
-    assert value(samples, "gateway_open_circuits", route_class="http", reason="rate_limited") == 1
-    # Known pairs with nothing open are exported at 0 rather than missing.
-    zero = ("gateway_open_circuits", frozenset({("route_class", "websocket"), ("reason", "timeout")}))
-    assert samples[zero] == 0
-    total = sum(v for (name, _), v in samples.items() if name == "gateway_open_circuits")
-    assert total == 3
+    _circuit(CircuitState.OPEN, "*", "credential_rejected", 6, model="*")
+    assert circuits(scrape(client)) == {
+        ("team-a", "acct-1", "gpt-5", "http", "timeout"): 1,
+        ("team-a", "acct-1", "gpt-5", "sse", "timeout"): 1,
+        ("team-a", "acct-3", "model-3", "http", "upstream_unavailable"): 1,
+        # An assignment-wide circuit covers every route class and model.
+        ("team-a", "acct-6", "*", "assignment", "credential_rejected"): 1,
+    }
 
 
 @pytest.mark.parametrize("open_circuits", [1, 20])
-def test_a_scrape_runs_one_query_however_many_circuits_are_open(
+def test_a_scrape_runs_two_queries_however_many_circuits_are_open_or_keys_budgeted(
     client, django_assert_num_queries, open_circuits
 ):
     for n in range(open_circuits):
         _circuit(CircuitState.OPEN, "http", "upstream_unavailable", n)
-    with django_assert_num_queries(1):
+        GatewayKeyFactory(name=f"budgeted-{n}", budget_micros=5_000_000)
+    with django_assert_num_queries(2):
         samples = scrape(client)
-    assert value(samples, "gateway_open_circuits", route_class="http", reason="upstream_unavailable") == (
-        open_circuits
-    )
+    assert len(circuits(samples)) == open_circuits
+    assert len([name for name, _ in samples if name == "gateway_key_budget_remaining_usd"]) == open_circuits
 
 
 def test_a_scrape_still_serves_the_counters_when_the_database_fails(client, monkeypatch):
@@ -240,7 +254,12 @@ def test_a_scrape_still_serves_the_counters_when_the_database_fails(client, monk
     observe_exchange(exchange(attempt(1, "succeeded", "", 10)))
     samples = scrape(client)
     assert value(
-        samples, "gateway_requests_total", route="/v1/chat/completions", transport="http", outcome="ok"
+        samples,
+        "gateway_requests_total",
+        route="/v1/chat/completions",
+        transport="http",
+        outcome="ok",
+        status_class="2xx",
     )
     assert not [name for name, _ in samples if name == "gateway_open_circuits"]
 
@@ -287,7 +306,7 @@ def test_a_resolution_time_substitution_counts_its_reason():
 
 def test_an_upstream_code_the_ledger_records_keeps_its_name(client):
     # A relayed 429 is recorded as `rate_limit_exceeded`: /metrics says the same, not `rate_limited`.
-    labels = {"route": "/v1/chat/completions", "transport": "http"}
+    labels = {"route": "/v1/chat/completions", "transport": "http", "status_class": "4xx"}
     before = scrape(client)
     observe_exchange(
         exchange(
@@ -413,3 +432,29 @@ def test_a_served_stream_is_labelled_by_its_pool_and_assignment_and_times_its_fi
     assert delta("gateway_tokens_total", **where, direction="input") > 0
     assert delta("gateway_tokens_total", **where, direction="output") > 0
     assert delta("gateway_time_to_first_token_seconds_count", **ttft) == 1
+
+
+def test_budget_remaining_is_what_the_next_reservation_is_checked_against(client):
+    """The budget less this period's spend and what requests in flight hold: a spend counted in an
+    earlier period is no longer spent; a disabled key or one without a budget has no series."""
+    now = datetime.now(UTC)
+    this_month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    last_month = (this_month - timedelta(days=1)).replace(day=1)
+    held = {"budget_micros": 10_000_000, "spent_micros": 4_000_000, "reserved_micros": 1_000_000}
+    GatewayKeyFactory(name="current", budget_period="month", period_start=this_month, **held)
+    GatewayKeyFactory(name="rolled-over", budget_period="month", period_start=last_month, **held)
+    GatewayKeyFactory(name="lifetime", **held)
+    GatewayKeyFactory(name="disabled", enabled=False, **held)
+    GatewayKeyFactory(name="unbudgeted")
+    samples = scrape(client)
+    remaining = {
+        dict(labels)["key"]: (dict(labels)["period"], v)
+        for (name, labels), v in samples.items()
+        if name == "gateway_key_budget_remaining_usd"
+    }
+    assert remaining == {
+        "current": ("month", 5.0),
+        "rolled-over": ("month", 9.0),
+        "lifetime": ("lifetime", 5.0),
+    }
+    assert value(samples, "gateway_key_budget_usd", key="current", period="month") == 10.0

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
 OK_SERIES = re.compile(
-    r'^gateway_requests_total\{outcome="ok",route="/v1/chat/completions",transport="http"\} (\S+)$', re.M
+    r'^gateway_requests_total\{outcome="ok",route="/v1/chat/completions",status_class="2xx",'
+    r'transport="http"\} (\S+)$',
+    re.M,
 )
 
 
