@@ -28,7 +28,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from django.db import (
@@ -393,7 +392,25 @@ def request_line(exchange: Exchange) -> Fields:
     that refused it. Ids, names and counts only: no key, credential, prompt, completion or message."""
     assert exchange.finished_at is not None
     attempts = exchange.attempts
-    cost = _total((a.cost_micros for a in attempts), MAX_COST)
+    # One pass over the attempts (a request's line is built on the loop for every request).
+    pools: set[str] = set()
+    assignments = []
+    input_tokens = output_tokens = cached_read = cost = None
+    for a in attempts:
+        if a.pool:
+            pools.add(a.pool)
+        assignments.append(
+            {
+                "assignment": a.assignment,
+                "model": a.model,
+                "status": a.status,
+                "failure_class": a.failure_class or a.ineligible_reason or None,
+            }
+        )
+        input_tokens = _plus(input_tokens, a.input_tokens, MAX_COUNT)
+        output_tokens = _plus(output_tokens, a.output_tokens, MAX_COUNT)
+        cached_read = _plus(cached_read, a.cached_read_tokens, MAX_COUNT)
+        cost = _plus(cost, a.cost_micros, MAX_COST)
     return Fields(
         event="request",
         time=exchange.finished_at.isoformat(timespec="milliseconds"),
@@ -403,24 +420,16 @@ def request_line(exchange: Exchange) -> Fields:
         transport=exchange.transport,
         requested_model=exchange.requested_model,
         served_model=exchange.served_model,
-        pools=sorted({a.pool for a in attempts if a.pool}),
+        pools=sorted(pools),
         outcome=exchange.outcome,
         status=exchange.status_code,
         limit=exchange.limit or ("budget" if exchange.outcome == "budget_exceeded" else None),
         attempts=exchange.attempts_made,
         retries=exchange.retry_count,
-        assignments=[
-            {
-                "assignment": a.assignment,
-                "model": a.model,
-                "status": a.status,
-                "failure_class": a.failure_class or a.ineligible_reason or None,
-            }
-            for a in attempts
-        ],
-        input_tokens=_total(a.input_tokens for a in attempts),
-        output_tokens=_total(a.output_tokens for a in attempts),
-        cached_read_tokens=_total(a.cached_read_tokens for a in attempts),
+        assignments=assignments,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_read_tokens=cached_read,
         cost_usd=None if cost is None else cost / 1_000_000,
         duration_ms=round((exchange.finished_at - exchange.started_at).total_seconds() * 1000, 1),
     )
@@ -453,9 +462,12 @@ def failed_attempt_line(exchange: Exchange, attempt: AttemptLog) -> Fields:
 MAX_COUNT, MAX_COST = 2**31 - 1, 2**63 - 1
 
 
-def _total(counts: Iterable[int | None], most: int = MAX_COUNT) -> int | None:
-    known = [n for n in counts if n is not None and 0 <= n <= most]
-    return sum(known) if known else None
+def _plus(total: int | None, count: int | None, most: int) -> int | None:
+    """`total` with `count` added when it is a count in the column's range (else as it was); None until
+    one is."""
+    if count is None or not 0 <= count <= most:
+        return total
+    return count if total is None else total + count
 
 
 observations = Observations()
