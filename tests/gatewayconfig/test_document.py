@@ -439,7 +439,7 @@ ERROR_CASES = [
     (
         _set(f"{A0}.adapter", "azure"),
         "pools[0].assignments[0].adapter: must be one of openai, anthropic, openrouter, azure_openai, "
-        "openai_compatible, gemini, bedrock",
+        "openai_compatible, gemini, bedrock, vertex",
         IssueCode.INVALID,
     ),
     (

@@ -76,7 +76,7 @@ def test_a_superuser_still_sets_a_keys_secret(root, world):
 
 def test_a_pool_operator_sees_affinity_ids_truncated(operator, world):
     changelist = reverse("admin:routing_affinity_changelist")
-    page = operator.get(changelist).content.decode()
+    page = operator.get(changelist).content.decode().replace("<wbr>", "")  # a cell's break opportunities
     assert RESPONSE_ID[:8] in page and RESPONSE_ID not in page
     detail = reverse("admin:routing_affinity_change", args=[Affinity.objects.get().pk])
     assert RESPONSE_ID not in operator.get(detail).content.decode()
