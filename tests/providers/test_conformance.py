@@ -34,6 +34,7 @@ from proxy.ledger import writer
 from proxy.models import Attempt, RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
+from tests.providers.chat_steps import chat_step
 from tests.proxy.fixtures_e2e import wait_for
 
 KEY = "conformance-upstream-key"
@@ -295,30 +296,6 @@ TOOLS = ("read_a", "read_b")
 CHAT_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in TOOLS]
 
 
-def _chat_step(
-    client: openai.OpenAI, model: str, messages: list, stream: bool
-) -> tuple[list[dict], str | None]:
-    if not stream:
-        message = client.chat.completions.create(model=model, messages=messages, tools=CHAT_TOOLS)
-        message = message.choices[0].message
-        return [
-            c.model_dump(include={"id", "type", "function"}) for c in message.tool_calls or []
-        ], message.content
-    calls: dict[int, dict] = {}
-    text = ""
-    for chunk in client.chat.completions.create(
-        model=model, messages=messages, tools=CHAT_TOOLS, stream=True
-    ):
-        delta = chunk.choices[0].delta if chunk.choices else None
-        text += (delta.content or "") if delta else ""
-        for call in (delta.tool_calls or []) if delta else []:
-            slot = calls.setdefault(call.index, {"type": "function", "function": {"arguments": ""}})
-            slot["id"] = call.id or slot.get("id")
-            slot["function"]["name"] = call.function.name or slot["function"].get("name")
-            slot["function"]["arguments"] += call.function.arguments or ""
-    return [calls[i] for i in sorted(calls)], text or None
-
-
 def _tool_steps(account: Account) -> None:
     account.fake.tool_steps = 2  # two steps of two parallel calls, then the closing text
 
@@ -337,7 +314,7 @@ def test_a_chat_client_completes_a_two_step_tool_conversation(gateway, account, 
     messages: list = [{"role": "user", "content": ASK}]
     ids = []
     for step in (1, 2):
-        calls, _ = _chat_step(client, account.model, messages, stream)
+        calls, _ = chat_step(client, account.model, messages, CHAT_TOOLS, stream)
         assert sorted(c["function"]["name"] for c in calls) == list(TOOLS)  # parallel calls
         assert all(json.loads(c["function"]["arguments"]) == {"step": step} for c in calls)
         ids += [c["id"] for c in calls]
@@ -345,7 +322,7 @@ def test_a_chat_client_completes_a_two_step_tool_conversation(gateway, account, 
         messages += [
             {"role": "tool", "tool_call_id": c["id"], "content": f"result of step {step}"} for c in calls
         ]
-    _, final = _chat_step(client, account.model, messages, stream)
+    _, final = chat_step(client, account.model, messages, CHAT_TOOLS, stream)
     assert final == "done: result of step 2"
     assert len(set(ids)) == 4  # ids never repeat across the conversation
     assert _signatures_came_back(account)

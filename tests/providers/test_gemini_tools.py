@@ -16,6 +16,7 @@ from devkit import gemini
 from pools.models import Assignment
 from proxy.providers.tool_ids import MARK, signed_id, split_id
 from tests.gateway_fixtures import GATEWAY_KEY
+from tests.providers.chat_steps import chat_step
 from tests.providers.test_gemini import MODEL, gemini_then_openai  # noqa: F401  (a fixture)
 
 ASK = "read both files"
@@ -53,24 +54,7 @@ def _check(google, ids: list[str], final: str) -> None:
 
 
 def _chat_step(client: openai.OpenAI, messages: list, stream: bool) -> tuple[list[dict], str | None]:
-    if not stream:
-        message = client.chat.completions.create(model=MODEL, messages=messages, tools=CHAT_TOOLS)
-        message = message.choices[0].message
-        calls = [c.model_dump(include={"id", "type", "function"}) for c in message.tool_calls or []]
-        return calls, message.content
-    calls: dict[int, dict] = {}
-    text = ""
-    for chunk in client.chat.completions.create(
-        model=MODEL, messages=messages, tools=CHAT_TOOLS, stream=True
-    ):
-        delta = chunk.choices[0].delta if chunk.choices else None
-        text += (delta.content or "") if delta else ""
-        for call in (delta.tool_calls or []) if delta else []:
-            slot = calls.setdefault(call.index, {"type": "function", "function": {"arguments": ""}})
-            slot["id"] = call.id or slot.get("id")
-            slot["function"]["name"] = call.function.name or slot["function"].get("name")
-            slot["function"]["arguments"] += call.function.arguments or ""
-    return [calls[i] for i in sorted(calls)], text or None
+    return chat_step(client, MODEL, messages, CHAT_TOOLS, stream)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "sse"])
