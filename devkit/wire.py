@@ -182,13 +182,15 @@ class Chat:
             return Event(None, data, visible)
 
         events = [chunk({"role": "assistant", "content": "", "refusal": None})]
-        if self.calls:  # each call's head, then its arguments, as OpenAI streams them
+        if self.calls:  # each call's head, then its arguments in pieces, as OpenAI streams them
             for n, (i, name, args) in enumerate(self.calls):
                 head = {"index": n, "id": i, "type": "function", "function": {"name": name, "arguments": ""}}
                 events.append(chunk({"tool_calls": [head]}, visible=True))
-                events.append(
-                    chunk({"tool_calls": [{"index": n, "function": {"arguments": json.dumps(args)}}]})
-                )
+                text = json.dumps(args)  # in fragments of a few characters, never whole JSON
+                events += [
+                    chunk({"tool_calls": [{"index": n, "function": {"arguments": text[k : k + 7]}}]})
+                    for k in range(0, len(text), 7)
+                ]
         else:
             events += [chunk({"content": delta}, visible=True) for delta in reply.deltas]
         events.append(chunk({}, self._finish(reply)))
