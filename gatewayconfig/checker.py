@@ -127,6 +127,16 @@ class Checker:
     def warn(self, path: str, code: IssueCode, message: str) -> None:
         self.warnings.append(ConfigIssue(path, code, message))
 
+    def unique(self, seen: dict[str, str], name: str, path: str, at: str, what: str) -> bool:
+        """Whether `name` (of the entry at `path`) is the first of its kind in `seen`; a second one is a
+        DUPLICATE error at `at` naming where the first stands. An empty name is neither kept nor an error."""
+        if name in seen:
+            self.error(at, IssueCode.DUPLICATE, f"duplicate {what} {name!r} (also {seen[name]})")
+            return False
+        if name:
+            seen[name] = path
+        return True
+
     # structure
 
     def mapping(self, value: object, path: str, fields: Collection[str]) -> dict[Any, Any] | None:

@@ -248,12 +248,7 @@ def _pools(c: Checker, root: Mapping[Any, Any]) -> list[PoolSpec]:
             continue
         values = read_fields(c, data, path, POOL)
         name = values["name"] or ""
-        if name in pool_names:
-            c.error(
-                f"{path}.name", IssueCode.DUPLICATE, f"duplicate pool name {name!r} (also {pool_names[name]})"
-            )
-        elif name:
-            pool_names[name] = path
+        c.unique(pool_names, name, path, f"{path}.name", "pool name")
         if AUTO_MODEL in values["auto_models"]:
             c.error(f"{path}.auto_models", IssueCode.RESERVED, f"{AUTO_MODEL!r} cannot be an auto model")
         assignments = []
@@ -261,15 +256,8 @@ def _pools(c: Checker, root: Mapping[Any, Any]) -> list[PoolSpec]:
             assignment = _assignment(c, raw_assignment, f"{path}.assignments[{a}]")
             if assignment is None:
                 continue
-            first = assignment_names.get(assignment.name)
-            if first is not None:
-                c.error(
-                    f"{path}.assignments[{a}].name",
-                    IssueCode.DUPLICATE,
-                    f"duplicate assignment name {assignment.name!r} (also {first})",
-                )
-            elif assignment.name:
-                assignment_names[assignment.name] = f"{path}.assignments[{a}]"
+            at = f"{path}.assignments[{a}]"
+            c.unique(assignment_names, assignment.name, at, f"{at}.name", "assignment name")
             assignments.append(assignment)
         pools.append(PoolSpec(name=name, auto_models=values["auto_models"], assignments=tuple(assignments)))
     return pools
@@ -284,19 +272,14 @@ def _assignment(c: Checker, raw: object, path: str) -> AssignmentSpec | None:
         data, "api_key_from_env", path, lambda v, q: UPSTREAM_ENV_NAME.read(c, v, q), ""
     )
     models: list[ModelSpec] = []
-    seen: dict[str, int] = {}
+    seen: dict[str, str] = {}
     for m, raw_model in enumerate(c.take(data, "models", path, c.sequence, [])):
         model = _model(c, raw_model, f"{path}.models[{m}]")
         if model is None or not model.model:
             continue
-        if model.model in seen:
-            c.error(
-                f"{path}.models[{m}].id",
-                IssueCode.DUPLICATE,
-                f"duplicate model {model.model!r} (also {path}.models[{seen[model.model]}])",
-            )
+        at = f"{path}.models[{m}]"
+        if not c.unique(seen, model.model, at, f"{at}.id", "model"):
             continue
-        seen[model.model] = m
         models.append(model)
     name = values.pop("name") or ""
     return AssignmentSpec(name=name, columns=values, models=tuple(models), api_key_from_env=api_key_from_env)
@@ -334,10 +317,7 @@ def _keys(
             continue
         values = read_fields(c, data, path, KEY)
         name = values.pop("name") or ""
-        if name in names:
-            c.error(f"{path}.name", IssueCode.DUPLICATE, f"duplicate key name {name!r} (also {names[name]})")
-        elif name:
-            names[name] = path
+        c.unique(names, name, path, f"{path}.name", "key name")
 
         secret, secret_path = _key_secret(c, data, path, name, env=env, facts=facts)
         if secret is not None:

@@ -41,10 +41,7 @@ def read_operators(
             continue
         values = read_fields(c, data, path, OPERATOR)
         group = values["group"] or ""
-        if group in groups:
-            c.error(f"{path}.group", IssueCode.DUPLICATE, f"duplicate group {group!r} (also {groups[group]})")
-        elif group:
-            groups[group] = path
+        c.unique(groups, group, path, f"{path}.group", "group")
         for j, pool in enumerate(values["pools"]):
             if pool not in pool_names:
                 c.error(f"{path}.pools[{j}]", IssueCode.UNKNOWN_POOL, f"unknown pool {pool!r}")
