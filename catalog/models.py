@@ -4,7 +4,7 @@ from django.db import models
 from django.db.models import Q
 
 from pools.models import Assignment, choices, choices_check, tri_state_check, tri_state_field
-from routing.capabilities import Capability
+from routing.policy.capabilities import Capability
 
 
 class Provenance(models.TextChoices):
@@ -70,7 +70,7 @@ class CapabilityEvidence(models.Model):
     """One verdict of a qualification replay (SPEC §8.1): what an auditor needs to see why a route was
     allowed, and nothing of what was said. Append-only: the latest verdict of a route and capability is
     the one eligibility considers, and only while it has not expired and its configuration hash still
-    equals the route's (`routing.capabilities.effective`). Never a prompt, an answer, a credential or a
+    equals the route's (`routing.policy.capabilities.effective`). Never a prompt, an answer, a credential or a
     provider message: `detail` is one of the gateway's own check codes (`catalog.qualification`)."""
 
     assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="capability_evidence")

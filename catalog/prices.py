@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from routing.types import Price, PriceSource
+from routing.policy.types import Price, PriceSource
 
 TABLE_PATH = Path(__file__).with_name("prices.yaml")
 _DATE_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.providers.base import UpstreamCall
-from proxy.sse import Dialect
-from routing.capabilities import Capability
+from proxy.wire.providers.base import UpstreamCall
+from proxy.wire.sse import Dialect
+from routing.policy.capabilities import Capability
 
 CORPUS_PATH = Path(__file__).resolve().parent / "corpus" / "qualification-3.json"
 PLACEHOLDER = re.compile(r"\{\{([a-z_]+)(?::([a-z_]+))?\}\}")

@@ -2,7 +2,7 @@
 
 Both ask the same two things: the configuration hash of a route as it is configured now
 (`route_hash`) and the latest verdict per route and capability while it has not expired
-(`evidence_load`); both then call `routing.capabilities.effective`, so what the panel shows is what
+(`evidence_load`); both then call `routing.policy.capabilities.effective`, so what the panel shows is what
 eligibility uses.
 """
 
@@ -18,10 +18,17 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from catalog.models import CapabilityEvidence, CatalogEntry
 from pools.credentials import credential_of
 from pools.models import Assignment
-from proxy.providers.registry import provider
-from routing.capabilities import Capability, Effective, Evidence, effective_all, latest, route_config_hash
-from routing.eligibility import overlay
-from routing.types import TriState
+from proxy.wire.providers.registry import provider
+from routing.policy.capabilities import (
+    Capability,
+    Effective,
+    Evidence,
+    effective_all,
+    latest,
+    route_config_hash,
+)
+from routing.policy.eligibility import overlay
+from routing.policy.types import TriState
 
 RouteKey = tuple[int, str]  # (assignment id, model)
 

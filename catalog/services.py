@@ -26,11 +26,11 @@ from catalog.qualification import Verdict
 from pools import destinations
 from pools.credentials import credential_of
 from pools.models import Assignment
-from proxy.providers.base import Listings, SignedListing, TokenListing
-from proxy.providers.registry import provider
+from proxy.wire.providers.base import Listings, SignedListing, TokenListing
+from proxy.wire.providers.registry import provider
 from runtime import google_oauth
+from runtime.httpx_backend import transport_through
 from runtime.sigv4 import sign
-from runtime.transport import transport_through
 
 logger = logging.getLogger("gateway")
 

@@ -1,5 +1,5 @@
 """A minimal SSE reader for what the gateway sent, independent of the gateway's own parser
-(`proxy.sse`), so the end-to-end tests and the soak check its output against a second reading."""
+(`proxy.wire.sse`), so the end-to-end tests and the soak check its output against a second reading."""
 
 import json
 from typing import Any

@@ -18,7 +18,7 @@ import yaml
 
 from pools.credentials import ENV_PREFIX, env_name_allowed
 from pools.destinations import base_url_problem
-from routing.vocabulary import TriState
+from routing.policy.vocabulary import TriState
 
 T = TypeVar("T")
 

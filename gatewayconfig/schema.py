@@ -23,8 +23,8 @@ from catalog.models import CatalogEntry
 from gatewayconfig.checker import INT32_MAX, INT64_MAX, MISSING, Checker, IssueCode, join
 from pools.models import Adapter, Assignment, GatewayKey, GatewaySettings, Pool
 from pools.scoping import OperatorAccess
-from routing.budget import micros_from_usd, usd
-from routing.vocabulary import Router, TriState
+from routing.policy.budget import micros_from_usd, usd
+from routing.policy.vocabulary import Router, TriState
 
 NAME_MAX = Pool._meta.get_field("name").max_length
 GROUP_NAME_MAX = Group._meta.get_field("name").max_length

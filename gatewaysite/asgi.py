@@ -28,9 +28,10 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.http import HttpResponse  # noqa: E402
 
-from proxy import edge, files, ledger, shutdown, upstream, views  # noqa: E402
+from proxy import edge, files, shutdown, upstream, views  # noqa: E402
 from proxy.ingress import answering, bearer, typed_response  # noqa: E402
-from proxy.routing import websocket_urlpatterns  # noqa: E402
+from proxy.ledger import recorder as ledger  # noqa: E402
+from proxy.ws_urls import websocket_urlpatterns  # noqa: E402
 from runtime import loopdb  # noqa: E402
 from runtime.handler import BareHandler  # noqa: E402
 from runtime.reply import Reply, respond  # noqa: E402

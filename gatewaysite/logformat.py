@@ -3,7 +3,7 @@ DEBUG is off, as in production): every line of every logger, the gateway's, Djan
 JSON object with its time (ISO 8601, UTC), level and logger; `text`: the message alone, as a terminal
 wants it.
 
-A structured event (the ledger's per-request and per-failed-attempt lines, `proxy.ledger.Fields`) is
+A structured event (the ledger's per-request and per-failed-attempt lines, `proxy.ledger.recorder.Fields`) is
 logged as a dict: its fields become the JSON object's own (its `time` wins over the record's), and in
 text it prints as JSON.
 """

@@ -27,7 +27,7 @@ it (`make run` uses it), with what uvicorn does not do by itself (SPEC §11):
   `GATEWAY_LOG_FORMAT` is `json` (`--log-config gatewaysite/uvicorn_log.json`, gatewaysite.logformat).
 - with more than one worker (`--workers N` or `WEB_CONCURRENCY`), a fresh directory for
   prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, created, or emptied when the
-  operator names one), so that `/metrics` sums every worker (proxy/metrics.py).
+  operator names one), so that `/metrics` sums every worker (proxy/ledger/metrics.py).
 
 Any uvicorn option may follow (`--port`, `--workers`, ...). The equivalent plain uvicorn command is
 `uvicorn gatewaysite.asgi:application --http gatewaysite.server:HttpToolsProtocol

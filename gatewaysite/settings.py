@@ -163,7 +163,7 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 
-# The request's log line is the hot path's one log call (proxy.ledger.record): no caller lookup (a
+# The request's log line is the hot path's one log call (proxy.ledger.recorder.record): no caller lookup (a
 # stack walk) and no thread, process or multiprocessing name in each record, which neither format
 # (gatewaysite.logformat) shows: about a quarter of the line's cost (the logging HOWTO's optimisations).
 logging._srcfile = None

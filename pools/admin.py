@@ -14,7 +14,7 @@ from pools.models import (
     Pool,
 )
 from pools.scoping import PoolScopedAdmin
-from routing.budget import micros_from_usd, usd
+from routing.policy.budget import micros_from_usd, usd
 
 # Only a superuser sets where an assignment sends requests and with which credential (SPEC §9): a pool
 # operator who could would send another pool's credential, or any variable, to a host of their choosing.

@@ -12,12 +12,12 @@ from django.db import models
 from django.db.models import Q
 
 from pools import credentials, destinations
-from routing.headroom import DEFAULT_FLOOR
-from routing.vocabulary import BudgetPeriod, DataCollection, Router, ToolRepresentation, TriState
+from routing.policy.headroom import DEFAULT_FLOOR
+from routing.policy.vocabulary import BudgetPeriod, DataCollection, Router, ToolRepresentation, TriState
 
 
 def choices(vocabulary: type[enum.StrEnum], **labels: str) -> list[tuple[str, str]]:
-    """A model field's `choices` from a vocabulary of `routing.vocabulary`, declared once there. The
+    """A model field's `choices` from a vocabulary of `routing.policy.vocabulary`, declared once there. The
     label of a member is the one `TextChoices` would give it (`HALF_OPEN` -> "Half Open") unless
     `labels` names it, so the migrations' recorded choices stay as they were."""
     return [
@@ -469,7 +469,7 @@ class KeyLimitSlot(models.Model):
 class BudgetHold(models.Model):
     """What one request in flight holds of its key's budget (SPEC §7.4): written in the same statement
     as the reservation that adds it to `GatewayKey.reserved_micros`, deleted by the statement that
-    settles it (the request's ledger record, `proxy.services.exchanges_settle`). So what is settled is
+    settles it (the request's ledger record, `proxy.ledger.services.exchanges_settle`). So what is settled is
     what the database holds for the request, whatever its process believed: a reservation that
     committed while its process died or lost its connection is settled once, one that never
     committed is never released (issue 21)."""

@@ -8,9 +8,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from pools.models import ConfigVersion, GatewayKey, Pool, hash_key
-from routing.budget import period_start, refusal_message, spent_in_period
-from routing.route import KeyPolicy
-from routing.types import Requirements
+from routing.policy.budget import period_start, refusal_message, spent_in_period
+from routing.policy.route import KeyPolicy
+from routing.policy.types import Requirements
 from runtime import rawsql
 
 

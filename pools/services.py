@@ -15,7 +15,7 @@ from pools.models import (
     Pool,
     new_key_secret,
 )
-from routing.budget import period_start
+from routing.policy.budget import period_start
 from runtime import rawsql
 
 
@@ -178,7 +178,7 @@ def key_budget_settle(*, key_id: int, released: int, charged: int, period: str, 
 
 def budget_holds_take(*, request_ids: list[str]) -> dict[str, int]:
     """Delete the requests' holds; what each held (a request without one held nothing). The caller
-    releases it from the keys (`proxy.services.exchanges_settle`), in the same transaction."""
+    releases it from the keys (`proxy.ledger.services.exchanges_settle`), in the same transaction."""
     if not request_ids:
         return {}
     holds = BudgetHold._meta.db_table

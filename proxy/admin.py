@@ -4,10 +4,10 @@ from django.utils.html import format_html
 
 from pools.scoping import PoolScopedAdmin, PoolScopedInline, ReadOnlyAdmin, shortened
 from pools.selectors import keys_visible_to, pools_visible_to
-from proxy import ledger_admin
-from proxy.models import Attempt, RequestRecord
-from proxy.spend import SpendPage
-from proxy.upstreams import UpstreamsPanel
+from proxy.console import requests as ledger_admin
+from proxy.console.spend import SpendPage
+from proxy.console.upstreams import UpstreamsPanel
+from proxy.ledger.models import Attempt, RequestRecord
 
 
 class AttemptInline(PoolScopedInline):
@@ -85,7 +85,7 @@ class RequestRecordAdmin(PoolScopedAdmin, ReadOnlyAdmin):
         "retry_count",
     )
     # None of these reads the ledger to offer its choices, and the list counts at most a capped number
-    # of rows (proxy.ledger_admin, issue 49: the page at ten million records).
+    # of rows (proxy.console.requests, issue 49: the page at ten million records).
     list_filter = (
         ledger_admin.KeyFilter,
         ledger_admin.PoolFilter,

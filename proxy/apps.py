@@ -6,6 +6,6 @@ class ProxyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from proxy import tracing
+        from proxy.ledger import tracing
 
         tracing.configure()

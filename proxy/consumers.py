@@ -53,16 +53,16 @@ from django.db import DatabaseError
 
 from pools.selectors import key_authenticate
 from proxy.edge import read_timeout_s
-from proxy.errors import TYPED_ERRORS
-from proxy.exchange import Exchange, Final, Stream, settle
 from proxy.ingress import RequestFailed, answering, bearer, decode_json, prepare, validate_body
-from proxy.ledger import record
-from proxy.sse import Dialect
+from proxy.ledger.exchange import Exchange, Final, Stream, settle
+from proxy.ledger.recorder import record
+from proxy.wire.errors import TYPED_ERRORS
+from proxy.wire.sse import Dialect
 from proxy.ws_relay import Conversations, UpstreamLink, WebsocketDispatch, error_frame, prewarm
-from routing.conversation import SESSION_HEADERS
-from routing.plan import HardPin, PinKind
-from routing.types import RouteClass
-from routing.vocabulary import ClientRoute, Outcome
+from routing.policy.conversation import SESSION_HEADERS
+from routing.policy.plan import HardPin, PinKind
+from routing.policy.types import RouteClass
+from routing.policy.vocabulary import ClientRoute, Outcome
 from runtime import db
 from runtime.consumer import DirectConsumer
 

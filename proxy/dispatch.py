@@ -11,16 +11,16 @@ from datetime import UTC, datetime
 from django.conf import settings
 
 from proxy import framing, google_token, upstream
-from proxy.apis import chat
-from proxy.apis.base import ClientApi
-from proxy.exchange import Failure, Final
-from proxy.providers.base import UpstreamCall
-from proxy.sse import Block, Dialect, SSEParser, SSEProtocolError
+from proxy.ledger.exchange import Failure, Final
 from proxy.transport import Answer, EventSource, TransportFailure
-from routing import headroom
-from routing.failures import Observation, TransportEvent
-from routing.headroom import Headroom
-from routing.types import Candidate
+from proxy.wire.apis import chat
+from proxy.wire.apis.base import ClientApi
+from proxy.wire.providers.base import UpstreamCall
+from proxy.wire.sse import Block, Dialect, SSEParser, SSEProtocolError
+from routing.policy import headroom
+from routing.policy.failures import Observation, TransportEvent
+from routing.policy.headroom import Headroom
+from routing.policy.types import Candidate
 
 
 class SSESource:

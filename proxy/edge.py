@@ -21,7 +21,7 @@ from django.db import DatabaseError
 
 from pools.models import hash_key
 from pools.selectors import key_known
-from routing.vocabulary import ClientRoute
+from routing.policy.vocabulary import ClientRoute
 from runtime import db
 
 Receive = Callable[[], Awaitable[dict]]

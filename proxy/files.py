@@ -1,7 +1,7 @@
 """The OpenAI Files API (SPEC §4, §5.2, §7.2): `POST /v1/files`, `GET /v1/files/{id}`,
 `GET /v1/files/{id}/content`, `DELETE /v1/files/{id}`, for `openai` accounts.
 
-- An upload is planned like any request without a model (`routing.files.files_plan`) and runs through
+- An upload is planned like any request without a model (`routing.policy.files.files_plan`) and runs through
   the one attempt loop (`proxy.relay.Relay`) with `FilesDispatch` as its transport, so it fails over
   before the client has seen anything, records circuits and its ledger row like every other route.
   Its answer's file id is remembered as the key's own file affinity (id -> assignment).
@@ -16,7 +16,7 @@
   whose assignment left the key's pools gets 409 `file_assignment_conflict`. A DELETE that succeeds
   ends the affinity.
 - The file ids a Chat, Responses or Messages body references become hard pins in `proxy.ingress.prepare`
-  (`routing.files.file_ids_of`, `file_pins`).
+  (`routing.policy.files.file_ids_of`, `file_pins`).
 
 The ledger row of a file operation has its route (`/v1/files`, `/v1/files/{id}`,
 `/v1/files/{id}/content`, `DELETE /v1/files/{id}`), attempts and outcome: never a file id, file name
@@ -44,7 +44,6 @@ from django.views.decorators.http import require_http_methods
 from pools.selectors import Authenticated, key_authenticate
 from proxy import edge, upstream
 from proxy.dispatch import HttpDispatch, read_answer
-from proxy.exchange import Exchange, Failure, Final, Memory, Stream
 from proxy.ingress import (
     READ_TIMEOUT_S,
     RequestFailed,
@@ -55,21 +54,22 @@ from proxy.ingress import (
     take_lease,
     typed_response,
 )
-from proxy.ledger import record
+from proxy.ledger.exchange import Exchange, Failure, Final, Memory, Stream
+from proxy.ledger.recorder import record
 from proxy.limits import Finishing, guarded
-from proxy.providers.base import FILES, UpstreamCall
-from proxy.providers.registry import carriers
 from proxy.relay import Relay
 from proxy.transport import Answer, TransportFailure
-from routing.eligibility import tighten
-from routing.failures import DispatchState, FailureClass, Observation
-from routing.files import files_plan
+from proxy.wire.providers.base import FILES, UpstreamCall
+from proxy.wire.providers.registry import carriers
 from routing.models import Affinity, AffinityKind
-from routing.plan import HardPin, PinKind, PlanError
-from routing.route import RoutingView
+from routing.policy.eligibility import tighten
+from routing.policy.failures import DispatchState, FailureClass, Observation
+from routing.policy.files import files_plan
+from routing.policy.plan import HardPin, PinKind, PlanError
+from routing.policy.route import RoutingView
+from routing.policy.types import Candidate, Health, RouteClass
+from routing.policy.vocabulary import ClientRoute, Outcome
 from routing.selectors import RouteSettings, affinity_get, routing_view_load
-from routing.types import Candidate, Health, RouteClass
-from routing.vocabulary import ClientRoute, Outcome
 from runtime import db
 
 logger = logging.getLogger("gateway")

@@ -1,5 +1,5 @@
 """How a streamed upstream answer is read when its provider's wire is not the relay's (`Wire`,
-`proxy.providers.base`): AWS event-stream frames decoded by botocore's parser (never by hand) as blocks,
+`proxy.wire.providers.base`): AWS event-stream frames decoded by botocore's parser (never by hand) as blocks,
 and any provider's blocks rewritten as Chat SSE blocks as they arrive."""
 
 import json
@@ -9,9 +9,9 @@ from typing import Any
 from botocore.eventstream import EventStreamBuffer, ParserError
 
 from proxy import upstream
-from proxy.providers.base import AWS_EVENTSTREAM, StreamTranslator, Wire
-from proxy.sse import Block, SSEParser
-from routing.failures import TransportEvent
+from proxy.wire.providers.base import AWS_EVENTSTREAM, StreamTranslator, Wire
+from proxy.wire.sse import Block, SSEParser
+from routing.policy.failures import TransportEvent
 
 
 def source(response: upstream.Response, wire: Wire | None, sse: Any) -> Any:

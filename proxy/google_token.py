@@ -15,9 +15,9 @@ from django.conf import settings
 from google.auth import exceptions, transport
 
 from proxy import upstream
-from proxy.providers.base import GoogleOAuth
 from proxy.transport import TransportFailure
-from routing.failures import TransportEvent
+from proxy.wire.providers.base import GoogleOAuth
+from routing.policy.failures import TransportEvent
 from runtime import google_oauth
 
 

@@ -24,27 +24,27 @@ from django.http import HttpResponse
 
 from pools.selectors import Authenticated
 from proxy import edge, limits
-from proxy.adapters.translate import RequestTranslationError
-from proxy.apis.registry import STREAMING, api_for
 from proxy.dispatch import HttpDispatch
-from proxy.errors import TYPED_ERRORS, model_message, should_retry
-from proxy.exchange import Exchange, Lease, Memory
-from proxy.health import probe_circuit
-from proxy.ledger import record
+from proxy.ledger.exchange import Exchange, Lease, Memory
+from proxy.ledger.recorder import record
 from proxy.limits import Finishing, Ticket, guarded
-from proxy.providers.base import UpstreamCall
-from proxy.providers.registry import carriers
+from proxy.outcomes import probe_circuit
 from proxy.relay import Relay, call_for
-from proxy.sse import Dialect
 from proxy.transport import Dispatch
+from proxy.wire.apis.registry import STREAMING, api_for
+from proxy.wire.errors import TYPED_ERRORS, model_message, should_retry
+from proxy.wire.providers.base import UpstreamCall
+from proxy.wire.providers.registry import carriers
+from proxy.wire.sse import Dialect
+from proxy.wire.translations.translate import RequestTranslationError
 from routing import services
-from routing.auto import AutoError
-from routing.conversation import conversation_key
-from routing.eligibility import tighten
-from routing.files import TooManyFiles, file_ids_of
-from routing.plan import HardPin, PlanError
-from routing.resolution import ResolutionError
-from routing.route import (
+from routing.policy.auto import AutoError
+from routing.policy.conversation import conversation_key
+from routing.policy.eligibility import tighten
+from routing.policy.files import TooManyFiles, file_ids_of
+from routing.policy.plan import HardPin, PlanError
+from routing.policy.resolution import ResolutionError
+from routing.policy.route import (
     Decision,
     RequirementsHeaderError,
     RoutingView,
@@ -52,7 +52,9 @@ from routing.route import (
     lease_candidate,
     parse_requirements_header,
 )
-from routing.sanitize import valid as valid_field
+from routing.policy.sanitize import valid as valid_field
+from routing.policy.types import Candidate, Requirements, RouteClass
+from routing.policy.vocabulary import ClientRoute
 from routing.selectors import (
     Affinities,
     AffinityIds,
@@ -67,8 +69,6 @@ from routing.selectors import (
     routing_inputs_load,
 )
 from routing.services import Seen
-from routing.types import Candidate, Requirements, RouteClass
-from routing.vocabulary import ClientRoute
 from runtime import db, loopdb
 from runtime.reply import Reply
 

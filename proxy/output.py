@@ -6,7 +6,7 @@ first visible one, or the `Failure` that ended the attempt before anything was s
 then hand the request on). After that the stream is relayed as it arrives and never retried: an
 upstream error event becomes the gateway's sanitized error event, a cut stream the typed
 `upstream_interrupted` (or `gateway_shutting_down`) event. Whatever the transport, the events are
-`proxy.sse.Block`s classified in the upstream's dialect and written in the client's (translated when
+`proxy.wire.sse.Block`s classified in the upstream's dialect and written in the client's (translated when
 the APIs differ), so "visible" means the same on SSE and on a websocket.
 
 What an event tells the ledger (usage, a response id, a refusal; never content) is noted on the
@@ -31,15 +31,16 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
-from proxy import payloads, shutdown
-from proxy.adapters.translate import ResponseTranslationError
-from proxy.apis.registry import classify as classify_block
-from proxy.exchange import AttemptLog, Exchange, Failure, Final, Stream, settle
-from proxy.providers.base import NamesResponse, UpstreamCall
-from proxy.providers.registry import provider
-from proxy.sse import Action, Block, Classification, Dialect, Visibility, Withholder
+from proxy import shutdown
+from proxy.ledger.exchange import AttemptLog, Exchange, Failure, Final, Stream, settle
 from proxy.transport import Answer, Body, Dispatch, EventSource, TransportFailure
-from routing.failures import (
+from proxy.wire import payloads
+from proxy.wire.apis.registry import classify as classify_block
+from proxy.wire.providers.base import NamesResponse, UpstreamCall
+from proxy.wire.providers.registry import provider
+from proxy.wire.sse import Action, Block, Classification, Dialect, Visibility, Withholder
+from proxy.wire.translations.translate import ResponseTranslationError
+from routing.policy.failures import (
     REFUSAL_FINISH_REASONS,
     CanonicalError,
     DispatchState,
@@ -47,10 +48,10 @@ from routing.failures import (
     Observation,
     TransportEvent,
 )
-from routing.pricing import cost_micros
-from routing.sanitize import sanitized
-from routing.types import Candidate
-from routing.vocabulary import AttemptStatus, Outcome
+from routing.policy.pricing import cost_micros
+from routing.policy.sanitize import sanitized
+from routing.policy.types import Candidate
+from routing.policy.vocabulary import AttemptStatus, Outcome
 from runtime import fastjson
 
 INTERRUPTED_MESSAGE = "The upstream stream ended abnormally after output began."
@@ -381,7 +382,7 @@ class AttemptStream:
         if whole:
             log.dispatch_state = DispatchState.COMPLETED  # it ran to its end upstream
         if log.input_tokens is None or log.output_tokens is None:
-            log.error_code = USAGE_UNREPORTED  # charged its reservation (proxy.services.charge_micros)
+            log.error_code = USAGE_UNREPORTED  # charged its reservation (proxy.ledger.services.charge_micros)
         log.cost_micros = attempt_cost(self.candidate, log)
         log.elapsed_ms += int((time.monotonic() - started) * 1000)
         await self._end(whole, self.exchange.outcome or Outcome.CANCELLED, 499)

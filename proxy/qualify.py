@@ -3,7 +3,7 @@ through a route, the way client traffic reaches it, and judge each answer with t
 
 Contract:
 - Each probe is written as a Chat Completions request and goes through
-  `proxy.providers.registry.upstream_call`, the function the router's attempt loop calls, once per client
+  `proxy.wire.providers.registry.upstream_call`, the function the router's attempt loop calls, once per client
   API a coding agent may use and the route serves: as a Chat client (`/chat/completions`), as an
   Anthropic Messages client (`/messages`, the probe in its Messages form, `messages_form`) and as a
   Responses client (`/responses`, `responses_form`); a streamed probe again with `"stream": true` every
@@ -50,22 +50,22 @@ from catalog.qualification import (
 )
 from pools.credentials import credential_of
 from proxy import upstream, upstream_ws
-from proxy.adapters.chat_chunks import ChatChunkReader
-from proxy.adapters.chat_over_messages import (
+from proxy.ledger.exchange import new_response_id
+from proxy.upstream import ResponseTooLarge, TransportFailure
+from proxy.upstream_ws import HandshakeRejected
+from proxy.wire.providers.base import MESSAGES, RESPONSES, UpstreamCall
+from proxy.wire.providers.registry import provider, upstream_call
+from proxy.wire.sse import Block, Dialect, SSEParser
+from proxy.wire.translations.chat_chunks import ChatChunkReader
+from proxy.wire.translations.chat_over_messages import (
     AnthropicToChatStream,
     anthropic_to_chat_response,
     chat_to_anthropic_request,
 )
-from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
-from proxy.exchange import new_response_id
-from proxy.providers.base import MESSAGES, RESPONSES, UpstreamCall
-from proxy.providers.registry import provider, upstream_call
-from proxy.sse import Block, Dialect, SSEParser
-from proxy.upstream import ResponseTooLarge, TransportFailure
-from proxy.upstream_ws import HandshakeRejected
-from routing.failures import ErrorShape, FailureClass, Observation, classify
-from routing.route import Target
-from routing.types import Requirements
+from proxy.wire.translations.translate import RequestTranslationError, ResponseTranslationError
+from routing.policy.failures import ErrorShape, FailureClass, Observation, classify
+from routing.policy.route import Target
+from routing.policy.types import Requirements
 
 CLIENT_ROUTE = "/chat/completions"  # the corpus's own form
 CLIENT_ROUTES = (CLIENT_ROUTE, MESSAGES, RESPONSES)  # every client API a route serves coding agents through

@@ -10,7 +10,7 @@ The transport is a seam (`proxy.transport.Dispatch`): `open` sends one attempt a
 Failure, a plain Answer, an EventSource or a Body, and never calls back into the loop. An
 upstream's events go through `proxy.output.AttemptStream` whatever the transport, so "visible",
 "pre-visible failure" and "never retry after output" mean the same on SSE and on a websocket.
-Routing-state writes go through `proxy.health.HealthWrites`; a success on a healthy candidate
+Routing-state writes go through `proxy.outcomes.HealthWrites`; a success on a healthy candidate
 writes nothing.
 """
 
@@ -34,9 +34,8 @@ from pools.services import (
     key_budget_reserve,
     key_budget_reserve_statement,
 )
-from proxy import ledger
-from proxy.adapters.translate import RequestTranslationError
-from proxy.exchange import (
+from proxy.ledger import recorder as ledger
+from proxy.ledger.exchange import (
     AttemptLog,
     Exchange,
     Failure,
@@ -47,24 +46,26 @@ from proxy.exchange import (
     new_response_id,
     settle,
 )
-from proxy.health import HealthWrites, Remembered, db_wait_s, probe_circuit
+from proxy.ledger.services import charge_micros
+from proxy.outcomes import HealthWrites, Remembered, db_wait_s, probe_circuit
 from proxy.output import AttemptStream, attempt_cost, plain_answer, relay_body
-from proxy.providers.base import RESPONSES, UpstreamCall
-from proxy.providers.registry import upstream_call
-from proxy.services import charge_micros
-from proxy.sse import Dialect
 from proxy.transport import Answer, Body, Dispatch
 from proxy.unserved import Unserved, exclusion, unserved_answer
-from routing import breaker, services
-from routing.breaker import BreakerSettings
-from routing.eligibility import evaluate
-from routing.failures import DispatchState, Disposition, FailureClass, Observation, TransportEvent
-from routing.headroom import Headroom
-from routing.plan import Plan, next_candidate
-from routing.route import RoutingView
+from proxy.wire.providers.base import RESPONSES, UpstreamCall
+from proxy.wire.providers.registry import upstream_call
+from proxy.wire.sse import Dialect
+from proxy.wire.translations.translate import RequestTranslationError
+from routing import services
+from routing.policy import breaker
+from routing.policy.breaker import BreakerSettings
+from routing.policy.eligibility import evaluate
+from routing.policy.failures import DispatchState, Disposition, FailureClass, Observation, TransportEvent
+from routing.policy.headroom import Headroom
+from routing.policy.plan import Plan, next_candidate
+from routing.policy.route import RoutingView
+from routing.policy.types import Candidate, Health, IneligibleReason, Requirements, RouteClass
+from routing.policy.vocabulary import AttemptStatus, Outcome
 from routing.services import CircuitKey, Seen
-from routing.types import Candidate, Health, IneligibleReason, Requirements, RouteClass
-from routing.vocabulary import AttemptStatus, Outcome
 from runtime import db, loopdb
 
 logger = logging.getLogger("gateway")
@@ -445,7 +446,8 @@ class Relay:
         if isinstance(opened, Failure):
             return opened
         log.upstream_status = opened.status
-        # Its time to first byte (routing.latency): to its headers over HTTP, which an LLM upstream sends
+        # Its time to first byte (routing.policy.latency): to its headers over HTTP, which an LLM upstream
+        # sends
         # once a plain answer is generated (so its short body, read with them, adds next to nothing).
         log.ttfb_ms = int((time.monotonic() - sent) * 1000)
         if isinstance(opened, Answer):

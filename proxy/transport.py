@@ -5,7 +5,7 @@ attempt's call and says what came back, and the loop alone decides what that mea
 - a `Failure`: nothing relayable came back (a refused connection, a handshake the upstream
   rejected, a body too large), already classified (`Failure.observed`);
 - an `Answer`: a plain upstream answer, read whole;
-- an `EventSource`: an upstream stream (SSE, or a websocket's frames) as batches of `proxy.sse.Block`s,
+- an `EventSource`: an upstream stream (SSE, or a websocket's frames) as batches of `proxy.wire.sse.Block`s,
   which the loop classifies, withholds and relays the same way whatever the transport;
 - a `Body`: bytes relayed as they come, never classified (a file's content).
 
@@ -19,12 +19,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from proxy.exchange import Failure, Final
-from proxy.providers.base import UpstreamCall
-from proxy.sse import Block, Dialect
-from routing.failures import TransportEvent
-from routing.headroom import Headroom
-from routing.types import Candidate
+from proxy.ledger.exchange import Failure, Final
+from proxy.wire.providers.base import UpstreamCall
+from proxy.wire.sse import Block, Dialect
+from routing.policy.failures import TransportEvent
+from routing.policy.headroom import Headroom
+from routing.policy.types import Candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class Answer:
     body: bytes
     retry_after: int | None = None  # its `retry-after`, whole seconds (bounded)
     file_id: str | None = None  # an upload's answer: the file the upstream created
-    headroom: Headroom | None = None  # the rate limits its headers reported (`routing.headroom`)
+    headroom: Headroom | None = None  # the rate limits its headers reported (`routing.policy.headroom`)
 
 
 class EventSource(Protocol):
@@ -56,7 +56,7 @@ class EventSource(Protocol):
     # When its first event came (time.monotonic()), for a source whose opening is not its first byte (a
     # websocket's: the frame is sent, then the upstream answers); None: its opening was (HTTP headers).
     first_event_at: float | None
-    # The rate limits its opening reported (`routing.headroom`: an HTTP answer's headers, a websocket's
+    # The rate limits its opening reported (`routing.policy.headroom`: an HTTP answer's headers, a websocket's
     # handshake); None: none reported, or none new (a turn on a websocket opened for an earlier one).
     headroom: Headroom | None
 

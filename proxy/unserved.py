@@ -8,16 +8,16 @@ words it). The envelope is the transport's (`Dispatch.error_final`, `error_event
 import json
 from dataclasses import dataclass, replace
 
-from proxy.adapters.token_estimate import estimate_input_tokens
-from proxy.errors import TYPED_ERRORS, should_retry
-from proxy.exchange import Failure, Final
-from proxy.providers.base import COUNT_TOKENS
-from proxy.sse import Dialect
+from proxy.ledger.exchange import Failure, Final
 from proxy.transport import Dispatch
-from routing.failures import Disposition, FailureClass
-from routing.plan import Plan
-from routing.types import IneligibleReason
-from routing.vocabulary import Outcome
+from proxy.wire.errors import TYPED_ERRORS, should_retry
+from proxy.wire.providers.base import COUNT_TOKENS
+from proxy.wire.sse import Dialect
+from proxy.wire.translations.token_estimate import estimate_input_tokens
+from routing.policy.failures import Disposition, FailureClass
+from routing.policy.plan import Plan
+from routing.policy.types import IneligibleReason
+from routing.policy.vocabulary import Outcome
 
 
 @dataclass(frozen=True, slots=True)

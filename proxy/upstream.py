@@ -31,9 +31,9 @@ from django.conf import settings
 from yarl import URL
 
 from pools import destinations
-from proxy.providers.base import SigV4
 from proxy.transport import TransportFailure
-from routing.failures import TransportEvent
+from proxy.wire.providers.base import SigV4
+from routing.policy.failures import TransportEvent
 from runtime import fastjson
 from runtime.sigv4 import sign
 

@@ -24,11 +24,11 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.protocol import State
 
 from pools import destinations
-from proxy.sse import MAX_BLOCK_BYTES
 from proxy.transport import TransportFailure
-from routing import headroom
-from routing.failures import TransportEvent
-from routing.headroom import Headroom
+from proxy.wire.sse import MAX_BLOCK_BYTES
+from routing.policy import headroom
+from routing.policy.failures import TransportEvent
+from routing.policy.headroom import Headroom
 
 logger = logging.getLogger("gateway")
 
@@ -69,7 +69,7 @@ def websocket_url(http_url: str) -> str:
 
 class UpstreamSocket:
     """One upstream websocket connection, bound to the assignment it was opened for. `headroom`: the rate
-    limits its handshake's answer reported (`routing.headroom`)."""
+    limits its handshake's answer reported (`routing.policy.headroom`)."""
 
     def __init__(
         self, connection: ClientConnection, assignment_id: int, headroom: Headroom | None = None

@@ -14,9 +14,6 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pools.selectors import key_authenticate
-from proxy.apis.chat import error_body
-from proxy.errors import TYPED_ERRORS, model_message
-from proxy.exchange import Exchange, Final, Stream
 from proxy.ingress import (
     COMPACT,
     DIALECTS,
@@ -30,11 +27,14 @@ from proxy.ingress import (
     typed_failure,
     typed_response,
 )
-from proxy.ledger import observations, record
-from proxy.metrics import scrape_registry
-from routing.resolution import is_allowed
-from routing.types import RouteClass
-from routing.vocabulary import ClientRoute
+from proxy.ledger.exchange import Exchange, Final, Stream
+from proxy.ledger.metrics import scrape_registry
+from proxy.ledger.recorder import observations, record
+from proxy.wire.apis.chat import error_body
+from proxy.wire.errors import TYPED_ERRORS, model_message
+from routing.policy.resolution import is_allowed
+from routing.policy.types import RouteClass
+from routing.policy.vocabulary import ClientRoute
 from runtime import db
 from runtime.reply import Reply
 
@@ -206,7 +206,8 @@ async def model(request: HttpRequest, model_id: str) -> HttpResponse:
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """The Prometheus scrape, with every request this process has finished counted (the ledger observes
-    them in batches: `proxy.ledger.observations`). Sync on purpose: the open-circuits gauge queries the
+    them in batches: `proxy.ledger.recorder.observations`). Sync on purpose: the open-circuits gauge queries
+    the
     database, and Django runs a sync view in a thread under ASGI, so the event loop never blocks on it."""
     observations.drain()
     return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)

@@ -17,7 +17,7 @@ Contract:
   connection: its state is unknown, so it is never reused.
 - The gateway's own errors are Responses `error` events carrying the HTTP status they stand for.
 - A candidate whose provider speaks no Responses (a Chat- or Messages-shaped account, its request
-  translated by `proxy.providers`) is dispatched over HTTP as an SSE stream (`proxy.dispatch`), and its
+  translated by `proxy.wire.providers`) is dispatched over HTTP as an SSE stream (`proxy.dispatch`), and its
   translated events are sent one frame each: the same withholding and failover rules, no upstream
   connection kept, so no pin follows it.
 - `previous_response_id` of such a bridged response: the upstream keeps no state, and the gateway stores
@@ -27,7 +27,7 @@ Contract:
   `response.create` that continues one is sent with the whole conversation as its `input` (to whichever
   candidate serves it). Any other `previous_response_id` is sent as it came. What is kept is bounded by
   bytes (`GATEWAY_MAX_BODY_BYTES` a connection) and cycle-free whatever an upstream's ids are (the
-  response ids are the gateway's own, `proxy.exchange.new_response_id`).
+  response ids are the gateway's own, `proxy.ledger.exchange.new_response_id`).
 - A prewarm (`response.create` with `generate: false`, Codex's first frame: the turn's request, to be
   continued by the next frame with `previous_response_id` and only what is new) is relayed as it is
   to a native candidate or on the live connection. When the plan's first candidate is bridged, the
@@ -46,20 +46,20 @@ from typing import Any
 from django.conf import settings
 
 from proxy import upstream_ws
-from proxy.adapters.responses_over_chat import prewarmed
-from proxy.adapters.translate import RequestTranslationError
-from proxy.apis import responses
-from proxy.apis.responses import responses_error_event
 from proxy.dispatch import HttpDispatch
-from proxy.exchange import Failure, Final, new_response_id
-from proxy.providers.base import UpstreamCall
-from proxy.providers.registry import provider
+from proxy.ledger.exchange import Failure, Final, new_response_id
 from proxy.relay import Relay, call_for
-from proxy.sse import Block, Dialect, SSEParser
 from proxy.transport import Answer, EventSource, TransportFailure
 from proxy.upstream_ws import HandshakeRejected, UpstreamSocket
-from routing.failures import Observation
-from routing.types import Candidate
+from proxy.wire.apis import responses
+from proxy.wire.apis.responses import responses_error_event
+from proxy.wire.providers.base import UpstreamCall
+from proxy.wire.providers.registry import provider
+from proxy.wire.sse import Block, Dialect, SSEParser
+from proxy.wire.translations.responses_over_chat import prewarmed
+from proxy.wire.translations.translate import RequestTranslationError
+from routing.policy.failures import Observation
+from routing.policy.types import Candidate
 
 
 def error_frame(status: int | None, *, type: str, code: str | None, param: str | None, message: str) -> bytes:

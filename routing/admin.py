@@ -1,5 +1,6 @@
 """Admins of the shared routing state, read-only (SPEC §9). The operator page that shows it with the
-ledger's usage, /admin/upstreams/, is `proxy.upstreams`: it reads the ledger, a layer above routing."""
+ledger's usage, /admin/upstreams/, is `proxy.console.upstreams`: it reads the ledger, a layer above
+routing."""
 
 from django.contrib import admin
 

@@ -5,8 +5,8 @@ from django.db import models
 from django.db.models import Q
 
 from pools.models import Assignment, GatewayKey, Pool, choices, choices_check, values
-from routing.types import AFFINITY_KEY_MAX, ASSIGNMENT_WIDE
-from routing.vocabulary import CircuitReason, CircuitState, RouteClass
+from routing.policy.types import AFFINITY_KEY_MAX, ASSIGNMENT_WIDE
+from routing.policy.vocabulary import CircuitReason, CircuitState, RouteClass
 
 # A circuit's route class; `*` is an assignment-wide circuit (model `*` too): credential_rejected
 # covers every model and route class of the assignment at once (SPEC §7.1).
@@ -104,7 +104,8 @@ class Affinity(models.Model):
 
 class Latency(models.Model):
     """A moving average of an (assignment, model)'s upstream time to first byte (SPEC §5.4), kept by the
-    ledger writer from the succeeded attempts of each batch it saves (`routing.latency`): shared by every
+    ledger writer from the succeeded attempts of each batch it saves (`routing.policy.latency`): shared by
+    every
     node, never written on a request's path. A pair that never succeeded has no row (latency unknown)."""
 
     assignment = models.ForeignKey(Assignment, on_delete=models.CASCADE, related_name="+")
@@ -117,7 +118,7 @@ class Latency(models.Model):
     headroom_left = models.FloatField(null=True, blank=True)
     headroom_until = models.DateTimeField(null=True, blank=True)
     # How much it has served lately: its succeeded attempts, each worth 1 when written (one that placed a
-    # conversation on it `routing.latency.PLACEMENT_LOAD`) and halving every `LOAD_HALF_LIFE_S` since
+    # conversation on it `routing.policy.latency.PLACEMENT_LOAD`) and halving every `LOAD_HALF_LIFE_S` since
     # (`updated_at` is when). Of the draw's choices the least loaded goes first (§5.4).
     load = models.FloatField(default=0.0)
 

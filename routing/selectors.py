@@ -5,7 +5,7 @@ Two kinds of input, read differently:
   it is cached per process and per set of pools, and reloaded when the config version that the key
   lookup read alongside the key has moved (`pools.models.ConfigVersion`);
 - health (circuits of the request's route class, active demotions) and each route's latency average
-  (`routing.latency`, kept by the ledger writer) are shared, durable state that must be seen at once by
+  (`routing.policy.latency`, kept by the ledger writer) are shared, durable state that must be seen at once by
   every node: they are read on every request, in ONE query.
 So a successful request costs one read before dispatch: the key (with its pools and the config
 version), the health and the key's affinities for the ids the request names (SPEC §7.2), in one
@@ -29,17 +29,16 @@ from pools.selectors import (
     key_params,
     key_sql,
 )
-from routing import breaker
-from routing.breaker import BreakerSettings, CircuitSnapshot
-from routing.capabilities import Capability, Effective, valid_until
-from routing.files import file_pins
-from routing.latency import load_now
 from routing.models import Affinity, AffinityKind, Circuit, Demotion, Latency
-from routing.plan import HardPin, PinKind
-from routing.resolution import ModelPolicy
-from routing.route import RoutingView, Target
-from routing.services import breaker_settings
-from routing.types import (
+from routing.policy import breaker
+from routing.policy.breaker import BreakerSettings, CircuitSnapshot
+from routing.policy.capabilities import Capability, Effective, valid_until
+from routing.policy.files import file_pins
+from routing.policy.latency import load_now
+from routing.policy.plan import HardPin, PinKind
+from routing.policy.resolution import ModelPolicy
+from routing.policy.route import RoutingView, Target
+from routing.policy.types import (
     AFFINITY_KEY_MAX,
     ASSIGNMENT_WIDE,
     Candidate,
@@ -52,6 +51,7 @@ from routing.types import (
     ToolRepresentation,
     TriState,
 )
+from routing.services import breaker_settings
 from runtime import rawsql
 
 CACHE_LIMIT = 512
@@ -273,7 +273,7 @@ class HealthState:
     latency: dict[tuple[int, str], float] = field(default_factory=dict)  # (assignment, model) -> average ms
     # (assignment, model) -> (the share of its tightest rate limit left, when that limit resets)
     headroom: dict[tuple[int, str], tuple[float, datetime]] = field(default_factory=dict)
-    # (assignment, model) -> (its recent load, when that was written: `routing.latency.load_now`)
+    # (assignment, model) -> (its recent load, when that was written: `routing.policy.latency.load_now`)
     load: dict[tuple[int, str], tuple[float, datetime]] = field(default_factory=dict)
 
 
@@ -592,7 +592,7 @@ def with_latency(
     `headroom_left` from `headroom` while its limit has not reset by `now`, and `load` from `load`
     decayed to `now` (rounded to a tenth, so it changes the candidates no more often than it matters).
     Built once per change of these, not per request: a candidate's copy costs a few microseconds, a
-    pool of twenty accounts a tenth of a millisecond a request (routing.latency)."""
+    pool of twenty accounts a tenth of a millisecond a request (routing.policy.latency)."""
     loads = load or {}
     values = []
     for c in candidates:
@@ -689,7 +689,7 @@ def affinity_get(*, key_id: int, kind: AffinityKind, key: str, now: datetime) ->
 
 @dataclass(frozen=True, slots=True)
 class RoutingInputs:
-    """Everything `routing.route.decide` needs besides the key, the model and the requirements: the
+    """Everything `routing.policy.route.decide` needs besides the key, the model and the requirements: the
     one gathering of inputs that the proxy, `manage.py routing_explain` and the panel's health
     signals share, so they cannot disagree (e.g. on an unknown `previous_response_id`)."""
 

@@ -1,6 +1,6 @@
 """Writes to the shared routing state (SPEC §7.1, §7.2).
 
-Every transition is decided by the pure `routing.breaker` and applied with a compare-and-swap
+Every transition is decided by the pure `routing.policy.breaker` and applied with a compare-and-swap
 UPDATE guarded by the exact fields that were read, so two nodes can never both make the same
 transition (for example, both take the only half-open probe slot). A loser re-reads and decides
 again, a bounded number of times. Nothing here keeps state in the process.
@@ -15,11 +15,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from pools.models import Assignment, ConfigVersion, GatewaySettings
-from routing import breaker
-from routing.breaker import BreakerSettings, CircuitSnapshot
-from routing.latency import ALPHA, LOAD_HALF_LIFE_S, Fold
 from routing.models import Affinity, AffinityKind, Circuit, Demotion, Latency
-from routing.types import ASSIGNMENT_WIDE, CircuitReason, CircuitState
+from routing.policy import breaker
+from routing.policy.breaker import BreakerSettings, CircuitSnapshot
+from routing.policy.latency import ALPHA, LOAD_HALF_LIFE_S, Fold
+from routing.policy.types import ASSIGNMENT_WIDE, CircuitReason, CircuitState
 from runtime import rawsql
 
 CAS_TRIES = 5
@@ -299,7 +299,8 @@ def failure_record(
 
 
 def latencies_record(*, folds: list[Fold], now: datetime) -> None:
-    """Fold a ledger batch's time-to-first-byte samples into each pair's moving average (`routing.latency`),
+    """Fold a ledger batch's time-to-first-byte samples into each pair's moving average
+    (`routing.policy.latency`),
     in ONE statement whatever the number of pairs: an upsert whose update computes `Fold.applied` on the
     stored average, so two nodes' writers folding the same pair at once each add their samples (the row
     lock orders them) and no read-then-write can lose one. Pairs are written in key order, so two such
@@ -313,7 +314,7 @@ def latencies_record(*, folds: list[Fold], now: datetime) -> None:
     values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
     stamp = rawsql.as_param(now)
     # Seconds since the row was last written (never below 0: two nodes' clocks), for the load's halving
-    # (routing.latency.LOAD_HALF_LIFE_S). Each backend spells a timestamp difference its own way.
+    # (routing.policy.latency.LOAD_HALF_LIFE_S). Each backend spells a timestamp difference its own way.
     was, at = f"{table}.{q('updated_at')}", f"excluded.{q('updated_at')}"
     if connection.vendor == "postgresql":
         seconds = f"EXTRACT(EPOCH FROM ({at} - {was}))"

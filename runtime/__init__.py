@@ -15,12 +15,13 @@ there, by name, rather than as a slow or wrong request somewhere else:
   their connections (instead of Django's thread per request and its connection).
 - `loopdb`: on PostgreSQL, the request path's read before dispatch on the event loop (psycopg_pool's
   async pool, built from Django's connection parameters) instead of `db`'s threads.
-- `transport`: an httpx transport whose connections go through a given httpcore network backend (catalog
-  discovery's checked destinations).
+- `httpx_backend`: an httpx transport whose connections go through a given httpcore network backend
+  (catalog discovery's checked destinations).
 - `rawsql`: hand-written SQL for the few statements every request or hand-off runs, on the documented
   cursor API but around the ORM (measured: the ORM's query building cost more than the statement).
 
-This package imports no app of the project: every app may build on it (tests/test_imports.py, layers).
+This package imports no app of the project, only the pure folders below it (`sigv4` signs a
+`proxy.wire` provider's `SigV4`): every app may build on it (README "Layout", tests/test_layers.py).
 
 One more step around the ORM lives where Django puts schema, in migrations: the configuration version
 every node compares before reusing its routing cache is moved by database triggers on every write to

@@ -1,12 +1,12 @@
 """Hand-written SQL for the read every proxied request makes (the key and the health), the two
 writes every failover makes (the circuit's compare-and-swap, the demotion upsert: routing.services)
-and the ledger's inserts of each batch (proxy.services).
+and the ledger's inserts of each batch (proxy.ledger.services).
 
 The ORM costs about 0.4 ms of Python per query here against 0.03 ms for the same statement through
 a cursor, and these run on every request or every hand-off; everything else uses the ORM. Statements are
 built from the models' table and column names, run on SQLite and PostgreSQL alike, and their values
 are normalised here (SQLite returns datetimes and JSON as text and booleans as integers). A large
-ledger batch goes to PostgreSQL by COPY (proxy.services).
+ledger batch goes to PostgreSQL by COPY (proxy.ledger.services).
 
 Relied on (tests/runtime/test_rawsql.py): what each backend's cursor returns for these columns, and
 `connection.ops.adapt_datetimefield_value` comparing as the ORM's parameters do.

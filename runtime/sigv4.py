@@ -7,7 +7,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from proxy.providers.base import SigV4
+from proxy.wire.providers.base import SigV4
 
 # The headers a SigV4 signature covers: what no proxy between here and AWS rewrites (the host, when
 # not given, is the URL's, as the client sends it).

@@ -131,7 +131,7 @@ def ledger_checks(database: Database, outcomes: list[Outcome]) -> tuple[list[Che
     from django.db import connections
 
     from pools.models import GatewaySettings
-    from proxy.models import Attempt, RequestRecord
+    from proxy.ledger.models import Attempt, RequestRecord
     from routing.models import Circuit
 
     try:

@@ -84,8 +84,8 @@ from soak.report import (
 
 
 def websocket_route_present() -> bool:
-    consumers, routing = ROOT / "proxy" / "consumers.py", ROOT / "proxy" / "routing.py"
-    return consumers.exists() and "v1/responses" in routing.read_text()
+    consumers, routes = ROOT / "proxy" / "consumers.py", ROOT / "proxy" / "ws_urls.py"
+    return consumers.exists() and "v1/responses" in routes.read_text()
 
 
 async def websocket_handshake_ok(url: str, key: str) -> bool:

@@ -36,13 +36,13 @@ def _private_ledger_spool(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _no_background_affinity_prune():
-    """The process-wide ledger writer prunes expired affinities once a minute (proxy.ledger). The
+    """The process-wide ledger writer prunes expired affinities once a minute (proxy.ledger.recorder). The
     SQLite test database is a shared cache with table locks and no busy timeout, so that background
     DELETE could make a request's own affinity write fail at random; the prune is tested on a writer
     of its own (tests/proxy/test_ledger_writer.py)."""
     import math
 
-    from proxy import ledger
+    from proxy.ledger import recorder as ledger
 
     ledger.writer._next_prune = math.inf
 

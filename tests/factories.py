@@ -94,12 +94,13 @@ def reserve(exchange, key_id: int, amount: int):
 
 
 def finished_exchange(key_id: int | None = None, **fields):
-    """A finished Chat Completions request as the ledger is handed it (proxy.exchange.Exchange): answered
+    """A finished Chat Completions request as the ledger is handed it (proxy.ledger.exchange.Exchange):
+    answered
     200 `ok`, a fresh request id, `fields` on top."""
     import uuid
     from datetime import UTC, datetime
 
-    from proxy.exchange import Exchange
+    from proxy.ledger.exchange import Exchange
 
     now = datetime.now(UTC)
     base = {

@@ -23,7 +23,8 @@ from devkit.harness import PYTHON, free_port, spawn, stop, tail
 from devkit.upstream import FakeUpstream
 from gatewaysite.server import HttpToolsProtocol
 from pools.models import Assignment, GatewaySettings
-from proxy import ledger, limits
+from proxy import limits
+from proxy.ledger import recorder as ledger
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
 GATEWAY_KEY = "sk-gw-e2e-test-key-0123456789"

@@ -4,7 +4,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from pools.models import Assignment, GatewayKey, Pool
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Affinity, Circuit, Demotion
 
 RAW_KEY = "sk-gw-admin-canary-7f3c9e1d2b"

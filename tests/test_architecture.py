@@ -2,9 +2,10 @@
 each other only (no Django, no httpx, no ORM, services or selectors), and read no clock and no randomness;
 `now` is always passed in.
 
-What is pure is declared once, as the files mypy type-checks strictly (`[tool.mypy] files` in
-pyproject.toml, run by `make lint`): every routing module but the ORM layer, and every module whose
-docstring says it is PURE, must be listed there, and everything listed must be pure."""
+What is pure is a folder, never a list of files: the layout's pure folders (README "Layout", the rows whose
+job begins "Pure"), which are also the folders mypy checks strictly (`[tool.mypy] files` in pyproject.toml,
+run by `make lint`). Every module in them must be pure, and a module whose docstring says it is PURE must
+sit in one."""
 
 import ast
 import re
@@ -15,32 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.test_imports import PACKAGES
+from tests.test_layers import layout
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUTING = ROOT / "routing"
 PROJECT = frozenset(PACKAGES)
-# The routing modules that may touch Django: everything else in routing/ is the pure core.
-ORM_MODULES = frozenset({"__init__", "apps", "models", "services", "selectors", "admin"})
-EXPECTED_PURE = frozenset(
-    {
-        "routing.types",
-        "routing.pricing",
-        "routing.resolution",
-        "routing.plan",
-        "routing.eligibility",
-        "routing.preference",
-        "routing.auto",
-        "routing.failures",
-        "routing.breaker",
-        "routing.sanitize",
-        "routing.budget",
-        "routing.vocabulary",
-        "proxy.sse",
-        "proxy.adapters.translate",
-        "proxy.adapters.messages_over_chat",
-        "proxy.adapters.chat_over_messages",
-    }
-)
+PURE_ROW = re.compile(r"^\| `([a-z_/]+)/` \| Pure:", re.M)
 # A module's docstring claims purity with a sentence of its own: "PURE: ..." or "PURE."
 CLAIM = re.compile(r"\bPURE[:.]")
 # Standard-library modules that would bring I/O, a clock, randomness or concurrency into the core.
@@ -68,17 +48,25 @@ CLOCK_CALLS = frozenset({"now", "utcnow", "today", "time", "monotonic", "perf_co
 
 
 def _dotted(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    """A module's dotted name (a package by its own name)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def pure_folders() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    folders = layout(readme)
+    return [folder for folder in PURE_ROW.findall(readme) if folder in folders]
 
 
 def pure_modules() -> set[str]:
-    """The modules type-checked as the pure core, by dotted name."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return {_dotted(ROOT / file) for file in config["tool"]["mypy"]["files"]}
+    """Every module of the pure folders, by dotted name (a package by its own name)."""
+    return {_dotted(path) for folder in pure_folders() for path in (ROOT / folder).rglob("*.py")}
 
 
 def _source(module: str) -> str:
-    return (ROOT / Path(*module.split("."))).with_suffix(".py").read_text()
+    path = ROOT / Path(*module.split("."))
+    return (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
 
 
 def _absolute(node: ast.ImportFrom, module: str) -> str:
@@ -88,7 +76,7 @@ def _absolute(node: ast.ImportFrom, module: str) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def violations(source: str, pure: set[str] | frozenset[str], module: str = "routing.example") -> list[str]:
+def violations(source: str, pure: set[str], module: str = "routing.policy.example") -> list[str]:
     """Every import or call in `source` (the text of `module`) that a pure module may not make."""
     found: list[str] = []
 
@@ -97,7 +85,8 @@ def violations(source: str, pure: set[str] | frozenset[str], module: str = "rout
         if top == "__future__":
             return
         if top in PROJECT:
-            # `from routing import preference` names a module; `from routing.types import X` a name in one.
+            # `from routing import preference` names a module; `from routing.policy.types import X` a name in
+            # one.
             targets = [imported] if imported in pure or not names else [f"{imported}.{n}" for n in names]
             for target in targets:
                 if target not in pure:
@@ -122,13 +111,10 @@ def violations(source: str, pure: set[str] | frozenset[str], module: str = "rout
     return found
 
 
-def test_the_expected_pure_modules_are_declared_pure():
-    assert pure_modules() >= EXPECTED_PURE
-
-
-def test_every_routing_policy_module_is_declared_pure():
-    policy = {f"routing.{path.stem}" for path in ROUTING.glob("*.py") if path.stem not in ORM_MODULES}
-    assert policy - pure_modules() == set(), "add it to [tool.mypy] files in pyproject.toml"
+def test_the_pure_folders_are_the_layouts_and_mypys():
+    assert pure_folders() == ["proxy/wire", "routing/policy"]
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert sorted(config["tool"]["mypy"]["files"]) == sorted(pure_folders())
 
 
 def test_every_module_that_claims_to_be_pure_is_declared_pure():
@@ -140,7 +126,7 @@ def test_every_module_that_claims_to_be_pure_is_declared_pure():
         if not any(part.startswith(".venv") for part in path.relative_to(ROOT).parts)
         and CLAIM.search(ast.get_docstring(ast.parse(path.read_text())) or "")
     }
-    assert claiming - pure_modules() == set(), "add it to [tool.mypy] files in pyproject.toml"
+    assert claiming - pure_modules() == set(), "a module that claims to be pure belongs in a pure folder"
 
 
 @pytest.mark.parametrize("module", sorted(pure_modules()))
@@ -163,7 +149,7 @@ def test_pure_modules_open_with_a_contract_docstring():
         "from routing.models import Circuit",
         "from routing import services",
         "import routing.selectors",
-        "from . import selectors",
+        "from .. import selectors",
         "from .models import Circuit",
         "from pools.models import Assignment",
         "from proxy.relay import Exchange",
@@ -179,7 +165,7 @@ def test_pure_modules_open_with_a_contract_docstring():
     ],
 )
 def test_the_checker_catches_an_impure_source(source):
-    assert violations(source, EXPECTED_PURE) != []
+    assert violations(source, pure_modules()) != []
 
 
 @pytest.mark.parametrize(
@@ -188,12 +174,12 @@ def test_the_checker_catches_an_impure_source(source):
         "from __future__ import annotations",
         "import enum\nfrom dataclasses import dataclass, replace\nfrom datetime import datetime, timedelta",
         "from collections.abc import Mapping",
-        "from routing.types import Candidate",
-        "from routing import preference",
+        "from routing.policy.types import Candidate",
+        "from routing.policy import preference",
         "from .eligibility import evaluate",
-        "import routing.breaker",
-        "from proxy.sse import Block",
+        "import routing.policy.breaker",
+        "from proxy.wire.sse import Block",
     ],
 )
 def test_the_checker_accepts_a_pure_source(source):
-    assert violations(source, EXPECTED_PURE) == []
+    assert violations(source, pure_modules()) == []

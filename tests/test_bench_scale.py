@@ -9,7 +9,7 @@ from django.db import connection
 from bench.scale import figures, report, seed
 from bench.scale.streams import run_streams, summary
 from devkit.harness import HOST, PYTHON, Processes, free_port
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, PoolFactory
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from gatewaysite.logformat import JsonFormatter
-from proxy.ledger import Fields
+from proxy.ledger.recorder import Fields
 
 
 def _record(msg, *args, exc_info=None) -> logging.LogRecord:

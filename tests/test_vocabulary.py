@@ -1,4 +1,4 @@
-"""The vocabularies are declared once (routing/vocabulary.py) and everything else is built from them
+"""The vocabularies are declared once (routing/policy/vocabulary.py) and everything else is built from them
 (issue 16 point 3): the ORM's choices and check constraints, the metrics' bounded label sets, and the
 relay's statuses and outcomes. A new member can therefore not be forgotten by one of them."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from pools.models import Assignment, GatewayKey
-from proxy import metrics
-from proxy.exchange import AttemptLog, Exchange
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger import metrics
+from proxy.ledger.exchange import AttemptLog, Exchange
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Circuit, Demotion
-from routing.vocabulary import (
+from routing.policy.vocabulary import (
     AttemptStatus,
     BudgetPeriod,
     CircuitReason,
@@ -81,7 +81,7 @@ def _enum_classes(path: Path) -> list[tuple[str, frozenset[str]]]:
 def test_no_vocabulary_is_declared_twice():
     """Two enums of the same name, or with the same members, are one vocabulary declared twice (as
     Router, DataCollection, ToolRepresentation and BudgetPeriod were in routing and pools): declare it
-    once in routing/vocabulary.py and build the ORM's choices from it."""
+    once in routing/policy/vocabulary.py and build the ORM's choices from it."""
     declared: dict[object, str] = {}
     twice = []
     for package in PACKAGES:
@@ -172,13 +172,13 @@ def test_every_outcome_of_the_relay_is_counted_under_its_own_name(outcome):
 # Where the relay's statuses and outcomes used to be spelled out; they name the vocabulary's members now.
 SPELLED_BY_MEMBER = (
     "proxy/relay.py",
-    "proxy/exchange.py",
+    "proxy/ledger/exchange.py",
     "proxy/output.py",
-    "proxy/health.py",
+    "proxy/outcomes.py",
     "proxy/unserved.py",
-    "proxy/metrics.py",
-    "proxy/tracing.py",
-    "proxy/ledger.py",
+    "proxy/ledger/metrics.py",
+    "proxy/ledger/tracing.py",
+    "proxy/ledger/recorder.py",
 )
 
 
@@ -202,7 +202,9 @@ def _string_literals(path: Path) -> set[str]:
 @pytest.mark.parametrize("module", SPELLED_BY_MEMBER)
 def test_the_relay_names_statuses_and_outcomes_by_their_members(module):
     spelled = _string_literals(ROOT / module) & {*AttemptStatus, *Outcome}
-    assert spelled == set(), f"{module} spells {sorted(spelled)} as bare strings: use routing.vocabulary"
+    assert spelled == set(), (
+        f"{module} spells {sorted(spelled)} as bare strings: use routing.policy.vocabulary"
+    )
 
 
 def test_the_metrics_route_label_set_is_the_client_routes():
@@ -225,4 +227,4 @@ def test_every_client_url_is_a_client_route():
 @pytest.mark.parametrize("module", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "proxy").rglob("*.py")))
 def test_no_proxy_module_spells_a_client_route(module):
     spelled = _string_literals(ROOT / module) & set(ClientRoute)
-    assert spelled == set(), f"{module} spells {sorted(spelled)}: use routing.vocabulary.ClientRoute"
+    assert spelled == set(), f"{module} spells {sorted(spelled)}: use routing.policy.vocabulary.ClientRoute"

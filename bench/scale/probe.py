@@ -83,7 +83,7 @@ def page(c, url: str):
 def probe_admin(repeat: int, prune_days: int | None) -> dict[str, Any]:
     from django.core.management import call_command
 
-    from proxy.models import RequestRecord
+    from proxy.ledger.models import RequestRecord
 
     c = client()
     found: dict[str, Any] = {"rows": RequestRecord.objects.count()}
@@ -113,9 +113,9 @@ def probe_routing(key_name: str, secret: str, model: str, repeat: int, loops: in
     from django.utils import timezone
 
     from pools.selectors import key_by_name
-    from routing.route import decide
+    from routing.policy.route import decide
+    from routing.policy.types import Requirements, RouteClass
     from routing.selectors import Affinities, request_state_query, routing_inputs_load
-    from routing.types import Requirements, RouteClass
 
     found: dict[str, Any] = {}
     now = timezone.now()

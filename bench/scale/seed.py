@@ -137,7 +137,7 @@ def seed_ledger(rows: int, days: float, log=print, vacuum: bool = True) -> dict[
 
     from catalog.models import CatalogEntry
     from pools.models import GatewayKey
-    from proxy.models import Attempt, RequestRecord
+    from proxy.ledger.models import Attempt, RequestRecord
 
     keys = list(GatewayKey.objects.order_by("pk").values_list("pk", flat=True)[:1000])
     routes = list(

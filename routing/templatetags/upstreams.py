@@ -4,7 +4,7 @@ They are built here with plain string formatting rather than in the template: a 
 assignments with dozens of models each is thousands of rows, and the template engine (or
 `format_html`, through its lazy-string wrappers) costs tens of microseconds per fragment where this
 costs one or two. Every interpolated value goes through `html.escape` (quotes included), and none is a
-secret (see `routing.panel`)."""
+secret (see `routing.policy.panel`)."""
 
 from datetime import UTC, datetime
 from html import escape
@@ -12,9 +12,9 @@ from html import escape
 from django import template
 from django.utils.safestring import SafeString, mark_safe
 
-from routing.capabilities import Effective
-from routing.panel import AssignmentRow, Headroom, HeadroomState, ModelRow, Signal
-from routing.pricing import price_text
+from routing.policy.capabilities import Effective
+from routing.policy.panel import AssignmentRow, Headroom, HeadroomState, ModelRow, Signal
+from routing.policy.pricing import price_text
 
 register = template.Library()
 

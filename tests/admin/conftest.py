@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from catalog.models import CatalogEntry
 from pools.models import Assignment, GatewayKey, Pool
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Circuit, Demotion
 
 PASSWORD = "correct-horse-battery-staple-42"

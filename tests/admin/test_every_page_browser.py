@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from catalog.models import CapabilityEvidence, CatalogEntry, Provenance
 from pools.models import Assignment, GatewayKey, GatewaySettings, ModelAlias, ModelFallback, Pool
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Affinity, Circuit, Demotion
 from tests.admin.conftest import PASSWORD, make_user
 from tests.admin.test_upstreams_browser import (

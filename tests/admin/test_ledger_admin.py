@@ -12,9 +12,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from pools.models import Assignment, GatewayKey, Pool
-from proxy.ledger_admin import LedgerPaginator, timeline
-from proxy.models import Attempt, RequestRecord
-from proxy.spend import DAYS, spend_report
+from proxy.console.requests import LedgerPaginator, timeline
+from proxy.console.spend import DAYS, spend_report
+from proxy.ledger.models import Attempt, RequestRecord
 from tests.admin.conftest import make_user
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from proxy.models import RequestRecord
+from proxy.ledger.models import RequestRecord
 from tests.admin.conftest import PASSWORD, make_user
 from tests.admin.test_ledger_admin import OPERATOR_PERMS, _ok, _record, build_ledger
 from tests.admin.test_upstreams_browser import (

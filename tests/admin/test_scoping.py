@@ -20,7 +20,7 @@ from django.utils import timezone
 from catalog.models import CapabilityEvidence, CatalogEntry, Provenance
 from pools.models import Assignment, GatewayKey, Pool
 from pools.scoping import PoolScopedAdmin
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Affinity, Circuit, Demotion
 from tests.admin.conftest import make_user
 from tests.factories import AssignmentFactory, GatewayKeyFactory, PoolFactory

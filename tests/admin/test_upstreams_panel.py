@@ -13,9 +13,9 @@ from django.utils import timezone
 from catalog.models import CapabilityEvidence, CatalogEntry
 from catalog.selectors import route_hash
 from pools.models import Assignment, GatewaySettings, Pool
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Circuit, Demotion, Latency
-from routing.panel import Panel
+from routing.policy.panel import Panel
 from tests.admin.conftest import (
     CREDENTIAL,
     PROVIDER_MESSAGE,

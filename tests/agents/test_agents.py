@@ -30,7 +30,7 @@ from django.core.management import call_command
 
 from devkit.agent_upstream import MARKER, PROOF_FILE, AgentUpstream
 from devkit.egress_trap import EgressTrap
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 
 # The tested client versions (the README lists them): one place to move them.
 CLIENTS = {"@anthropic-ai/claude-code": "2.1.332", "@openai/codex": "0.171.0", "opencode-ai": "1.18.33"}

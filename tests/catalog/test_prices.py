@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from catalog.models import Provenance
 from catalog.prices import TABLE_PATH, bundled_price, bundled_table, route_price
-from routing.pricing import cost_micros, dollars, price_text
+from routing.policy.pricing import cost_micros, dollars, price_text
+from routing.policy.types import Price, PriceSource, RouteClass
 from routing.selectors import config_cache_clear, routing_view_load
-from routing.types import Price, PriceSource, RouteClass
 from tests.admin.conftest import upstreams_url
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
@@ -76,7 +76,7 @@ def test_the_table_has_the_cached_rates_each_provider_publishes():
 def test_a_configured_price_never_borrows_the_bundled_cached_rate():
     configured = route_price("gpt-5", 2_000_000, 8_000_000)
     assert configured.cached_input_per_mtok_micros is None  # not gpt-5's bundled $0.125
-    # ... so its cached tokens are priced at its own input rate (routing.pricing).
+    # ... so its cached tokens are priced at its own input rate (routing.policy.pricing).
     assert cost_micros(configured, input_tokens=10**6, output_tokens=0, cached_read_tokens=10**6) == 2_000_000
     full = route_price("gpt-5", 2_000_000, 8_000_000, cached_input=200_000, cache_write=2_500_000)
     assert full == Price(2_000_000, 8_000_000, PriceSource.CONFIGURED, 200_000, 2_500_000)

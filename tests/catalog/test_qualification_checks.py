@@ -9,7 +9,7 @@ import pytest
 from catalog import qualification as q
 from devkit.model_upstream import pdf_text, read_digits
 from proxy.qualify import responses_chat_form, streamed_response
-from proxy.sse import Dialect
+from proxy.wire.sse import Dialect
 
 EXPECT_CALL = {"tool": "write_record", "arguments": {"record_id": "R1", "text": "P1"}}
 FIXTURE = {"contains": "ACK C1", "instruction": "Q1", "forged": "X1"}

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pools.models import Assignment, GatewaySettings
-from routing.headroom import DEFAULT_FLOOR
+from routing.policy.headroom import DEFAULT_FLOOR
 from routing.selectors import config_load
 from tests.gatewayconfig.test_document import dump, load, load_fails
 

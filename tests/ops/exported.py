@@ -1,4 +1,5 @@
-"""What `/metrics` can expose, read from the code's own registry (proxy.metrics), for the tests that hold
+"""What `/metrics` can expose, read from the code's own registry (proxy.ledger.metrics), for the tests that
+hold
 the dashboard, the alert rules and docs/metrics.md to it: every family with its type and label names,
 and every sample name a scrape can carry with the labels it has."""
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics import MetricWrapperBase
 
-from proxy import metrics
+from proxy.ledger import metrics
 
 # Labels Prometheus adds to every scraped series.
 TARGET_LABELS = frozenset({"job", "instance"})
@@ -45,7 +46,7 @@ class Family:
 
 
 def families() -> list[Family]:
-    """Every metric family of the registry. The counters and histograms are proxy.metrics' module-level
+    """Every metric family of the registry. The counters and histograms are proxy.ledger.metrics' module-level
     objects; the database gauges are DatabaseCollector's `describe()` (no database read)."""
     found = []
     for value in vars(metrics).values():

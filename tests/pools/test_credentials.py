@@ -18,7 +18,7 @@ from gatewayconfig.document import IssueCode, parse_config
 from pools import credentials
 from pools.credentials import credential_of
 from pools.models import Assignment, ConfigVersion
-from proxy.providers.registry import provider
+from proxy.wire.providers.registry import provider
 from tests.factories import AssignmentFactory, PoolFactory
 
 SECRET = "sk-upstream-canary-credential-7Qx9"

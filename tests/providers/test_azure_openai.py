@@ -9,8 +9,8 @@ from catalog.models import Provenance
 from devkit.azure import AzureFake, prompt_filtered
 from devkit.behaviours import rate_limited, serve
 from pools.models import Adapter, GatewaySettings
-from proxy.ledger import writer
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.recorder import writer
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import wait_for

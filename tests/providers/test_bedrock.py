@@ -13,8 +13,8 @@ from devkit import bedrock
 from devkit.bedrock import BedrockFake
 from devkit.behaviours import fail_after_visible, refusal, serve
 from pools.models import Adapter, Assignment, GatewaySettings
-from proxy.ledger import writer
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.recorder import writer
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import wait_for
@@ -277,7 +277,7 @@ def test_catalog_discovery_lists_inference_profiles_by_the_name_a_call_gives_the
 
 
 def test_inference_profile_pages_are_followed_and_only_active_profiles_kept():
-    from proxy.providers.bedrock import PROVIDER
+    from proxy.wire.providers.bedrock import PROVIDER
 
     summary = {"inferenceProfileId": PROFILE, "inferenceProfileArn": "arn:x", "type": "SYSTEM_DEFINED"}
     page = PROVIDER.model_page(

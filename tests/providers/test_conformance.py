@@ -30,8 +30,8 @@ from devkit.gemini import GeminiFake
 from devkit.upstream import FakeUpstream
 from devkit.vertex import VertexFake
 from pools.models import Adapter, Assignment, GatewaySettings
-from proxy.ledger import writer
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.recorder import writer
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.providers.chat_steps import chat_step

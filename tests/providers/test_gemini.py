@@ -12,8 +12,8 @@ from devkit import gemini
 from devkit.behaviours import fail_after_visible, refusal, serve
 from devkit.gemini import GeminiFake
 from pools.models import Adapter, Assignment, GatewaySettings
-from proxy.ledger import writer
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.recorder import writer
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import wait_for

@@ -14,7 +14,7 @@ from websockets.sync.client import connect
 
 from devkit import gemini
 from pools.models import Assignment
-from proxy.providers.tool_ids import MARK, signed_id, split_id
+from proxy.wire.providers.tool_ids import MARK, signed_id, split_id
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.providers.chat_steps import chat_step
 from tests.providers.test_gemini import MODEL, gemini_then_openai  # noqa: F401  (a fixture)

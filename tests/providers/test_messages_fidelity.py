@@ -13,8 +13,8 @@ from catalog.models import Provenance
 from devkit.bedrock import BedrockFake
 from devkit.gemini import GeminiFake
 from pools.models import Adapter, GatewaySettings
-from proxy.ledger import writer
-from proxy.models import Attempt
+from proxy.ledger.models import Attempt
+from proxy.ledger.recorder import writer
 from proxy.unserved import UNTRANSLATABLE_MESSAGE
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY

@@ -9,8 +9,8 @@ import pytest
 from catalog.models import Provenance
 from devkit.behaviours import serve
 from pools.models import Adapter, Assignment, GatewaySettings
-from proxy.ledger import writer
-from proxy.models import Attempt
+from proxy.ledger.models import Attempt
+from proxy.ledger.recorder import writer
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import wait_for

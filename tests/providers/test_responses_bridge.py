@@ -1,4 +1,5 @@
-"""proxy/adapters/responses_over_chat.py, responses_over_chat_stream.py, responses_over_messages.py and the
+"""proxy/wire/translations/responses_over_chat.py, responses_over_chat_stream.py, responses_over_messages.py
+and the
 providers that carry Responses through them (anthropic, openai_compatible, gemini, bedrock): requests,
 typed refusals named by the client's field, answers and event streams checked against the openai SDK's
 own types, and the adversarial fixture (seed 002) through every new pair."""
@@ -12,18 +13,22 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from proxy.adapters.responses_over_chat import chat_to_responses_response, echo, responses_to_chat_request
-from proxy.adapters.responses_over_chat_stream import ChatToResponsesStream
-from proxy.adapters.responses_over_messages import (
+from proxy.wire.providers.registry import CARRIERS, provider
+from proxy.wire.sse import Block, SSEParser, encode_block
+from proxy.wire.translations.responses_over_chat import (
+    chat_to_responses_response,
+    echo,
+    responses_to_chat_request,
+)
+from proxy.wire.translations.responses_over_chat_stream import ChatToResponsesStream
+from proxy.wire.translations.responses_over_messages import (
     AnthropicToResponsesStream,
     anthropic_to_responses_response,
     responses_to_anthropic_request,
 )
-from proxy.adapters.translate import RequestTranslationError
-from proxy.providers.registry import CARRIERS, provider
-from proxy.sse import Block, SSEParser, encode_block
-from routing.route import Target
-from routing.types import Requirements
+from proxy.wire.translations.translate import RequestTranslationError
+from routing.policy.route import Target
+from routing.policy.types import Requirements
 from tests.proxy.test_translate import DELETE_SCHEMA, FORGED, INSTRUCTION, READ_ARGS, READ_SCHEMA
 
 EVENTS = TypeAdapter(ResponseStreamEvent)

@@ -1,4 +1,5 @@
-"""What Codex CLI 0.17x sends, on a Chat- or Messages-shaped account (proxy/adapters/responses_over_chat.py,
+"""What Codex CLI 0.17x sends, on a Chat- or Messages-shaped account
+(proxy/wire/translations/responses_over_chat.py,
 issue 44): `client_metadata` is dropped like `metadata`, namespaced and conversation-declared
 (`additional_tools`) functions become tools, hosted tools are dropped, a grammar-defined custom tool is
 refused naming its `format`. Shapes measured from Codex's own requests (tests/agents/)."""
@@ -7,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.adapters.responses_over_chat import responses_to_chat_request
-from proxy.adapters.translate import RequestTranslationError
+from proxy.wire.translations.responses_over_chat import responses_to_chat_request
+from proxy.wire.translations.translate import RequestTranslationError
 from tests.providers.test_responses_bridge import BRIDGED, call
 
 SCHEMA = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}

@@ -6,7 +6,7 @@ relayed as it is. A raw websocket client -> the gateway under uvicorn -> fakes o
 
 from catalog.models import Provenance
 from pools.models import Adapter
-from proxy.models import RequestRecord
+from proxy.ledger.models import RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory
 from tests.gateway_fixtures import UPSTREAM_KEY_ENV
 from tests.providers.test_responses_bridge_ws import MODEL, TOOLS, claude, create, open_ws, pool

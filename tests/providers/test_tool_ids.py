@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from proxy.providers.tool_ids import MARK, derived_id, signed_id, split_id, strip_signatures
+from proxy.wire.providers.tool_ids import MARK, derived_id, signed_id, split_id, strip_signatures
 
 ANTHROPIC_ID = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -15,13 +15,13 @@ from catalog.services import catalog_sync
 from devkit import gemini
 from devkit.vertex import ANTHROPIC_VERSION, VertexFake
 from pools.models import Adapter, Assignment, GatewaySettings
-from proxy.ledger import writer
-from proxy.models import Attempt
-from proxy.providers import vertex
-from proxy.providers.registry import upstream_call
-from proxy.providers.tool_ids import signed_id
-from routing.route import Target
-from routing.types import Requirements
+from proxy.ledger.models import Attempt
+from proxy.ledger.recorder import writer
+from proxy.wire.providers import vertex
+from proxy.wire.providers.registry import upstream_call
+from proxy.wire.providers.tool_ids import signed_id
+from routing.policy.route import Target
+from routing.policy.types import Requirements
 from runtime import google_oauth
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
@@ -394,7 +394,7 @@ def test_no_key_file_or_token_reaches_a_log_or_the_ledger(gateway, vertex_then_o
     refuses and an exchange Google refuses, are in no log line (any logger, any level) and no ledger row."""
     import logging
 
-    from proxy.models import RequestRecord
+    from proxy.ledger.models import RequestRecord
 
     google, _ = vertex_then_openai
     caplog.set_level(logging.DEBUG)

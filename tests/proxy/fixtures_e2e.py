@@ -1,7 +1,7 @@
 """Helpers and fixtures shared by the end-to-end proxy tests (real sockets: httpx or the openai SDK ->
 the gateway under uvicorn -> fake upstreams on loopback).
 
-The ledger is written off the request's critical path (proxy.ledger), so a read of it first waits
+The ledger is written off the request's critical path (proxy.ledger.recorder), so a read of it first waits
 for the writer to drain, then polls (bounded) for the row. Draining first matters on SQLite: the test
 database is an in-memory shared cache whose table locks make a concurrent write fail at once (no busy
 timeout), so the test must not read a ledger table while the writer writes it.
@@ -17,8 +17,8 @@ from django.db import OperationalError
 
 from devkit.sse_reader import read_sse
 from devkit.upstream import FakeUpstream
-from proxy import ledger
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger import recorder as ledger
+from proxy.ledger.models import Attempt, RequestRecord
 from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

@@ -3,7 +3,7 @@ reaches no upstream, and changes no state except its own ledger row."""
 
 import json
 
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Affinity, Circuit, Demotion
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY
 from tests.proxy.fixtures_e2e import (

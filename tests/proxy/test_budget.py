@@ -13,10 +13,10 @@ from catalog.models import CatalogEntry
 from catalog.prices import bundled_price
 from devkit.behaviours import cut_stream, rate_limited, serve
 from pools.models import BudgetHold, GatewayKey
-from proxy.ledger import writer
-from proxy.models import Attempt
-from routing.pricing import cost_micros
-from routing.types import Price, PriceSource
+from proxy.ledger.models import Attempt
+from proxy.ledger.recorder import writer
+from routing.policy.pricing import cost_micros
+from routing.policy.types import Price, PriceSource
 from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

@@ -13,9 +13,9 @@ import pytest
 from catalog.models import CatalogEntry
 from devkit.behaviours import serve
 from pools.models import GatewayKey
-from proxy.ledger import writer
-from proxy.models import RequestRecord
-from routing.budget import period_end
+from proxy.ledger.models import RequestRecord
+from proxy.ledger.recorder import writer
+from routing.policy.budget import period_end
 from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}", "content-type": "application/json"}

@@ -14,7 +14,7 @@ from django.test import Client
 from catalog.models import Provenance
 from devkit.behaviours import error, fail_after_visible, fail_before_visible, serve
 from pools.models import GatewaySettings
-from proxy.models import RequestRecord
+from proxy.ledger.models import RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.proxy.fixtures_e2e import TIMEOUT, assert_hits, ledger_settled, sse_events
 

@@ -1,14 +1,15 @@
-"""The one reader of Chat Completions streams (proxy.adapters.chat_chunks) under both translators that
+"""The one reader of Chat Completions streams (proxy.wire.translations.chat_chunks) under both translators
+that
 use it: Anthropic Messages and OpenAI Responses clients on a Chat upstream."""
 
 from functools import partial
 
 import pytest
 
-from proxy.adapters.messages_over_chat import ChatToAnthropicStream
-from proxy.adapters.responses_over_chat import echo
-from proxy.adapters.responses_over_chat_stream import ChatToResponsesStream
-from proxy.sse import encode_block
+from proxy.wire.sse import encode_block
+from proxy.wire.translations.messages_over_chat import ChatToAnthropicStream
+from proxy.wire.translations.responses_over_chat import echo
+from proxy.wire.translations.responses_over_chat_stream import ChatToResponsesStream
 from tests.providers.test_responses_bridge import chat_chunk
 from tests.proxy.test_translate import run
 

@@ -10,7 +10,7 @@ import pytest
 
 from devkit.behaviours import error
 from pools.models import Adapter
-from proxy.models import Attempt
+from proxy.ledger.models import Attempt
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import ledger_settled
 from tests.proxy.test_anthropic_ingress import Setup, setup

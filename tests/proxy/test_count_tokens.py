@@ -5,7 +5,7 @@ import anthropic
 import pytest
 
 from devkit.behaviours import serve
-from proxy.adapters.token_estimate import estimate_input_tokens
+from proxy.wire.translations.token_estimate import estimate_input_tokens
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import attempts_of, post, record_of
 

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from devkit.behaviours import serve
 from pools.models import Assignment
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from tests.gateway_fixtures import UPSTREAM_KEY
 from tests.proxy.fixtures_e2e import (
     CHAT,

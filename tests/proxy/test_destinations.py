@@ -17,7 +17,7 @@ from websockets.sync.client import connect
 
 from catalog.services import catalog_sync
 from devkit.behaviours import serve
-from proxy.models import Attempt
+from proxy.ledger.models import Attempt
 from tests.proxy.fixtures_e2e import AUTH, CHAT, post, record_of
 
 REAL_GETADDRINFO = socket.getaddrinfo

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from devkit.behaviours import hang, serve, slow_stream
-from proxy.ledger import writer
-from proxy.models import Attempt
+from proxy.ledger.models import Attempt
+from proxy.ledger.recorder import writer
 from routing.models import Circuit
 from tests.gateway_fixtures import GATEWAY_KEY
 

@@ -8,8 +8,8 @@ import pytest
 from catalog.models import Provenance
 from devkit.behaviours import rate_limited, serve, unavailable
 from pools.models import Adapter
-from proxy.ledger import writer
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.recorder import writer
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 

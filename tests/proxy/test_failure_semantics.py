@@ -174,7 +174,7 @@ def test_a_revoked_key_on_tier0_is_answered_by_tier1_in_the_same_request(gateway
     plan = out.getvalue()
     assert "1. acct-b / gpt-5 [tier 1, healthy]" in plan
     assert "2. acct-a / gpt-5 [tier 0, cooling]" in plan
-    from proxy.upstreams import upstreams_panel_load
+    from proxy.console.upstreams import upstreams_panel_load
 
     admin = get_user_model().objects.create_superuser("ops", "ops@example.com", "x")
     panel = upstreams_panel_load(user=admin, now=timezone.now())

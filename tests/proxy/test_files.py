@@ -10,7 +10,7 @@ import pytest
 
 from devkit.behaviours import rate_limited, unavailable
 from pools.models import Assignment
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Affinity
 from tests.factories import GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY

@@ -1,11 +1,11 @@
-"""proxy.health.write_state: a health write the database does not take in time is given up with a
+"""proxy.outcomes.write_state: a health write the database does not take in time is given up with a
 line in the log, and the request goes on."""
 
 import logging
 import threading
 import time
 
-from proxy import health
+from proxy import outcomes as health
 
 
 async def test_a_write_the_database_does_not_answer_in_time_is_a_warning_line_without_traceback(caplog):

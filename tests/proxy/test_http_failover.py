@@ -4,8 +4,8 @@ import httpx
 import pytest
 
 from devkit.behaviours import model_not_found, serve
-from proxy.ledger import writer
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.recorder import writer
 from routing.models import Circuit, Demotion
 from tests.gateway_fixtures import GATEWAY_KEY
 

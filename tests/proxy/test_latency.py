@@ -14,14 +14,14 @@ from django.utils import timezone
 
 from devkit.behaviours import Serve
 from pools.models import Assignment
-from proxy.exchange import AttemptLog, Exchange
-from proxy.ledger import LedgerWriter
-from proxy.models import RequestRecord
-from routing.latency import Fold
+from proxy.ledger.exchange import AttemptLog, Exchange
+from proxy.ledger.models import RequestRecord
+from proxy.ledger.recorder import LedgerWriter
 from routing.models import Demotion, Latency
+from routing.policy.latency import Fold
+from routing.policy.types import RouteClass
 from routing.selectors import request_state_load, routing_view_load
 from routing.services import latencies_record
-from routing.types import RouteClass
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, finished_exchange
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import CHAT, RESPONSES, ledger_settled, post

@@ -4,9 +4,9 @@ records' batch at commit, and an operator still reads such a record in admin."""
 
 import pytest
 
-from proxy.exchange import AttemptLog, Exchange
-from proxy.models import Attempt, RequestRecord
-from proxy.services import request_records_write
+from proxy.ledger.exchange import AttemptLog, Exchange
+from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.services import request_records_write
 from tests.factories import AssignmentFactory, GatewayKeyFactory, PoolFactory, finished_exchange
 
 # Committed for real: a deferred constraint is only checked when its transaction commits.

@@ -11,9 +11,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy import ledger, spool
-from proxy.exchange import AttemptLog, Exchange
-from proxy.models import RequestRecord
+from proxy.ledger import recorder as ledger
+from proxy.ledger import spool
+from proxy.ledger.exchange import AttemptLog, Exchange
+from proxy.ledger.models import RequestRecord
 from routing import services
 from routing.models import Affinity, AffinityKind
 from tests.factories import GatewayKeyFactory, finished_exchange, reserve
@@ -80,7 +81,7 @@ def outage(monkeypatch):
     """`outage.down = True` makes every ledger write fail the way an unreachable database does."""
     from django.db import OperationalError
 
-    from proxy import services as ledger_services
+    from proxy.ledger import services as ledger_services
 
     real = ledger_services.request_records_write
 
@@ -143,7 +144,7 @@ def test_records_written_while_the_database_is_away_are_spooled_then_replayed_on
 def test_a_replay_skips_records_the_database_already_has():
     """A commit can reach the database while its acknowledgement does not: the batch is spooled
     although stored. The replay is idempotent by request id: one row, one charge."""
-    from proxy.services import request_records_write
+    from proxy.ledger.services import request_records_write
 
     stored, fresh = _exchange(), _exchange()
     request_records_write(exchanges=[stored])
@@ -159,7 +160,7 @@ def test_a_gone_process_spool_is_replayed_by_the_next_writer(outage):
 
     from django.conf import settings
 
-    from proxy.spool import Spool, encode
+    from proxy.ledger.spool import Spool, encode
 
     orphan = _exchange()
     dead_pid = 2**22 + 12345  # above the default pid_max: no such process
@@ -181,7 +182,7 @@ def test_a_replayed_spool_keeps_a_line_separator_in_a_field_and_skips_a_torn_las
 
     from django.conf import settings
 
-    from proxy.spool import Spool, encode
+    from proxy.ledger.spool import Spool, encode
 
     odd = _exchange()
     odd.served_model = "model\u2028with\u0085separators-é"
@@ -204,7 +205,7 @@ def test_the_spool_keeps_every_field_of_an_exchange():
     record written during an outage comes back without it, or is never written at all."""
     from datetime import UTC, datetime, timedelta
 
-    from proxy import spool
+    from proxy.ledger import spool
 
     exchange = _exchange()
     exchange.first_output_at = exchange.started_at + timedelta(milliseconds=250)
@@ -223,7 +224,7 @@ def test_a_record_orjson_refuses_and_a_hold_are_journaled_field_by_field():
     import json
     from datetime import UTC, datetime
 
-    from proxy import spool
+    from proxy.ledger import spool
 
     exchange = _exchange()
     exchange.finished_at = datetime.now(UTC)
@@ -258,7 +259,7 @@ def test_a_refused_records_reservation_is_settled_by_its_replay_when_the_databas
     back."""
     from django.db import OperationalError
 
-    from proxy import services as ledger_services
+    from proxy.ledger import services as ledger_services
 
     key = GatewayKeyFactory(budget_micros=1_000)
     refused = reserve(_exchange(), key.pk, 5)
@@ -292,7 +293,7 @@ def test_a_hold_left_after_its_record_was_settled_is_released_by_the_journals_re
     process is gone finds the record stored, releases the hold and charges nothing again."""
     import os
 
-    from proxy.services import request_records_write
+    from proxy.ledger.services import request_records_write
     from tests.factories import AssignmentFactory
 
     key = GatewayKeyFactory(budget_micros=1_000)
@@ -336,8 +337,8 @@ def test_a_lasting_hold_outlives_the_save_of_its_requests_record():
 
 
 def test_a_batch_is_stored_as_submitted_each_attempt_under_its_own_record():
-    from proxy.models import Attempt
-    from proxy.services import request_records_write
+    from proxy.ledger.models import Attempt
+    from proxy.ledger.services import request_records_write
 
     exchanges = [_exchange() for _ in range(3)]
     for n, exchange in enumerate(exchanges):
@@ -643,7 +644,7 @@ def test_a_full_batch_ends_the_linger_without_a_flush(monkeypatch):
 def test_a_full_batch_left_waiting_is_taken_without_a_linger(monkeypatch):
     """A burst that arrived while a batch was being saved leaves more than one batch waiting; once no
     record arrives any more, the batch after the next still goes at once, not after the linger."""
-    from proxy import services
+    from proxy.ledger import services
 
     monkeypatch.setattr(ledger, "LINGER_S", 30.0)  # a linger no test could wait out
     monkeypatch.setattr(ledger, "BATCH", 4)
@@ -715,7 +716,7 @@ def _mixed_batch(count: int, key_id: int, assignment_id: int) -> list[Exchange]:
 
 
 def _stored(exchanges: list[Exchange]) -> list[tuple]:
-    from proxy.models import Attempt
+    from proxy.ledger.models import Attempt
 
     records = RequestRecord.objects.filter(request_id__in=[x.request_id for x in exchanges])
     attempt_fields = ["request__request_id", *(f for f in _ATTEMPT_FIELDS if f != "request_id")]
@@ -787,7 +788,7 @@ def test_a_batch_mixing_nulls_and_values_in_every_nullable_column_reads_back_as_
     64 values), a smaller one as a VALUES list; SQLite as VALUES lists of at most
     _PARAMS values (700 records and their 700 attempts take two statements per table there): each way,
     each value comes back as it went in, NULL or not, and each attempt under its own request's record."""
-    from proxy.services import request_records_write
+    from proxy.ledger.services import request_records_write
     from tests.factories import AssignmentFactory
 
     key, assignment = GatewayKeyFactory(), AssignmentFactory()
@@ -799,7 +800,7 @@ def test_a_batch_mixing_nulls_and_values_in_every_nullable_column_reads_back_as_
 def test_a_batch_with_every_nullable_column_null_reads_back_as_written():
     """A column that is NULL in every row of a batch (in the array-per-column INSERT this once was, it had
     no element to type it by)."""
-    from proxy.services import request_records_write
+    from proxy.ledger.services import request_records_write
 
     exchanges = _mixed_batch(6, 0, 0)
     for x in exchanges:
@@ -813,7 +814,7 @@ def test_a_batch_with_every_nullable_column_null_reads_back_as_written():
 def test_batches_by_copy_and_by_values_take_their_ids_from_one_sequence():
     """A copied batch's records get their ids from the table's own sequence, as a VALUES list's and the
     ORM's do: interleaved, none collides, and every attempt stays under its own record."""
-    from proxy.services import request_records_write
+    from proxy.ledger.services import request_records_write
     from tests.factories import AssignmentFactory
 
     key, assignment = GatewayKeyFactory(), AssignmentFactory()
@@ -836,7 +837,7 @@ async def test_a_plain_answer_is_sent_before_its_request_is_counted_and_logged(t
     test's loop with a recording `send` (its upstream a real socket): over a client socket, "before"
     would be a race."""
     from gatewaysite.asgi import application, close_clients
-    from proxy.metrics import REQUESTS
+    from proxy.ledger.metrics import REQUESTS
 
     monkeypatch.setattr(ledger, "LINGER_S", 5.0)  # the record stays in its journal until the flush
     a, _, _ = two_assignments

@@ -21,7 +21,7 @@ from devkit.behaviours import serve, slow_stream, unavailable
 from pools.models import GatewayKey, KeyLimitSlot, KeyLimitWindow
 from pools.selectors import KeyLimits, key_authenticate
 from proxy import limits
-from proxy.models import RequestRecord
+from proxy.ledger.models import RequestRecord
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, CHAT, ledger_settled, record_of
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from devkit.behaviours import error, serve
-from proxy.models import RequestRecord
+from proxy.ledger.models import RequestRecord
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY
 from tests.proxy.fixtures_e2e import wait_for
 

@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy import metrics
-from proxy.exchange import AttemptLog, Exchange
-from proxy.metrics import observe_exchange
+from proxy.ledger import metrics
+from proxy.ledger.exchange import AttemptLog, Exchange
+from proxy.ledger.metrics import observe_exchange
 from routing.models import Circuit, CircuitState
 from tests.factories import AssignmentFactory, GatewayKeyFactory, PoolFactory
 
@@ -124,7 +124,7 @@ def test_a_request_served_by_a_cross_model_candidate_counts_a_model_not_found_fa
 def test_the_fallback_series_is_exported_at_zero_before_any_fallback():
     # A fresh process: in this one other tests have already counted fallbacks.
     code = (
-        "import django; django.setup(); from proxy.metrics import FALLBACKS; "
+        "import django; django.setup(); from proxy.ledger.metrics import FALLBACKS; "
         "print([(s.name, s.labels, s.value) for f in FALLBACKS.collect() for s in f.samples])"
     )
     env = os.environ | {"DJANGO_SETTINGS_MODULE": "gatewaysite.settings"}
@@ -276,8 +276,8 @@ def test_a_resolution_time_substitution_counts_its_reason():
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from proxy.exchange import Exchange
-    from proxy.metrics import REGISTRY, observe_exchange
+    from proxy.ledger.exchange import Exchange
+    from proxy.ledger.metrics import REGISTRY, observe_exchange
 
     def family_count():
         from prometheus_client import generate_latest
@@ -402,7 +402,7 @@ def test_a_served_stream_is_labelled_by_its_pool_and_assignment_and_times_its_fi
 ):
     import httpx
 
-    from proxy import ledger
+    from proxy.ledger import recorder as ledger
     from tests.gateway_fixtures import GATEWAY_KEY
 
     def live() -> Samples:

@@ -101,7 +101,7 @@ def test_a_scrape_sums_every_workers_requests(two_assignments, tmp_path):
             with httpx.Client() as client:
                 assert client.post(f"{url}/v1/chat/completions", json=CHAT, headers=AUTH).status_code == 200
             sent += 1
-        # A worker counts what it answered in batches, within OBSERVE_EVERY_S (proxy.ledger).
+        # A worker counts what it answered in batches, within OBSERVE_EVERY_S (proxy.ledger.recorder).
         deadline = time.monotonic() + 5
         while sum(shares := per_worker()) < sent and time.monotonic() < deadline:
             time.sleep(0.01)

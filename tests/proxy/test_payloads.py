@@ -1,16 +1,16 @@
-"""Readers of upstream payloads (proxy.payloads): the response id an answer carries, and its usage
+"""Readers of upstream payloads (proxy.wire.payloads): the response id an answer carries, and its usage
 (cached input included) in every provider's shape, plain and streamed."""
 
 import json
 
 import pytest
 
-from proxy.exchange import AttemptLog
+from proxy.ledger.exchange import AttemptLog
 from proxy.output import note_usage
-from proxy.payloads import Usage, response_id, usage
-from proxy.providers.bedrock_translate import ConverseToChatStream, converse_to_chat_response
-from proxy.providers.gemini_translate import gemini_to_chat_response
-from routing.types import AFFINITY_KEY_MAX
+from proxy.wire.payloads import Usage, response_id, usage
+from proxy.wire.providers.bedrock_translate import ConverseToChatStream, converse_to_chat_response
+from proxy.wire.providers.gemini_translate import gemini_to_chat_response
+from routing.policy.types import AFFINITY_KEY_MAX
 
 LONGEST = "resp_" + "x" * (AFFINITY_KEY_MAX - 5)
 

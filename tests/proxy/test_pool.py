@@ -13,11 +13,11 @@ from django.utils import timezone
 from catalog.models import Provenance
 from devkit.behaviours import model_not_found, serve, slow_stream
 from pools.models import Assignment, GatewaySettings
-from proxy.models import Attempt
-from routing.latency import PLACEMENT_LOAD, Fold
+from proxy.ledger.models import Attempt
 from routing.models import Affinity, Circuit, Demotion, Latency
+from routing.policy.latency import PLACEMENT_LOAD, Fold
+from routing.policy.types import ASSIGNMENT_WIDE
 from routing.services import latencies_record
-from routing.types import ASSIGNMENT_WIDE
 from tests.factories import AssignmentFactory, CatalogEntryFactory
 from tests.gateway_fixtures import GATEWAY_KEY, UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import CHAT, RESPONSES, ledger_settled, post, record_of

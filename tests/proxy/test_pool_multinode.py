@@ -13,7 +13,7 @@ from django.utils import timezone
 from devkit.behaviours import slow_stream
 from pools.models import Assignment
 from routing.models import Affinity, Circuit
-from routing.types import ASSIGNMENT_WIDE
+from routing.policy.types import ASSIGNMENT_WIDE
 from tests.gateway_fixtures import GATEWAY_KEY
 
 AUTH = {"authorization": f"Bearer {GATEWAY_KEY}"}

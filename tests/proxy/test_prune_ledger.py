@@ -9,7 +9,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from pools.models import GatewayKey
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Affinity, AffinityKind
 from tests.factories import AssignmentFactory, GatewayKeyFactory
 

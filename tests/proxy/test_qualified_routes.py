@@ -12,7 +12,7 @@ from django.core.management import call_command
 from catalog.models import CapabilityEvidence
 from devkit.model_upstream import ModelUpstream
 from pools.models import GatewaySettings
-from proxy.models import Attempt
+from proxy.ledger.models import Attempt
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import TIMEOUT, ledger_settled, record_of

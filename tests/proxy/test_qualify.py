@@ -23,9 +23,9 @@ from catalog.selectors import route_hash
 from devkit.model_upstream import ModelUpstream
 from pools.credentials import credential_encrypt, credential_rotate
 from pools.models import Adapter, Assignment, ConfigVersion, GatewaySettings
-from routing.eligibility import evaluate
+from routing.policy.eligibility import evaluate
+from routing.policy.types import IneligibleReason, Requirements, RouteClass, ToolRepresentation, TriState
 from routing.selectors import routing_view_load
-from routing.types import IneligibleReason, Requirements, RouteClass, ToolRepresentation, TriState
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
 pytestmark = pytest.mark.django_db
@@ -273,7 +273,7 @@ def test_the_request_as_sent_is_judged_too_a_translation_that_flattens_tool_resu
     """On an openai route an Anthropic client's turn goes through the Messages -> Chat translation. A
     translation that turned tool results into user text would send the forged label as a user turn:
     the fixture fails on the request as sent, whatever the upstream answers."""
-    from proxy.providers import openai
+    from proxy.wire.providers import openai
 
     real = openai.anthropic_to_chat_request
 

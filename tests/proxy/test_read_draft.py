@@ -16,7 +16,8 @@ from django.db import connection
 
 from devkit.behaviours import hang, serve
 from pools.models import GatewayKey
-from proxy import ingress, ledger
+from proxy import ingress
+from proxy.ledger import recorder as ledger
 from tests.factories import OpenCircuitFactory
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.test_websocket import create, open_ws

@@ -15,17 +15,17 @@ from datetime import UTC, datetime
 import pytest
 
 from proxy.dispatch import HttpDispatch
-from proxy.exchange import AttemptLog, Exchange
+from proxy.ledger.exchange import AttemptLog, Exchange
 from proxy.output import plain_answer
 from proxy.relay import Relay
 from proxy.transport import Answer
 from routing import services
-from routing.breaker import BreakerSettings, CircuitSnapshot
-from routing.failures import FailureClass
-from routing.plan import Plan
-from routing.resolution import ModelPolicy
-from routing.route import RoutingView, Target
-from routing.types import Candidate, CircuitReason, CircuitState, Health, Requirements, RouteClass
+from routing.policy.breaker import BreakerSettings, CircuitSnapshot
+from routing.policy.failures import FailureClass
+from routing.policy.plan import Plan
+from routing.policy.resolution import ModelPolicy
+from routing.policy.route import RoutingView, Target
+from routing.policy.types import Candidate, CircuitReason, CircuitState, Health, Requirements, RouteClass
 
 CODELESS_404 = json.dumps(
     {"error": {"message": "The model does not exist.", "type": "invalid_request_error", "param": "model"}}

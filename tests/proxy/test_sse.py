@@ -1,5 +1,5 @@
-"""proxy/sse.py: SSE framing, visibility per dialect (each client API's rule, `proxy.apis`, through
-`proxy.apis.registry.classify`), pre-visible withholding (SPEC §6.2), encoders."""
+"""proxy/wire/sse.py: SSE framing, visibility per dialect (each client API's rule, `proxy.wire.apis`, through
+`proxy.wire.apis.registry.classify`), pre-visible withholding (SPEC §6.2), encoders."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import sse
-from proxy.apis.registry import BY_DIALECT as API
-from proxy.apis.registry import classify
-from proxy.sse import (
+from proxy.wire import sse
+from proxy.wire.apis.registry import BY_DIALECT as API
+from proxy.wire.apis.registry import classify
+from proxy.wire.sse import (
     Action,
     Block,
     Classification,

@@ -22,10 +22,10 @@ from django.db import connection
 
 from devkit.behaviours import slow_stream, slow_unavailable
 from pools.models import BudgetHold, GatewayKey, GatewaySettings, KeyLimitWindow
-from proxy.ledger import writer
-from proxy.models import RequestRecord
+from proxy.ledger.models import RequestRecord
+from proxy.ledger.recorder import writer
 from routing.models import Affinity, Circuit
-from routing.vocabulary import CircuitReason, CircuitState
+from routing.policy.vocabulary import CircuitReason, CircuitState
 from tests.proxy.fixtures_e2e import RESPONSES, wait_for
 from tests.proxy.test_budget import AUTH, BODY, CHAT, _price
 from tests.proxy.test_ledger_writer import _exchange
@@ -121,7 +121,7 @@ def test_a_responses_answer_does_not_wait_past_its_deadline_for_its_affinity_wri
         (1, 1.2),
         # Before the cooldown is over: the failure that opened acct-a was computed 0.9 s before the
         # request's read but committed after it, so acct-a is half-open already. A view younger than
-        # the cooldown is trusted for only half of it (proxy.health.TRUSTED_SHARE).
+        # the cooldown is trusted for only half of it (proxy.outcomes.TRUSTED_SHARE).
         (2, 1.3),
     ],
 )
@@ -337,7 +337,8 @@ def test_a_late_reservation_whose_give_back_fails_is_released_from_the_journal(
     from django.conf import settings
     from django.db import OperationalError
 
-    from proxy import ledger, relay
+    from proxy import relay
+    from proxy.ledger import recorder as ledger
 
     def give_back_fails(**kwargs):
         raise OperationalError("server closed the connection unexpectedly")

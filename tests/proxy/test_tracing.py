@@ -7,7 +7,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from devkit.behaviours import model_not_found, serve
-from proxy import ledger, tracing
+from proxy.ledger import recorder as ledger
+from proxy.ledger import tracing
 from tests.gateway_fixtures import GATEWAY_KEY
 
 PROMPT_CANARY = "prompt-canary-5b1d-never-in-a-span"
@@ -95,7 +96,7 @@ def test_spans_reach_an_otlp_collector_over_http(monkeypatch):
 
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from proxy.exchange import AttemptLog, Exchange
+    from proxy.ledger.exchange import AttemptLog, Exchange
 
     received: list[tuple[str, str, bytes]] = []
 

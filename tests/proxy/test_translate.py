@@ -1,4 +1,5 @@
-"""proxy/adapters/translate.py, messages_over_chat.py, chat_over_messages.py: Anthropic Messages <-> Chat
+"""proxy/wire/translations/translate.py, messages_over_chat.py, chat_over_messages.py: Anthropic Messages <->
+Chat
 Completions requests, responses and streams, and role separation through every translation (seed 002: the
 same adversarial fixture everywhere)."""
 
@@ -18,25 +19,25 @@ import pytest
 from anthropic.types import Message
 from openai.types.chat import ChatCompletion
 
-from proxy.adapters.chat_over_messages import (
+from proxy.wire.apis.registry import classify
+from proxy.wire.sse import Block, Dialect, SSEParser, Visibility
+from proxy.wire.translations.chat_over_messages import (
     DEFAULT_MAX_TOKENS,
     AnthropicToChatStream,
     anthropic_to_chat_response,
     chat_to_anthropic_request,
 )
-from proxy.adapters.messages_over_chat import (
+from proxy.wire.translations.messages_over_chat import (
     ChatToAnthropicStream,
     anthropic_to_chat_request,
     chat_to_anthropic_response,
 )
-from proxy.adapters.translate import (
+from proxy.wire.translations.translate import (
     RequestTranslationError,
     ResponseTranslationError,
     TranslationError,
     anthropic_tool_id,
 )
-from proxy.apis.registry import classify
-from proxy.sse import Block, Dialect, SSEParser, Visibility
 
 # ---------------------------------------------------------------------------------------------------
 # The adversarial fixture (seed 002): an instruction, a write tool, and a tool result that forges a

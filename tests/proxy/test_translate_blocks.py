@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from proxy.adapters.chat_over_messages import chat_to_anthropic_request
-from proxy.adapters.messages_over_chat import anthropic_to_chat_request
-from proxy.adapters.translate import RequestTranslationError
-from proxy.providers.bedrock_translate import chat_to_converse_request
-from proxy.providers.gemini_translate import chat_to_gemini_request
+from proxy.wire.providers.bedrock_translate import chat_to_converse_request
+from proxy.wire.providers.gemini_translate import chat_to_gemini_request
+from proxy.wire.translations.chat_over_messages import chat_to_anthropic_request
+from proxy.wire.translations.messages_over_chat import anthropic_to_chat_request
+from proxy.wire.translations.translate import RequestTranslationError
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
 PNG = "iVBORw0KGgo="

@@ -1,5 +1,6 @@
 """An Anthropic Messages client on every provider that carries it through Chat Completions
-(proxy/adapters/messages_over_chat.py, proxy/providers/gemini_translate.py, bedrock_translate.py): each
+(proxy/wire/translations/messages_over_chat.py, proxy/wire/providers/gemini_translate.py,
+bedrock_translate.py): each
 Anthropic field without a Chat counterpart is carried or refused per target, never lost, and the
 adversarial fixture (seed 002) keeps its roles on every pair. Pure: the providers' own `call`."""
 
@@ -10,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from proxy.adapters.messages_over_chat import anthropic_to_chat_request, chat_only
-from proxy.adapters.translate import RequestTranslationError
-from proxy.providers.bedrock_translate import chat_to_converse_request
-from proxy.providers.registry import CARRIERS, provider
-from routing.route import Target
-from routing.types import Requirements
+from proxy.wire.providers.bedrock_translate import chat_to_converse_request
+from proxy.wire.providers.registry import CARRIERS, provider
+from proxy.wire.translations.messages_over_chat import anthropic_to_chat_request, chat_only
+from proxy.wire.translations.translate import RequestTranslationError
+from routing.policy.route import Target
+from routing.policy.types import Requirements
 from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL, FORGED, INSTRUCTION
 
 CHAT_SHAPED = ("openai", "openrouter", "openai_compatible", "azure_openai")
@@ -24,7 +25,8 @@ ENABLED = {"type": "enabled", "budget_tokens": 2048}
 
 
 # A Messages client on one of Anthropic's models on Bedrock is served by InvokeModel with its own body
-# (`proxy.providers.bedrock`); any other Bedrock model goes through Converse, the translation tested here.
+# (`proxy.wire.providers.bedrock`); any other Bedrock model goes through Converse, the translation tested
+# here.
 CLAUDE_ON_BEDROCK = "anthropic.claude-sonnet-4-5"
 CONVERSE_MODEL = "meta.llama3-70b-instruct-v1:0"
 

@@ -14,7 +14,7 @@ import pytest
 
 from proxy import upstream
 from proxy.transport import TransportFailure
-from routing.failures import TransportEvent
+from routing.policy.failures import TransportEvent
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

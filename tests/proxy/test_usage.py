@@ -10,7 +10,7 @@ from django.urls import reverse
 from catalog.models import CatalogEntry, Provenance
 from devkit.behaviours import serve
 from pools.models import Assignment
-from routing.pricing import dollars
+from routing.policy.pricing import dollars
 from tests.factories import AssignmentFactory, CatalogEntryFactory
 from tests.gateway_fixtures import UPSTREAM_KEY_ENV
 from tests.proxy.fixtures_e2e import (

@@ -18,7 +18,7 @@ from devkit.behaviours import (
     slow_stream,
     unavailable,
 )
-from proxy.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, RequestRecord
 from routing.models import Affinity, Circuit, Demotion
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, ledger_settled, post, wait_for

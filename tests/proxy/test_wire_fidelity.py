@@ -8,11 +8,11 @@ import pytest
 from catalog.models import CatalogEntry
 from devkit.behaviours import error, rate_limited, serve, unavailable
 from pools.models import ConfigVersion
-from proxy.errors import TYPED_ERRORS, should_retry
 from proxy.ingress import typed_response
-from proxy.ledger import writer
-from proxy.models import RequestRecord
+from proxy.ledger.models import RequestRecord
+from proxy.ledger.recorder import writer
 from proxy.upstream import retry_after_s
+from proxy.wire.errors import TYPED_ERRORS, should_retry
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import CHAT, assert_hits, attempts_of, post, record_of
 

@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devkit.behaviours import serve
-from proxy import ledger
-from proxy.models import RequestRecord
+from proxy.ledger import recorder as ledger
+from proxy.ledger.models import RequestRecord
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import AUTH, CHAT, RESPONSES, ledger_settled, sse_events, wait_for
 from tests.reliability.fuzzing import fuzz_settings

@@ -35,9 +35,9 @@ from websockets.uri import parse_uri
 from devkit.behaviours import slow_stream
 from devkit.upstream import FakeUpstream
 from pools.models import GatewayKey
-from proxy import ledger
 from proxy.consumers import MAX_PENDING
-from proxy.models import RequestRecord
+from proxy.ledger import recorder as ledger
+from proxy.ledger.models import RequestRecord
 from routing.models import Circuit, Demotion
 from tests.factories import GatewayKeyFactory
 from tests.gateway_fixtures import GATEWAY_KEY

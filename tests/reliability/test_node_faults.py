@@ -18,10 +18,10 @@ import pytest
 from django.db import connection, connections
 
 from pools.models import BudgetHold, GatewayKey
-from proxy import ledger
-from proxy.exchange import Exchange
-from proxy.models import RequestRecord
-from proxy.services import request_records_write
+from proxy.ledger import recorder as ledger
+from proxy.ledger.exchange import Exchange
+from proxy.ledger.models import RequestRecord
+from proxy.ledger.services import request_records_write
 from tests.factories import GatewayKeyFactory, finished_exchange, reserve
 from tests.proxy.fixtures_e2e import wait_for
 
@@ -124,7 +124,7 @@ def _database_url() -> str:
 NODE = """
 import sys, time, django
 django.setup()
-from proxy import ledger
+from proxy.ledger import recorder as ledger
 from tests.reliability.test_node_faults import _exchange
 ledger.LINGER_S = 3600
 exchange = _exchange()
@@ -162,7 +162,7 @@ def test_a_record_still_in_a_killed_nodes_memory_is_replayed_from_its_journal():
 NODE_IN_FLIGHT = """
 import sys, time, django
 django.setup()
-from proxy import ledger
+from proxy.ledger import recorder as ledger
 from tests.factories import reserve
 from tests.reliability.test_node_faults import _exchange
 exchange = _exchange(int(sys.argv[2]))

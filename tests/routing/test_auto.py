@@ -2,8 +2,8 @@
 
 import pytest
 
-from routing.auto import AutoChoice, AutoError, AutoErrorCode, AutoReason, choose_model
-from routing.types import Candidate, Health, IneligibleReason, Requirements, TriState
+from routing.policy.auto import AutoChoice, AutoError, AutoErrorCode, AutoReason, choose_model
+from routing.policy.types import Candidate, Health, IneligibleReason, Requirements, TriState
 
 ALL = ["*"]
 MODELS = ["gpt-5", "gpt-5-mini", "claude-opus-4-8"]

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from routing.breaker import (
+from routing.policy.breaker import (
     CLEAN,
     Admission,
     BreakerSettings,
@@ -18,7 +18,7 @@ from routing.breaker import (
     on_neutral,
     on_success,
 )
-from routing.types import CircuitReason, CircuitState, Health
+from routing.policy.types import CircuitReason, CircuitState, Health
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 IN_30S = NOW + timedelta(seconds=30)

@@ -4,7 +4,14 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from routing.budget import micros_from_usd, period_end, period_start, refusal_message, spent_in_period, usd
+from routing.policy.budget import (
+    micros_from_usd,
+    period_end,
+    period_start,
+    refusal_message,
+    spent_in_period,
+    usd,
+)
 
 NOW = datetime(2026, 12, 3, 15, 30, tzinfo=UTC)  # a Thursday
 

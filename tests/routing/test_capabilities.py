@@ -1,4 +1,4 @@
-"""Capability provenance (routing.capabilities): qualified evidence while valid, else declared, else
+"""Capability provenance (routing.policy.capabilities): qualified evidence while valid, else declared, else
 unknown; an expired verdict or one about another configuration is never used."""
 
 import hashlib
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from routing.capabilities import (
+from routing.policy.capabilities import (
     Capability,
     CapabilityProvenance,
     Evidence,

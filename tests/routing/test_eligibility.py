@@ -3,10 +3,10 @@ function (reservation and recorded cost)."""
 
 import pytest
 
-from routing.budget import DEFAULT_MAX_OUTPUT_TOKENS
-from routing.eligibility import evaluate, fit_reasons, gate, overlay, tighten
-from routing.pricing import cost_micros
-from routing.types import (
+from routing.policy.budget import DEFAULT_MAX_OUTPUT_TOKENS
+from routing.policy.eligibility import evaluate, fit_reasons, gate, overlay, tighten
+from routing.policy.pricing import cost_micros
+from routing.policy.types import (
     Candidate,
     DataCollection,
     Health,

@@ -10,8 +10,8 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from pools.models import GatewaySettings
-from routing.latency import Fold
 from routing.models import Affinity, AffinityKind, Latency
+from routing.policy.latency import Fold
 from routing.services import latencies_record
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory
 

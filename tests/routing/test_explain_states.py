@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from routing.models import Circuit, Demotion
-from routing.types import ASSIGNMENT_WIDE
+from routing.policy.types import ASSIGNMENT_WIDE
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory
 
 pytestmark = pytest.mark.django_db

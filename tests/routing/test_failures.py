@@ -3,8 +3,8 @@ and without provenance, in every envelope; then the disposition order and the ci
 
 import pytest
 
-from routing import failures
-from routing.failures import (
+from routing.policy import failures
+from routing.policy.failures import (
     CanonicalError,
     DispatchState,
     Disposition,
@@ -20,7 +20,7 @@ from routing.failures import (
     dispatch_state,
     disposition,
 )
-from routing.types import CircuitReason
+from routing.policy.types import CircuitReason
 
 FC = FailureClass
 TE = TransportEvent

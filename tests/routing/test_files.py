@@ -2,11 +2,11 @@
 
 import pytest
 
-from routing.files import MAX_FILE_IDS, TooManyFiles, file_pins, files_plan, referenced_file_ids
-from routing.plan import HardPin, PinKind, Plan, PlanError, PlanErrorCode
-from routing.resolution import ModelPolicy
-from routing.route import RoutingView
-from routing.types import Candidate, DataCollection, Health, IneligibleReason, Requirements, TriState
+from routing.policy.files import MAX_FILE_IDS, TooManyFiles, file_pins, files_plan, referenced_file_ids
+from routing.policy.plan import HardPin, PinKind, Plan, PlanError, PlanErrorCode
+from routing.policy.resolution import ModelPolicy
+from routing.policy.route import RoutingView
+from routing.policy.types import Candidate, DataCollection, Health, IneligibleReason, Requirements, TriState
 
 
 def account(aid: int, **fields) -> Candidate:
@@ -14,7 +14,7 @@ def account(aid: int, **fields) -> Candidate:
     return Candidate(assignment_id=aid, model="", assignment=f"acct-{aid}", **fields)
 
 
-OPENAI = frozenset({"openai"})  # the providers with a Files API (proxy.providers)
+OPENAI = frozenset({"openai"})  # the providers with a Files API (proxy.wire.providers)
 
 
 def view(*accounts: Candidate, max_attempts: int = 3) -> RoutingView:

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from routing.headroom import MAX_RESET, Limit, read
+from routing.policy.headroom import MAX_RESET, Limit, read
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 FLOOR = 0.10

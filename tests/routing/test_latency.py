@@ -1,13 +1,13 @@
-"""The latency average's arithmetic (routing.latency): each sample moves it a fifth of the way, and a
+"""The latency average's arithmetic (routing.policy.latency): each sample moves it a fifth of the way, and a
 batch folded in one step lands where its samples folded one by one would."""
 
 import pytest
 
-from routing.latency import ALPHA, PLACEMENT_LOAD, Fold, folds
+from routing.policy.latency import ALPHA, PLACEMENT_LOAD, Fold, folds
 
 
 def test_each_sample_moves_the_average_a_fifth_of_the_way_towards_itself():
-    assert ALPHA == 0.2  # the documented weight (README, routing.latency)
+    assert ALPHA == 0.2  # the documented weight (README, routing.policy.latency)
     (fold,) = folds([(1, "m", 200, False)])
     assert fold.applied(100.0) == pytest.approx(120.0)
     assert fold.applied(None) == 200.0  # a pair's first sample starts it
@@ -38,6 +38,6 @@ def test_samples_are_folded_per_assignment_and_model_in_the_order_each_pair_firs
 
 def test_a_request_that_placed_a_conversation_adds_placement_load_to_the_load_the_others_one():
     (fold,) = folds([(1, "m", 100, True), (1, "m", 100, False), (1, "m", 100, True), (1, "m", 100, False)])
-    assert PLACEMENT_LOAD == 10.0  # the documented weight (README, routing.latency)
+    assert PLACEMENT_LOAD == 10.0  # the documented weight (README, routing.policy.latency)
     assert (fold.count, fold.placed, fold.load) == (4, 2, 2 * PLACEMENT_LOAD + 2)
     assert Fold(1, "m", 100.0, 3).load == 3

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from routing.latency import LOAD_HALF_LIFE_S, PLACEMENT_LOAD, Fold, load_now
 from routing.models import Latency
+from routing.policy.latency import LOAD_HALF_LIFE_S, PLACEMENT_LOAD, Fold, load_now
 from routing.services import latencies_record
 from tests.factories import AssignmentFactory
 

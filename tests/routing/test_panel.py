@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from routing.breaker import BreakerSettings, CircuitSnapshot
-from routing.panel import (
+from routing.policy.breaker import BreakerSettings, CircuitSnapshot
+from routing.policy.panel import (
     NOT_ADVERTISED,
     DemotionFacts,
     HeadroomState,
@@ -18,7 +18,7 @@ from routing.panel import (
     shares,
     signal,
 )
-from routing.types import CircuitReason, CircuitState, Health, RouteClass, TriState
+from routing.policy.types import CircuitReason, CircuitState, Health, RouteClass, TriState
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 SETTINGS = BreakerSettings()

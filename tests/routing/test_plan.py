@@ -2,10 +2,10 @@
 
 import pytest
 
-from routing.eligibility import Verdict
-from routing.failures import Disposition
-from routing.plan import HardPin, PinKind, Plan, PlanError, PlanErrorCode, build_plan, next_candidate
-from routing.types import Candidate, Health, IneligibleReason, Requirements, TriState
+from routing.policy.eligibility import Verdict
+from routing.policy.failures import Disposition
+from routing.policy.plan import HardPin, PinKind, Plan, PlanError, PlanErrorCode, build_plan, next_candidate
+from routing.policy.types import Candidate, Health, IneligibleReason, Requirements, TriState
 
 ALL = ["*"]
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from routing.preference import (
+from routing.policy.preference import (
     CHOICES,
     HEADROOM_SHARE_FLOOR,
     LATENCY_FLOOR,
@@ -14,7 +14,7 @@ from routing.preference import (
     order,
     shares,
 )
-from routing.types import Candidate, Health
+from routing.policy.types import Candidate, Health
 
 
 def c(aid: int, **fields) -> Candidate:

@@ -1,11 +1,11 @@
-"""Cached input priced at the cached rates (routing.pricing, SPEC §7.3): `input_tokens` counts every
+"""Cached input priced at the cached rates (routing.policy.pricing, SPEC §7.3): `input_tokens` counts every
 input token, its cached parts are priced at their own rates, and a rate the price does not have is the
 input rate."""
 
 import pytest
 
-from routing.pricing import cost_micros
-from routing.types import Price, PriceSource
+from routing.policy.pricing import cost_micros
+from routing.policy.types import Price, PriceSource
 
 # $3 input, $15 output, $0.30 cache read, $3.75 cache write per million tokens (Anthropic-like).
 FULL = Price(3_000_000, 15_000_000, PriceSource.BUNDLED, 300_000, 3_750_000)

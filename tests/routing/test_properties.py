@@ -1,6 +1,6 @@
 """Properties of the gate and the plan over generated candidates and requirements (SPEC §5.2-§5.4).
 
-The oracle below restates each §5.3 rule independently of `routing.eligibility`, in the words of
+The oracle below restates each §5.3 rule independently of `routing.policy.eligibility`, in the words of
 the SPEC, so a rule dropped or weakened in the implementation shows up as a counterexample."""
 
 import math
@@ -9,11 +9,11 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.budget import reserved_output_tokens
-from routing.eligibility import evaluate
-from routing.plan import Plan, build_plan
-from routing.preference import group, order, preference_key
-from routing.types import (
+from routing.policy.budget import reserved_output_tokens
+from routing.policy.eligibility import evaluate
+from routing.policy.plan import Plan, build_plan
+from routing.policy.preference import group, order, preference_key
+from routing.policy.types import (
     Candidate,
     DataCollection,
     Health,
@@ -105,7 +105,7 @@ def violated(c: Candidate, r: Requirements) -> set[IneligibleReason]:
         if p.input_per_mtok_micros is None or p.output_per_mtok_micros is None:
             out.add(R.PRICE_UNKNOWN)
         else:
-            # The output a request may be answered with: the one estimate of it (`routing.budget`).
+            # The output a request may be answered with: the one estimate of it (`routing.policy.budget`).
             output = reserved_output_tokens(r.max_output_tokens, c.max_output_tokens)
             exact = Fraction(
                 p.input_per_mtok_micros * r.prompt_tokens + p.output_per_mtok_micros * output, 10**6

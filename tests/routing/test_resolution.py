@@ -2,7 +2,7 @@
 
 import pytest
 
-from routing.resolution import (
+from routing.policy.resolution import (
     Fallback,
     FallbackReason,
     ModelPolicy,

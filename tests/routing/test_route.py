@@ -2,10 +2,10 @@
 
 import pytest
 
-from routing.auto import AutoError, AutoErrorCode, AutoReason
-from routing.plan import HardPin, PinKind, PlanError
-from routing.resolution import FallbackReason, ModelPolicy, ResolutionError, ResolutionErrorCode
-from routing.route import (
+from routing.policy.auto import AutoError, AutoErrorCode, AutoReason
+from routing.policy.plan import HardPin, PinKind, PlanError
+from routing.policy.resolution import FallbackReason, ModelPolicy, ResolutionError, ResolutionErrorCode
+from routing.policy.route import (
     KeyPolicy,
     RequirementsHeaderError,
     RoutingView,
@@ -13,7 +13,7 @@ from routing.route import (
     lease_candidate,
     parse_requirements_header,
 )
-from routing.types import Candidate, Health, Requirements, TriState
+from routing.policy.types import Candidate, Health, Requirements, TriState
 
 KEY = KeyPolicy(key_id=1, name="k", pool_ids=(1,), allowed_models=("*",), requirements=Requirements())
 

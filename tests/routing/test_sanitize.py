@@ -2,8 +2,8 @@
 
 import pytest
 
-from routing.failures import CanonicalError, FailureClass
-from routing.sanitize import CANONICAL, sanitized, valid
+from routing.policy.failures import CanonicalError, FailureClass
+from routing.policy.sanitize import CANONICAL, sanitized, valid
 
 
 @pytest.mark.parametrize(

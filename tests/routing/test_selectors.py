@@ -14,6 +14,7 @@ from pools.models import GatewayKey, GatewaySettings, ModelFallback
 from pools.selectors import key_authenticate
 from routing import services
 from routing.models import AffinityKind, Circuit, Demotion
+from routing.policy.types import ASSIGNMENT_WIDE, CircuitReason, Health, RouteClass, TriState
 from routing.selectors import (
     AFFINITY_KEY_MAX,
     Affinities,
@@ -26,7 +27,6 @@ from routing.selectors import (
     session_named,
 )
 from routing.services import CircuitKey
-from routing.types import ASSIGNMENT_WIDE, CircuitReason, Health, RouteClass, TriState
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +57,7 @@ def _populate(pools: int, assignments: int, models: int):
 
 
 def _bs():
-    from routing.breaker import BreakerSettings
+    from routing.policy.breaker import BreakerSettings
 
     return BreakerSettings()
 

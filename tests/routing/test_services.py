@@ -12,10 +12,10 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from routing import selectors, services
-from routing.breaker import BreakerSettings
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
+from routing.policy.breaker import BreakerSettings
+from routing.policy.types import CircuitReason, CircuitState
 from routing.services import CircuitKey, Seen
-from routing.types import CircuitReason, CircuitState
 from tests.factories import AssignmentFactory, GatewayKeyFactory
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

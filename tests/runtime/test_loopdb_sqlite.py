@@ -11,8 +11,8 @@ import pytest
 from django.db import DatabaseError, connection
 
 from pools.models import Assignment
+from routing.policy.types import RouteClass
 from routing.selectors import request_state_query
-from routing.types import RouteClass
 from runtime import db, loopdb, rawsql
 from tests.factories import AssignmentFactory, GatewayKeyFactory, OpenCircuitFactory, PoolFactory
 

@@ -1,4 +1,4 @@
-"""runtime.transport's contract with httpx and httpcore: the pool it replaces is the one httpx sends
+"""runtime.httpx_backend's contract with httpx and httpcore: the pool it replaces is the one httpx sends
 through, built from the arguments it passes, and httpx still maps httpcore's errors."""
 
 import inspect
@@ -9,7 +9,7 @@ import httpcore
 import httpx
 import pytest
 
-from runtime.transport import transport_through
+from runtime.httpx_backend import transport_through
 
 
 class Recording(httpcore.SyncBackend):

@@ -15,7 +15,7 @@ from django.urls import reverse
 from devkit.behaviours import serve
 from gatewayconfig.document import IssueCode, parse_config
 from pools.models import Assignment
-from proxy.models import Attempt
+from proxy.ledger.models import Attempt
 from tests.admin.conftest import make_user
 from tests.admin.test_admin_powers import form_data
 from tests.factories import AssignmentFactory

@@ -4,8 +4,8 @@ PostgreSQL's COPY of its batch fail with psycopg's own error: the whole batch wa
 0 rows), every other key's budget hold stayed held, a negative cost refunded spend, and the metrics
 counter raised, losing the request's log line.
 
-The numbers an upstream reports are clamped where they are read (`proxy.payloads`), so the bad row is
-forced here: the real writer (`proxy.ledger.LedgerWriter`) on the test database, a batch large enough
+The numbers an upstream reports are clamped where they are read (`proxy.wire.payloads`), so the bad row is
+forced here: the real writer (`proxy.ledger.recorder.LedgerWriter`) on the test database, a batch large enough
 to go by COPY on PostgreSQL."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 from django.db import connection
 
 from pools.models import BudgetHold, GatewayKey
-from proxy import ledger
-from proxy.exchange import AttemptLog
-from proxy.models import Attempt, RequestRecord
-from proxy.services import SANITIZED
+from proxy.ledger import recorder as ledger
+from proxy.ledger.exchange import AttemptLog
+from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.services import SANITIZED
 from tests.factories import AssignmentFactory, GatewayKeyFactory, finished_exchange, reserve
 
 pytestmark = [pytest.mark.attack, pytest.mark.django_db(transaction=True)]

@@ -34,8 +34,8 @@ from devkit.harness import stop
 from devkit.procfs import inventory
 from pools.models import Assignment, GatewayKey, KeyLimitWindow
 from proxy import output
-from proxy.models import Attempt, RequestRecord
-from routing.budget import reserved_output_tokens
+from proxy.ledger.models import Attempt, RequestRecord
+from routing.policy.budget import reserved_output_tokens
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import wait_for
 from tests.security.conftest import responsive

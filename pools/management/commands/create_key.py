@@ -3,8 +3,8 @@ from datetime import datetime
 from django.core.management.base import BaseCommand, CommandError
 
 from pools.services import KeyRefused, KeyTerms, gateway_key_create
-from routing.budget import micros_from_usd
-from routing.vocabulary import BudgetPeriod
+from routing.policy.budget import micros_from_usd
+from routing.policy.vocabulary import BudgetPeriod
 
 
 def _dollars(text: str) -> int:

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from proxy.services import PRUNE_BATCH, request_records_prune
+from proxy.ledger.services import PRUNE_BATCH, request_records_prune
 from routing.services import affinity_prune
 
 

@@ -13,8 +13,8 @@ from catalog.services import capability_evidence_record
 from pools.models import Assignment, GatewaySettings, Pool
 from proxy import upstream
 from proxy.qualify import Inconclusive, RouteRun, replay
-from routing.capabilities import Capability, verdict_value
-from routing.route import Target
+from routing.policy.capabilities import Capability, verdict_value
+from routing.policy.route import Target
 
 # Exit codes (0: every route judged, none lost a capability; 2 is argparse's, a usage error).
 NOT_JUDGED = 1  # a route could not be judged (it keeps its earlier evidence); before LOST

@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand, CommandError
 from catalog.models import CatalogEntry
 from pools.models import Assignment
 from routing.models import Circuit, Demotion
+from routing.policy.types import ASSIGNMENT_WIDE
 from routing.services import circuit_reset
-from routing.types import ASSIGNMENT_WIDE
 
 logger = logging.getLogger("gateway")
 

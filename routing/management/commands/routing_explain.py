@@ -9,24 +9,24 @@ from django.utils import timezone
 
 from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
-from proxy.providers.registry import carriers
-from routing import preference
-from routing.breaker import CircuitSnapshot, governing
-from routing.eligibility import tighten
-from routing.latency import PLACEMENT_LOAD
+from proxy.wire.providers.registry import carriers
 from routing.models import Demotion
-from routing.panel import reason_text
-from routing.pricing import price_text
-from routing.route import (
+from routing.policy import preference
+from routing.policy.breaker import CircuitSnapshot, governing
+from routing.policy.eligibility import tighten
+from routing.policy.latency import PLACEMENT_LOAD
+from routing.policy.panel import reason_text
+from routing.policy.pricing import price_text
+from routing.policy.route import (
     Decision,
     RequirementsHeaderError,
     decide,
     lease_candidate,
     parse_requirements_header,
 )
-from routing.routes import CLIENT_ROUTES
+from routing.policy.routes import CLIENT_ROUTES
+from routing.policy.types import Candidate, CircuitState, Health, Requirements, RouteClass
 from routing.selectors import affinities_load, pool_names, routing_inputs_load, session_named
-from routing.types import Candidate, CircuitState, Health, Requirements, RouteClass
 
 
 def when(moment: datetime, now: datetime) -> str:
@@ -213,7 +213,7 @@ class Command(BaseCommand):
     def _write_preference(self, decision: Decision) -> None:
         """What orders the plan within a health group and tier (SPEC §5.4): each candidate's weight, its
         latency (the moving average of upstream time to first byte the router read), and with the pool
-        features on, its chance of being drawn first (`routing.preference.shares`)."""
+        features on, its chance of being drawn first (`routing.policy.preference.shares`)."""
         plan = decision.plan
         if plan is None or not plan.order:
             return

@@ -1,7 +1,7 @@
-"""proxy/apis/chat.py: the OpenAI-shaped client APIs' turn requirements (pure)."""
+"""proxy/wire/apis/chat.py: the OpenAI-shaped client APIs' turn requirements (pure)."""
 
-from proxy.adapters.token_estimate import IMAGE_TOKENS
-from proxy.apis.chat import turn_requirements
+from proxy.wire.apis.chat import turn_requirements
+from proxy.wire.translations.token_estimate import IMAGE_TOKENS
 
 
 def test_turn_requirements_see_tools_tool_results_images_and_limits_at_any_depth():

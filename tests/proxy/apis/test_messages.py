@@ -1,4 +1,4 @@
-"""proxy/apis/messages.py: the Messages turn's requirements, error envelopes."""
+"""proxy/wire/apis/messages.py: the Messages turn's requirements, error envelopes."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import httpx2
 import pytest
 from anthropic.types.shared.error_type import ErrorType
 
-from proxy.adapters.token_estimate import IMAGE_TOKENS
-from proxy.apis import messages as adapter
-from proxy.errors import TYPED_ERRORS
-from routing.types import Requirements
+from proxy.wire.apis import messages as adapter
+from proxy.wire.errors import TYPED_ERRORS
+from proxy.wire.translations.token_estimate import IMAGE_TOKENS
+from routing.policy.types import Requirements
 from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,16 +1,16 @@
-"""proxy/apis/registry.py: every client route has its API, whose envelope the gateway's own errors take,
+"""proxy/wire/apis/registry.py: every client route has its API, whose envelope the gateway's own errors take,
 and every stream dialect the API whose visibility rule classifies it."""
 
 import json
 
 import pytest
 
-from proxy.apis import chat, messages, responses
-from proxy.apis.registry import BY_DIALECT, api_for
-from proxy.errors import TYPED_ERRORS
 from proxy.ingress import DIALECTS
-from proxy.sse import Dialect
-from routing.vocabulary import ClientRoute
+from proxy.wire.apis import chat, messages, responses
+from proxy.wire.apis.registry import BY_DIALECT, api_for
+from proxy.wire.errors import TYPED_ERRORS
+from proxy.wire.sse import Dialect
+from routing.policy.vocabulary import ClientRoute
 
 
 @pytest.mark.parametrize(

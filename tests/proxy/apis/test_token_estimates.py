@@ -1,16 +1,17 @@
 """SPEC §5.3: a turn's prompt estimate counts an image or file part at its documented token cost, never
-by its base64 length, in every client API (pure: proxy/apis/*, proxy/adapters/token_estimate.py)."""
+by its base64 length, in every client API (pure: proxy/wire/apis/*,
+proxy/wire/translations/token_estimate.py)."""
 
 import base64
 import json
 
 import pytest
 
-from proxy.adapters.token_estimate import FILE_TOKENS, IMAGE_TOKENS, estimate_input_tokens
-from proxy.apis.chat import turn_requirements as chat_turn
-from proxy.apis.messages import turn_requirements as messages_turn
-from routing.eligibility import evaluate
-from routing.types import Candidate, IneligibleReason, TriState
+from proxy.wire.apis.chat import turn_requirements as chat_turn
+from proxy.wire.apis.messages import turn_requirements as messages_turn
+from proxy.wire.translations.token_estimate import FILE_TOKENS, IMAGE_TOKENS, estimate_input_tokens
+from routing.policy.eligibility import evaluate
+from routing.policy.types import Candidate, IneligibleReason, TriState
 
 # About 600 KB of base64: one photo from a phone, which its bytes / 4 would count as 150,000 tokens.
 DATA = base64.b64encode(bytes(range(256)) * 1800).decode()

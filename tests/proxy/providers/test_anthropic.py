@@ -1,14 +1,14 @@
-"""proxy/providers/anthropic.py: Messages as sent, a Chat client translated, the paged model listing."""
+"""proxy/wire/providers/anthropic.py: Messages as sent, a Chat client translated, the paged model listing."""
 
 import copy
 import json
 
 import pytest
 
-from proxy.providers.anthropic import PROVIDER as anthropic
-from proxy.sse import Dialect
-from routing.route import Target
-from routing.types import Requirements
+from proxy.wire.providers.anthropic import PROVIDER as anthropic
+from proxy.wire.sse import Dialect
+from routing.policy.route import Target
+from routing.policy.types import Requirements
 from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL, FORGED, INSTRUCTION
 
 

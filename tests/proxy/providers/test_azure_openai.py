@@ -2,7 +2,7 @@
 
 import pytest
 
-from proxy.providers.azure_openai import PROVIDER
+from proxy.wire.providers.azure_openai import PROVIDER
 
 
 @pytest.mark.parametrize(

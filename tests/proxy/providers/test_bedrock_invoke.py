@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from proxy.providers.bedrock import InvokeChunks, anthropic_model
-from proxy.sse import Block
+from proxy.wire.providers.bedrock import InvokeChunks, anthropic_model
+from proxy.wire.sse import Block
 
 
 def chunk(event: dict) -> Block:

@@ -1,17 +1,17 @@
-"""Chat Completions <-> Bedrock Converse translation (proxy.providers.bedrock_translate): pure."""
+"""Chat Completions <-> Bedrock Converse translation (proxy.wire.providers.bedrock_translate): pure."""
 
 import json
 
 import pytest
 
-from proxy.adapters.translate import RequestTranslationError
-from proxy.providers.bedrock_translate import (
+from proxy.wire.providers.bedrock_translate import (
     ConverseToChatStream,
     chat_error,
     chat_to_converse_request,
     converse_to_chat_response,
 )
-from proxy.sse import SSEParser
+from proxy.wire.sse import SSEParser
+from proxy.wire.translations.translate import RequestTranslationError
 
 USER = {"role": "user", "content": "hi"}
 CALL = {"id": "functions.read:0", "type": "function", "function": {"name": "read", "arguments": '{"p": "a"}'}}

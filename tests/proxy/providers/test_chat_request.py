@@ -1,10 +1,10 @@
-"""proxy.providers.chat_request.turns: a Chat body's messages as the alternating turns of Converse and
+"""proxy.wire.providers.chat_request.turns: a Chat body's messages as the alternating turns of Converse and
 Gemini (pure)."""
 
 import pytest
 
-from proxy.adapters.translate import RequestTranslationError
-from proxy.providers.chat_request import turns
+from proxy.wire.providers.chat_request import turns
+from proxy.wire.translations.translate import RequestTranslationError
 
 EMPTY_THEN_S2 = [{"type": "text", "text": ""}, {"type": "text", "text": "s2"}]
 

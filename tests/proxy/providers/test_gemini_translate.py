@@ -1,17 +1,17 @@
-"""Chat Completions <-> Gemini generateContent translation (proxy.providers.gemini_translate): pure."""
+"""Chat Completions <-> Gemini generateContent translation (proxy.wire.providers.gemini_translate): pure."""
 
 import json
 
 import pytest
 
-from proxy.adapters.translate import RequestTranslationError, ResponseTranslationError
-from proxy.providers.gemini_translate import (
+from proxy.wire.providers.gemini_translate import (
     GeminiToChatStream,
     chat_error,
     chat_to_gemini_request,
     gemini_to_chat_response,
 )
-from proxy.sse import SSEParser
+from proxy.wire.sse import SSEParser
+from proxy.wire.translations.translate import RequestTranslationError, ResponseTranslationError
 
 USER = {"role": "user", "content": "hi"}
 CALL = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a"}'}}

@@ -2,11 +2,11 @@
 
 import pytest
 
-from proxy.providers.azure_openai import PROVIDER as AZURE
-from proxy.providers.base import SignedListing
-from proxy.providers.bedrock import PROVIDER as BEDROCK
-from proxy.providers.gemini import PROVIDER as GEMINI
-from proxy.providers.registry import PROVIDERS
+from proxy.wire.providers.azure_openai import PROVIDER as AZURE
+from proxy.wire.providers.base import SignedListing
+from proxy.wire.providers.bedrock import PROVIDER as BEDROCK
+from proxy.wire.providers.gemini import PROVIDER as GEMINI
+from proxy.wire.providers.registry import PROVIDERS
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,15 @@
-"""proxy/providers/openai.py: OpenAI's requests as sent, and a Messages client translated to Chat (pure)."""
+"""proxy/wire/providers/openai.py: OpenAI's requests as sent, and a Messages client translated to Chat
+(pure)."""
 
 import copy
 import json
 
 import pytest
 
-from proxy.providers.openai import PROVIDER as openai
-from proxy.sse import Dialect
-from routing.route import Target
-from routing.types import Requirements
+from proxy.wire.providers.openai import PROVIDER as openai
+from proxy.wire.sse import Dialect
+from routing.policy.route import Target
+from routing.policy.types import Requirements
 from tests.proxy.test_translate import CHAT_ADVERSARIAL
 
 BASE = "http://127.0.0.1:9/api/v1/"

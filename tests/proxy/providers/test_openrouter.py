@@ -1,11 +1,11 @@
-"""proxy/providers/openrouter.py: OpenAI's shape, plus the privacy routing block (pure)."""
+"""proxy/wire/providers/openrouter.py: OpenAI's shape, plus the privacy routing block (pure)."""
 
 import pytest
 
-from proxy.providers.openrouter import PRIVACY
-from proxy.providers.openrouter import PROVIDER as openrouter
-from routing.route import Target
-from routing.types import Requirements
+from proxy.wire.providers.openrouter import PRIVACY
+from proxy.wire.providers.openrouter import PROVIDER as openrouter
+from routing.policy.route import Target
+from routing.policy.types import Requirements
 
 
 def target() -> Target:

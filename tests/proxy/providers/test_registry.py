@@ -1,4 +1,4 @@
-"""proxy/providers/registry.py: one provider per Adapter value, the carrier table derived from their
+"""proxy/wire/providers/registry.py: one provider per Adapter value, the carrier table derived from their
 declarations, the upstream call and credential headers looked up by adapter."""
 
 import httpx
@@ -6,10 +6,10 @@ import pytest
 
 from catalog.services import discover_models
 from pools.models import Adapter, Assignment
-from proxy.providers.registry import PROVIDERS, carriers, provider, upstream_call
-from routing.route import Target
-from routing.routes import CLIENT_ROUTES
-from routing.types import Requirements
+from proxy.wire.providers.registry import PROVIDERS, carriers, provider, upstream_call
+from routing.policy.route import Target
+from routing.policy.routes import CLIENT_ROUTES
+from routing.policy.types import Requirements
 
 ENV = "GATEWAY_UPSTREAM_TEST_REGISTRY"
 EVERY_PROVIDER = {

@@ -1,0 +1,104 @@
+"""The ledger (SPEC §7.3): what happened to each client request, never what was said."""
+
+from django.db import models
+from django.db.models import Q
+
+from pools.models import Assignment, GatewayKey, choices, choices_check
+from routing.policy.vocabulary import AttemptStatus, DispatchState, RouteClass
+
+# A client request's transport is its route class (SPEC §5): one vocabulary for both columns.
+Transport = RouteClass
+
+
+class RequestRecord(models.Model):
+    # Unique and the operation id indexed by declared constraints and indexes, not the fields' flags: on
+    # PostgreSQL a flagged CharField gets a second, `varchar_pattern_ops` index for prefix LIKE, which no
+    # query here makes (admin's search is case-insensitive, which that index cannot serve) and which every
+    # ledger insert paid for.
+    request_id = models.CharField(max_length=64)
+    # The ledger's references are not database constraints (db_constraint=False): each was a check at
+    # every batch's commit (about 6 us of PostgreSQL's CPU a row), and a key or an assignment deleted
+    # while its requests were in flight failed their records' batch, so those records were lost. A record
+    # now outlives them; deleting one through Django still empties the references it finds (on_delete),
+    # and one written after that shows as deleted.
+    key = models.ForeignKey(
+        GatewayKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_constraint=False
+    )
+    route = models.CharField(max_length=64, help_text="The client endpoint, e.g. /v1/chat/completions.")
+    transport = models.CharField(max_length=9, choices=choices(Transport))
+    requested_model = models.CharField(max_length=200, blank=True)
+    served_model = models.CharField(max_length=200, blank=True)
+    operation_id = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="x-gateway-operation-id from the client, else the request id.",
+    )
+    outcome = models.CharField(max_length=64, help_text="`ok` or the typed error code (sanitized).")
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    retry_count = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["request_id"], name="requestrecord_unique_request_id"),
+            choices_check("requestrecord", "transport", Transport),
+        ]
+        indexes = [models.Index(fields=["operation_id"], name="requestrecord_operation_id")]
+
+    def __str__(self) -> str:
+        return self.request_id
+
+
+class Attempt(models.Model):
+    # No index of its own: attempt_unique_ordinal's leading column serves every lookup by request.
+    # Written with its record, in the same transaction (proxy.ledger.services): not checked by the database
+    # either (see RequestRecord.key).
+    request = models.ForeignKey(
+        RequestRecord, on_delete=models.CASCADE, related_name="attempts", db_index=False, db_constraint=False
+    )
+    ordinal = models.PositiveSmallIntegerField()
+    assignment = models.ForeignKey(
+        Assignment, on_delete=models.SET_NULL, null=True, related_name="+", db_constraint=False
+    )
+    model = models.CharField(max_length=200)
+    route_class = models.CharField(max_length=9, choices=choices(RouteClass))
+    status = models.CharField(max_length=16, choices=choices(AttemptStatus))
+    failure_class = models.CharField(max_length=30, blank=True)
+    ineligible_reason = models.CharField(max_length=30, blank=True)
+    dispatch_state = models.CharField(max_length=9, choices=choices(DispatchState))
+    upstream_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    error_code = models.CharField(
+        max_length=64, blank=True, help_text="Canonical code only (sanitized), never a message."
+    )
+    elapsed_ms = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Every input token the provider counted, cached ones included."
+    )
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_read_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The part of the input read from the provider's prompt cache."
+    )
+    cached_write_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The part of the input written to the provider's prompt cache."
+    )
+    cost_micros = models.BigIntegerField(null=True, blank=True, help_text="Empty: unknown price.")
+    config_version = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The routing configuration version the route was chosen under."
+    )
+
+    class Meta:
+        ordering = ["request", "ordinal"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "ordinal"], name="attempt_unique_ordinal"),
+            choices_check("attempt", "route_class", RouteClass),
+            choices_check("attempt", "status", AttemptStatus),
+            choices_check("attempt", "dispatch_state", DispatchState),
+            models.CheckConstraint(
+                condition=Q(cost_micros__isnull=True) | Q(cost_micros__gte=0), name="attempt_cost_nonneg"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}#{self.ordinal} {self.status}"
