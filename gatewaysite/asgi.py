@@ -32,6 +32,7 @@ from proxy import edge, files, shutdown, upstream, views  # noqa: E402
 from proxy.ingress import answering, bearer, typed_response  # noqa: E402
 from proxy.ledger import recorder as ledger  # noqa: E402
 from proxy.ws_urls import websocket_urlpatterns  # noqa: E402
+from routing.policy.errors import ErrorCode  # noqa: E402
 from runtime import loopdb  # noqa: E402
 from runtime.handler import BareHandler  # noqa: E402
 from runtime.reply import Reply, respond  # noqa: E402
@@ -68,9 +69,9 @@ class ApiHandler(BareHandler):
             except edge.ClientGone:
                 return
             except edge.BodyTooLarge:
-                refusal = "request_too_large"
+                refusal = ErrorCode.REQUEST_TOO_LARGE
             except edge.BodyTimeout:
-                response = typed_response(path, "request_timeout")
+                response = typed_response(path, ErrorCode.REQUEST_TIMEOUT)
                 api_headers(response, body_unread=True)
                 await self.send_response(response, send)
                 return
@@ -107,7 +108,7 @@ class ApiHandler(BareHandler):
 
 # Django's own answers on the API (its HTML pages for an unknown path, a wrong method, an exception that
 # escaped a view) become the API's typed errors; Django still logs the exception.
-DJANGO_ANSWERS = {404: "not_found", 405: "method_not_allowed", 500: "internal_error"}
+DJANGO_ANSWERS = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED, 500: ErrorCode.INTERNAL_ERROR}
 
 
 def api_responses(get_response):

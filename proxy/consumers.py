@@ -56,10 +56,10 @@ from proxy.edge import read_timeout_s
 from proxy.ingress import RequestFailed, answering, bearer, decode_json, prepare, validate_body
 from proxy.ledger.exchange import Exchange, Final, Stream, settle
 from proxy.ledger.recorder import record
-from proxy.wire.errors import TYPED_ERRORS
 from proxy.wire.sse import Dialect
 from proxy.ws_relay import Conversations, UpstreamLink, WebsocketDispatch, error_frame, prewarm
 from routing.policy.conversation import SESSION_HEADERS
+from routing.policy.errors import ErrorCode
 from routing.policy.plan import HardPin, PinKind
 from routing.policy.types import RouteClass
 from routing.policy.vocabulary import ClientRoute, Outcome
@@ -235,7 +235,9 @@ class ResponsesConsumer(DirectConsumer):
                 # answer and its ledger row before the client connection closes.
                 while self.pending and not self.closing:
                     self.pending.popleft()
-                    await self._typed(self._exchange(), RequestFailed("pin_unavailable"), bad_frame=False)
+                    await self._typed(
+                        self._exchange(), RequestFailed(ErrorCode.PIN_UNAVAILABLE), bad_frame=False
+                    )
                 await self._close(*CLOSE_UPSTREAM_CLOSED)
         except _ClientGone:
             pass
@@ -292,7 +294,7 @@ class ResponsesConsumer(DirectConsumer):
             )
         except RequestFailed as failed:
             await self._typed(exchange, failed, bad_frame=False)
-            if failed.code == "authentication_error":
+            if failed.code == ErrorCode.AUTHENTICATION_ERROR:
                 await self._close(*CLOSE_INVALID_KEY)
             return
         answered = prewarm(relay, sent) if live is None else None
@@ -327,26 +329,26 @@ class ResponsesConsumer(DirectConsumer):
     def _parse(item: str | _Binary | _TooLarge) -> tuple[dict, int]:
         """The Responses body of a `response.create` frame and its size, or RequestFailed."""
         if isinstance(item, _Binary):
-            raise BadFrame("invalid_request", BINARY_FRAME)
+            raise BadFrame(ErrorCode.INVALID_REQUEST, BINARY_FRAME)
         if isinstance(item, _TooLarge):
-            raise BadFrame("request_too_large")
+            raise BadFrame(ErrorCode.REQUEST_TOO_LARGE)
         size = len(item.encode())
         if size > settings.GATEWAY_MAX_BODY_BYTES:
-            raise BadFrame("request_too_large")
+            raise BadFrame(ErrorCode.REQUEST_TOO_LARGE)
         try:
             frame = decode_json(item)
         except RequestFailed:
-            raise BadFrame("invalid_request", NOT_AN_OBJECT) from None
+            raise BadFrame(ErrorCode.INVALID_REQUEST, NOT_AN_OBJECT) from None
         if not isinstance(frame, dict):
-            raise BadFrame("invalid_request", NOT_AN_OBJECT)
+            raise BadFrame(ErrorCode.INVALID_REQUEST, NOT_AN_OBJECT)
         if frame.get("type") != "response.create":
-            raise BadFrame("invalid_request", UNKNOWN_TYPE, "type")
+            raise BadFrame(ErrorCode.INVALID_REQUEST, UNKNOWN_TYPE, "type")
         body = {name: value for name, value in frame.items() if name != "type"}
         return validate_body(body), size
 
     async def _typed(self, exchange: Exchange, failed: RequestFailed, *, bad_frame: bool) -> None:
         """A typed gateway error as an `error` event, and its own ledger row."""
-        status, message = TYPED_ERRORS[failed.code]
+        status, message = failed.code.status, failed.code.message
         exchange.refused(failed.code, failed.param, status)
         await record(exchange)
         # A bad frame is the client's protocol error: OpenAI's error type for those. Routing outcomes

@@ -18,6 +18,7 @@ from proxy.wire.apis.base import ClientApi
 from proxy.wire.providers.base import UpstreamCall
 from proxy.wire.sse import Block, Dialect, SSEParser, SSEProtocolError
 from routing.policy import headroom
+from routing.policy.errors import ErrorCode
 from routing.policy.failures import Observation, TransportEvent
 from routing.policy.headroom import Headroom
 from routing.policy.types import Candidate
@@ -60,7 +61,7 @@ async def read_answer(response: upstream.Response, headroom: Headroom | None = N
     except TransportFailure as failure:
         return Failure.observed(Observation(status=response.status, transport=failure.event))
     except upstream.ResponseTooLarge:
-        return Failure.unrelayable(response.status, "upstream_response_too_large")
+        return Failure.unrelayable(response.status, ErrorCode.UPSTREAM_RESPONSE_TOO_LARGE)
     retry_after = upstream.retry_after_s(response.headers.get("retry-after"))
     return Answer(response.status, raw, retry_after=retry_after, headroom=headroom)
 

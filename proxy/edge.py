@@ -21,6 +21,7 @@ from django.db import DatabaseError
 
 from pools.models import hash_key
 from pools.selectors import key_known
+from routing.policy.errors import ErrorCode
 from routing.policy.vocabulary import ClientRoute
 from runtime import db
 
@@ -124,16 +125,16 @@ async def body_refusal(path: str, headers: Mapping[str, str], raw_key: str) -> s
     connection refuses nothing here: the request path's own lookup then answers in its place."""
     length = declared_length(headers)
     if length is not None and length > body_limit(path):
-        return "request_too_large"
+        return ErrorCode.REQUEST_TOO_LARGE
     if not has_body(headers):
         return None
     try:
         known = await key_is_known(raw_key, read_timeout_s(headers))
     except db.DatabaseTimeout:
-        return "gateway_unavailable"
+        return ErrorCode.GATEWAY_UNAVAILABLE
     except DatabaseError:
         return None
-    return None if known else "authentication_error"
+    return None if known else ErrorCode.AUTHENTICATION_ERROR
 
 
 async def iter_body(

@@ -63,6 +63,7 @@ from proxy.wire.providers.base import FILES, UpstreamCall
 from proxy.wire.providers.registry import carriers
 from routing.models import Affinity, AffinityKind
 from routing.policy.eligibility import tighten
+from routing.policy.errors import ErrorCode
 from routing.policy.failures import DispatchState, FailureClass, Observation
 from routing.policy.files import files_plan
 from routing.policy.plan import HardPin, PinKind, PlanError
@@ -132,9 +133,9 @@ class UploadBody:
                     self._spooled += len(chunk)
                 yield chunk
         except edge.BodyTooLarge:
-            self.refused = "request_too_large"
+            self.refused = ErrorCode.REQUEST_TOO_LARGE
         except edge.BodyTimeout:
-            self.refused = "request_timeout"
+            self.refused = ErrorCode.REQUEST_TIMEOUT
         except edge.ClientGone:
             self.refused = Outcome.CANCELLED
         if self.refused is not None:
@@ -152,7 +153,7 @@ class UploadRefused(Exception):
         self.code = code
 
 
-REFUSED_STATUS = {"request_too_large": 413, "request_timeout": 408, Outcome.CANCELLED: 499}
+REFUSED_STATUS = {ErrorCode.REQUEST_TOO_LARGE: 413, ErrorCode.REQUEST_TIMEOUT: 408, Outcome.CANCELLED: 499}
 
 
 # -- the transport -------------------------------------------------------------------------------------
@@ -311,14 +312,14 @@ async def _relay(
     try:
         loaded = await db.run_within(READ_TIMEOUT_S, _load, bearer(headers), file_id, datetime.now(UTC))
     except DatabaseError:
-        raise RequestFailed("gateway_unavailable") from None
+        raise RequestFailed(ErrorCode.GATEWAY_UNAVAILABLE) from None
     if loaded is None:
-        raise RequestFailed("authentication_error")
+        raise RequestFailed(ErrorCode.AUTHENTICATION_ERROR)
     key = loaded.authenticated.key
     exchange.key_id = key.key_id
     exchange.key_name = key.name
     if file_id is not None and loaded.affinity is None:
-        raise RequestFailed("file_not_found", "id")
+        raise RequestFailed(ErrorCode.FILE_NOT_FOUND, "id")
     extra, deadline_ms = headers_requirements(headers, loaded.settings.default_deadline_ms)
     pin = HardPin(PinKind.FILE, loaded.affinity.assignment_id) if loaded.affinity is not None else None
     deadline = started + deadline_ms / 1000
@@ -405,7 +406,7 @@ async def upload(scope: Mapping, receive: edge.Receive) -> HttpResponse:
         if refusal is not None:
             raise RequestFailed(refusal)
         if not _multipart(headers):
-            raise RequestFailed("invalid_request", "file")
+            raise RequestFailed(ErrorCode.INVALID_REQUEST, "file")
         declared = edge.declared_length(headers)
         dispatch = FilesDispatch(
             "POST", content_type=headers["content-type"], content_length=declared if declared else None
@@ -435,7 +436,7 @@ async def upload(scope: Mapping, receive: edge.Receive) -> HttpResponse:
         # Served outside Django's handler (no convert_exception_to_response): a bug still gets the
         # API's typed 500, and its traceback (never content) in the log.
         logger.exception("files: the upload failed")
-        response = typed_response(UPLOAD_ROUTE, "internal_error")
+        response = typed_response(UPLOAD_ROUTE, ErrorCode.INTERNAL_ERROR)
     finally:
         if body is not None:
             body.close()

@@ -32,7 +32,6 @@ from proxy.outcomes import probe_circuit
 from proxy.relay import Relay, call_for
 from proxy.transport import Dispatch
 from proxy.wire.apis.registry import STREAMING, api_for
-from proxy.wire.errors import TYPED_ERRORS, model_message, should_retry
 from proxy.wire.providers.base import UpstreamCall
 from proxy.wire.providers.registry import carriers
 from proxy.wire.sse import Dialect
@@ -41,6 +40,7 @@ from routing import services
 from routing.policy.auto import AutoError
 from routing.policy.conversation import conversation_key
 from routing.policy.eligibility import tighten
+from routing.policy.errors import ErrorCode
 from routing.policy.files import TooManyFiles, file_ids_of
 from routing.policy.plan import HardPin, PlanError
 from routing.policy.resolution import ResolutionError
@@ -80,30 +80,33 @@ MESSAGES_ROUTES = (ClientRoute.MESSAGES, ClientRoute.COUNT_TOKENS)
 
 
 class RequestFailed(Exception):
+    """A request the gateway answers with its own typed error `code` (a refusal of the routing rules,
+    `routing.policy.errors.ErrorCode`, is one by value)."""
+
     def __init__(
         self, code: str, param: str | None = None, *, retry_after: int | None = None, model: str = ""
     ) -> None:
         super().__init__(code)
-        self.code, self.param, self.retry_after = code, param, retry_after
-        self.message = model_message(code, model)  # a refusal about a model names it
+        self.code, self.param, self.retry_after = ErrorCode(code), param, retry_after
+        self.message = self.code.about(model)  # a refusal about a model names it
 
 
 def typed_response(
-    route: str, code: str, param: str | None = None, message: str | None = None
+    route: str, code: ErrorCode, param: str | None = None, message: str | None = None
 ) -> HttpResponse:
     """The gateway's typed error `code` in the envelope of the API `route` belongs to (SPEC §4);
-    `message`: its own words for this request (else the table's)."""
-    status, default = TYPED_ERRORS[code]
-    message = message or default
-    if code == "no_eligible_backend" and param:
+    `message`: its own words for this request (else the code's)."""
+    status = code.status
+    message = message or code.message
+    if code == ErrorCode.NO_ELIGIBLE_BACKEND and param:
         message = f"no eligible backend: {param}"  # what excluded the last candidate, in words too
-    if code == "rate_limit_exceeded" and param:
+    if code == ErrorCode.RATE_LIMIT_EXCEEDED and param:
         message = f"This key's {param} limit is reached."
     api = api_for(route)
     kind = api.error_type(code, code=code, status=status, param=param)
     body = api.error_body(type=kind, code=code, param=param, message=message)
     response = HttpResponse(body, status=status, content_type="application/json")
-    response["x-should-retry"] = "true" if should_retry(code, param) else "false"
+    response["x-should-retry"] = "true" if code.should_retry(param) else "false"
     return response
 
 
@@ -116,7 +119,7 @@ def request_id_headers(response: HttpResponse | Reply, request_id: str) -> None:
 
 
 def typed_failure(
-    exchange: Exchange, code: str, param: str | None = None, message: str | None = None
+    exchange: Exchange, code: ErrorCode, param: str | None = None, message: str | None = None
 ) -> HttpResponse:
     """`typed_response` for `exchange`'s route, recorded as the exchange's outcome and status."""
     response = typed_response(exchange.route, code, param, message)
@@ -139,11 +142,11 @@ def parse_body(raw: bytes, refusal: str | None = None) -> dict:
     if refusal is not None:
         raise RequestFailed(refusal)
     if len(raw) > settings.GATEWAY_MAX_BODY_BYTES:
-        raise RequestFailed("request_too_large")
+        raise RequestFailed(ErrorCode.REQUEST_TOO_LARGE)
     try:
         return validate_body(decode_json(raw.decode("utf-8")))
     except UnicodeDecodeError:
-        raise RequestFailed("invalid_request") from None
+        raise RequestFailed(ErrorCode.INVALID_REQUEST) from None
 
 
 def _refuse_constant(constant: str) -> None:
@@ -170,21 +173,21 @@ def decode_json(text: str) -> object:
         if _SURROGATE_ESCAPE.search(text):
             json.dumps(body, ensure_ascii=False).encode("utf-8")
     except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
-        raise RequestFailed("invalid_request") from None
+        raise RequestFailed(ErrorCode.INVALID_REQUEST) from None
     return body
 
 
 def validate_body(body: object) -> dict:
     """The checks every OpenAI-shaped body gets before routing (the upstream judges the rest)."""
     if not isinstance(body, dict):
-        raise RequestFailed("invalid_request")
+        raise RequestFailed(ErrorCode.INVALID_REQUEST)
     model = body.get("model")
     if not isinstance(model, str) or not model or len(model) > 200 or not model.isprintable():
-        raise RequestFailed("invalid_request", "model")
+        raise RequestFailed(ErrorCode.INVALID_REQUEST, "model")
     if "stream" in body and not isinstance(body["stream"], bool):
-        raise RequestFailed("invalid_request", "stream")
+        raise RequestFailed(ErrorCode.INVALID_REQUEST, "stream")
     if "messages" in body and not isinstance(body["messages"], list):
-        raise RequestFailed("invalid_request", "messages")
+        raise RequestFailed(ErrorCode.INVALID_REQUEST, "messages")
     return body
 
 
@@ -195,7 +198,7 @@ def operation_id(headers: Mapping[str, str]) -> str | None:
     if value is None:
         return None
     if not valid_field(value):
-        raise RequestFailed("invalid_request", "x-gateway-operation-id")
+        raise RequestFailed(ErrorCode.INVALID_REQUEST, "x-gateway-operation-id")
     return value
 
 
@@ -203,16 +206,16 @@ def headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -
     try:
         extra = parse_requirements_header(headers.get("x-gateway-requirements", ""))
     except RequirementsHeaderError:
-        raise RequestFailed("invalid_request", "x-gateway-requirements") from None
+        raise RequestFailed(ErrorCode.INVALID_REQUEST, "x-gateway-requirements") from None
     deadline_ms = default_deadline_ms
     raw = headers.get("x-gateway-deadline-ms")
     if raw is not None:
         try:
             asked = int(raw)
         except ValueError:
-            raise RequestFailed("invalid_request", "x-gateway-deadline-ms") from None
+            raise RequestFailed(ErrorCode.INVALID_REQUEST, "x-gateway-deadline-ms") from None
         if asked <= 0:
-            raise RequestFailed("invalid_request", "x-gateway-deadline-ms")
+            raise RequestFailed(ErrorCode.INVALID_REQUEST, "x-gateway-deadline-ms")
         deadline_ms = min(asked, default_deadline_ms)
     return extra, deadline_ms
 
@@ -266,9 +269,9 @@ class ReadArgs:
         (SPEC §7.2): any other (never seen, expired, created on the upstream directly, or another key's:
         one answer from the same lookup) is refused as OpenAI refuses an unknown one, nothing sent."""
         if self.previous_response_id() is not None and affinities.response is None:
-            return RequestFailed("previous_response_not_found", "previous_response_id")
+            return RequestFailed(ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id")
         if any(file_id not in affinities.files for file_id in self.file_ids):
-            return RequestFailed("file_not_found", "file_id")
+            return RequestFailed(ErrorCode.FILE_NOT_FOUND, "file_id")
         return None
 
     def previous_response_id(self) -> str | None:
@@ -508,7 +511,7 @@ async def prepare(
     try:
         file_ids = file_ids_of(body, raw) if body is not None else ()
     except TooManyFiles:
-        file_ids, body_error = (), body_error or RequestFailed("invalid_request", "file_id")
+        file_ids, body_error = (), body_error or RequestFailed(ErrorCode.INVALID_REQUEST, "file_id")
     draft = None
     if body is not None and body_error is None:
         draft = partial(route_request, headers=headers, path=path, body=body, body_size=body_size, pins=pins)
@@ -523,15 +526,15 @@ async def prepare(
     except DatabaseError:
         # Without the database nothing can be authorized or routed: fail fast, typed, and let the
         # pool's health-checked connections recover on their own once it is back.
-        raise RequestFailed("gateway_unavailable") from None
+        raise RequestFailed(ErrorCode.GATEWAY_UNAVAILABLE) from None
     if loaded is None:
-        raise RequestFailed("authentication_error")
+        raise RequestFailed(ErrorCode.AUTHENTICATION_ERROR)
     exchange.key_id = loaded.authenticated.key.key_id
     exchange.key_name = loaded.authenticated.key.name
     exchange.config_version = loaded.authenticated.config_version
     exchange.budget_period = loaded.authenticated.budget_period
     if body_error is not None or body is None or draft is None:
-        raise body_error or RequestFailed("invalid_request")
+        raise body_error or RequestFailed(ErrorCode.INVALID_REQUEST)
     exchange.requested_model = body["model"]
     exchange.transport = str(route_class)
     if loaded.refusal is not None:
@@ -604,9 +607,9 @@ async def admit_limits(
                 await db.write(services.circuit_release_probe, key=leased.circuit)
         if isinstance(refusal, limits.LimitExceeded):
             raise RequestFailed(
-                "rate_limit_exceeded", refusal.limit, retry_after=refusal.retry_after
+                ErrorCode.RATE_LIMIT_EXCEEDED, refusal.limit, retry_after=refusal.retry_after
             ) from None
-        raise RequestFailed("gateway_unavailable") from None
+        raise RequestFailed(ErrorCode.GATEWAY_UNAVAILABLE) from None
 
 
 async def take_lease(

@@ -63,6 +63,7 @@ from proxy.wire.translations.chat_over_messages import (
     chat_to_anthropic_request,
 )
 from proxy.wire.translations.translate import RequestTranslationError, ResponseTranslationError
+from routing.policy.errors import ErrorCode
 from routing.policy.failures import ErrorShape, FailureClass, Observation, classify
 from routing.policy.route import Target
 from routing.policy.types import Requirements
@@ -416,7 +417,7 @@ async def _exchange(
     except TransportFailure as failure:
         raise Inconclusive(probe, f"{failure.event}") from None
     except ResponseTooLarge:
-        raise Inconclusive(probe, "upstream_response_too_large") from None
+        raise Inconclusive(probe, ErrorCode.UPSTREAM_RESPONSE_TOO_LARGE) from None
 
 
 def _client_answer(call: UpstreamCall, body: bytes | list[dict[str, Any]]) -> dict[str, Any]:

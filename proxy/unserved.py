@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 
 from proxy.ledger.exchange import Failure, Final
 from proxy.transport import Dispatch
-from proxy.wire.errors import TYPED_ERRORS, should_retry
 from proxy.wire.providers.base import COUNT_TOKENS
 from proxy.wire.sse import Dialect
 from proxy.wire.translations.token_estimate import estimate_input_tokens
+from routing.policy.errors import CODES, ErrorCode
 from routing.policy.failures import Disposition, FailureClass
 from routing.policy.plan import Plan
 from routing.policy.types import IneligibleReason
@@ -60,9 +60,15 @@ def unserved_answer(
     if last is None and unserved.untranslatable is not None:
         # Nothing was sent: the last candidate could not be sent this request in its API.
         message = UNTRANSLATABLE_MESSAGE.format(unserved.untranslatable)
-        code = "invalid_request"
+        code = ErrorCode.INVALID_REQUEST
         return _typed(
-            framing, 400, code=code, type=code, message=message, param=unserved.untranslatable, retry=False
+            framing,
+            code.status,
+            code=code,
+            type=code,
+            message=message,
+            param=unserved.untranslatable,
+            retry=False,
         )
     if last is None and path == COUNT_TOKENS:
         # No Anthropic-shaped account could count them: the gateway's own estimate, labelled as
@@ -71,35 +77,46 @@ def unserved_answer(
         return Outcome.OK, 200, Final(200, estimate, headers=(("x-gateway-token-count", "estimated"),))
     if last is None and unserved.budget_unreachable:
         # Nothing was sent because the budget could not be reserved: the database, not the budget.
-        code = "gateway_unavailable"
+        code = ErrorCode.GATEWAY_UNAVAILABLE
         return _typed(
-            framing, 503, code=code, type=code, message=TYPED_ERRORS[code][1], param=None, retry=True
+            framing, code.status, code=code, type=code, message=code.message, param=None, retry=True
         )
     anthropic = path.startswith("/messages")
     if last is None and exclusion(unserved, plan) is IneligibleReason.BUDGET:
         # The key's own condition, not an outage: a 429 the SDKs do not retry (SPEC §7.4); Anthropic
         # clients read its 429 as a rate_limit_error.
-        code = "budget_exceeded"
-        message = unserved.budget_refusal or TYPED_ERRORS[code][1]
+        code = ErrorCode.BUDGET_EXCEEDED
+        message = unserved.budget_refusal or code.message
         return _typed(
-            framing, 429, code=code, type="insufficient_quota", message=message, param=None, retry=False
+            framing,
+            code.status,
+            code=code,
+            type="insufficient_quota",
+            message=message,
+            param=None,
+            retry=False,
         )
     if last is None:
         reason = exclusion(unserved, plan)
         return _typed(
             framing,
-            503,
-            code="no_eligible_backend",
+            ErrorCode.NO_ELIGIBLE_BACKEND.status,
+            code=ErrorCode.NO_ELIGIBLE_BACKEND,
             type="service_unavailable",
             message=no_eligible_message(reason, plan, tokens=tokens, anthropic=anthropic),
             param=str(reason),
-            retry=should_retry("no_eligible_backend", str(reason)),
+            retry=ErrorCode.NO_ELIGIBLE_BACKEND.should_retry(str(reason)),
         )
     if last.disposition is Disposition.DISPATCH_UNKNOWN:
-        code = "upstream_dispatch_unknown"
-        message = TYPED_ERRORS[code][1]
+        code = ErrorCode.UPSTREAM_DISPATCH_UNKNOWN
         return _typed(
-            framing, 504, code=code, type="upstream_error", message=message, param=None, retry=False
+            framing,
+            code.status,
+            code=code,
+            type="upstream_error",
+            message=code.message,
+            param=None,
+            retry=False,
         )
     message = failure_message(last, window=unserved.window, tokens=tokens, anthropic=anthropic)
     outcome = last.code or str(last.failure)
@@ -154,8 +171,8 @@ def no_eligible_message(reason: IneligibleReason, plan: Plan, *, tokens: int, an
 def failure_message(last: Failure, *, window: int | None, tokens: int, anthropic: bool) -> str:
     """A relayed failure in the gateway's words; `window`: the context window of the candidate that
     failed last, `tokens`: the request's estimate, `anthropic`: the client speaks Anthropic Messages."""
-    if last.final and last.code in TYPED_ERRORS:
-        return TYPED_ERRORS[last.code][1]
+    if last.final and last.code in CODES:
+        return ErrorCode(last.code).message
     if last.failure is FailureClass.CONTEXT_OVERFLOW:
         # The upstream's own integers when it said them in its documented words, else the estimate.
         tokens, window = last.overflow or (tokens, window)

@@ -31,7 +31,7 @@ from proxy.ledger.exchange import Exchange, Final, Stream
 from proxy.ledger.metrics import scrape_registry
 from proxy.ledger.recorder import observations, record
 from proxy.wire.apis.chat import error_body
-from proxy.wire.errors import TYPED_ERRORS, model_message
+from routing.policy.errors import ErrorCode
 from routing.policy.resolution import is_allowed
 from routing.policy.types import RouteClass
 from routing.policy.vocabulary import ClientRoute
@@ -58,14 +58,14 @@ async def proxied(
     """The answer to a request on one of the PROXIED routes: its body `raw` (empty when the edge left it
     unread, `refusal` saying why), `headers` with lowercase names."""
     if method != "POST":
-        reply = _reply_of(typed_response(path, "method_not_allowed"))
+        reply = _reply_of(typed_response(path, ErrorCode.METHOD_NOT_ALLOWED))
         reply["allow"] = "POST"
         return reply
     try:
         return await _proxy(path, headers, raw, refusal)
     except Exception as exc:
         logger.error("Internal Server Error: %s", path, exc_info=exc)
-        return _reply_of(typed_response(path, "internal_error"))
+        return _reply_of(typed_response(path, ErrorCode.INTERNAL_ERROR))
 
 
 async def _proxy(path: str, headers: Mapping[str, str], raw: bytes, refusal: str | None) -> Reply:
@@ -106,7 +106,7 @@ async def _handle(
     exchange: Exchange,
     started: float,
 ) -> Reply:
-    if refusal in ("authentication_error", "gateway_unavailable"):
+    if refusal in (ErrorCode.AUTHENTICATION_ERROR, ErrorCode.GATEWAY_UNAVAILABLE):
         raise RequestFailed(refusal)  # the edge found no such key, or no database: no second lookup
     try:
         body, body_error = parse_body(raw, refusal), None
@@ -166,15 +166,15 @@ async def _listed_models(request: HttpRequest) -> list[str] | HttpResponse:
         authenticated = await db.run_within(READ_TIMEOUT_S, key_authenticate, bearer(request.headers))
     except DatabaseError:
         body = error_body(
-            message=TYPED_ERRORS["gateway_unavailable"][1],
-            type="gateway_unavailable",
-            code="gateway_unavailable",
+            message=ErrorCode.GATEWAY_UNAVAILABLE.message,
+            type=ErrorCode.GATEWAY_UNAVAILABLE,
+            code=ErrorCode.GATEWAY_UNAVAILABLE,
         )
         return HttpResponse(body, status=503, content_type="application/json")
     if authenticated is None:
         body = error_body(
-            message=TYPED_ERRORS["authentication_error"][1],
-            type="authentication_error",
+            message=ErrorCode.AUTHENTICATION_ERROR.message,
+            type=ErrorCode.AUTHENTICATION_ERROR,
             code="invalid_api_key",
         )
         return HttpResponse(body, status=401, content_type="application/json")
@@ -198,7 +198,10 @@ async def model(request: HttpRequest, model_id: str) -> HttpResponse:
         return listed
     if model_id not in listed:
         return typed_response(
-            ClientRoute.MODEL, "model_not_found", "model", model_message("model_not_found", model_id)
+            ClientRoute.MODEL,
+            ErrorCode.MODEL_NOT_FOUND,
+            "model",
+            ErrorCode.MODEL_NOT_FOUND.about(model_id),
         )
     return JsonResponse(_model_object(model_id))
 

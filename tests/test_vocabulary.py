@@ -228,3 +228,41 @@ def test_every_client_url_is_a_client_route():
 def test_no_proxy_module_spells_a_client_route(module):
     spelled = _string_literals(ROOT / module) & set(ClientRoute)
     assert spelled == set(), f"{module} spells {sorted(spelled)}: use routing.policy.vocabulary.ClientRoute"
+
+
+# Where a string equal to a gateway code is another API's word, not the gateway's code: an upstream's
+# canonical error code or type that the failure rules read (OpenAI's `model_not_found`, its stream's
+# `rate_limit_exceeded`, a 403's `permission_denied`), the codes providers map theirs to, and the
+# Anthropic error types the Messages API answers with.
+OTHER_APIS_WORDS = {
+    "routing/policy/failures.py": {"model_not_found", "rate_limit_exceeded", "permission_denied"},
+    "proxy/wire/providers/azure_openai.py": {"model_not_found"},
+    "proxy/wire/providers/bedrock_translate.py": {"permission_denied"},
+    "proxy/wire/providers/gemini_translate.py": {"permission_denied"},
+    "proxy/wire/apis/messages.py": {"authentication_error", "request_too_large"},
+}
+
+
+def _product_modules() -> list[Path]:
+    product = ("gatewaysite", "gatewayconfig", "proxy", "routing", "catalog", "pools", "runtime")
+    return sorted(
+        path
+        for package in product
+        for path in (ROOT / package).rglob("*.py")
+        if "migrations" not in path.parts
+    )
+
+
+@pytest.mark.parametrize("path", _product_modules(), ids=lambda path: str(path.relative_to(ROOT)))
+def test_the_gateways_error_codes_are_spelled_only_by_their_type(path):
+    """Issue 46 point 4: a code is `ErrorCode.X` everywhere but its own module, so a renamed or removed
+    code cannot survive as a string somewhere that the type checker and the table never see."""
+    from routing.policy.errors import ErrorCode
+
+    module = str(path.relative_to(ROOT))
+    if module == "routing/policy/errors.py":
+        return
+    spelled = _string_literals(path) & set(ErrorCode)
+    assert spelled - OTHER_APIS_WORDS.get(module, set()) == set(), (
+        f"{module}: use routing.policy.errors.ErrorCode"
+    )

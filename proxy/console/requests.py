@@ -31,7 +31,7 @@ from catalog.models import CatalogEntry
 from pools.selectors import keys_visible_to, pools_visible_to
 from proxy.console.spend import cost_is_unknown
 from proxy.ledger.models import Attempt, AttemptStatus, DispatchState
-from proxy.wire.errors import TYPED_ERRORS
+from routing.policy.errors import ErrorCode
 from routing.policy.pricing import dollars
 from routing.policy.vocabulary import ClientRoute, FailureClass, Outcome
 
@@ -186,7 +186,7 @@ class OutcomeFilter(ValueFilter):
     parameter_name = "outcome"
 
     def lookups(self, request, model_admin):
-        codes = {*Outcome, *TYPED_ERRORS, *FailureClass}
+        codes = {*Outcome, *ErrorCode, *FailureClass}
         return [(str(code), str(code)) for code in sorted(codes, key=lambda c: (c != Outcome.OK, str(c)))]
 
 

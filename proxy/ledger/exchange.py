@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from routing.policy.errors import ErrorCode
 from routing.policy.failures import (
     DispatchState,
     Disposition,
@@ -100,7 +101,7 @@ class Exchange:
         """A typed refusal of the gateway's own as the outcome; the key's limit a `rate_limit_exceeded`
         names is kept for the log line."""
         self.outcome, self.status_code = code, status
-        if code == "rate_limit_exceeded":
+        if code == ErrorCode.RATE_LIMIT_EXCEEDED:
             self.limit = param or ""
 
     @property

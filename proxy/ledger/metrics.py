@@ -54,9 +54,9 @@ from prometheus_client.registry import Collector
 from pools.models import GatewayKey
 from pools.selectors import budget_left
 from proxy.ledger.exchange import Exchange
-from proxy.wire.errors import TYPED_ERRORS
 from routing.models import Circuit
 from routing.policy.budget import MICROS
+from routing.policy.errors import ErrorCode
 from routing.policy.failures import FailureClass
 from routing.policy.sanitize import CANONICAL
 from routing.policy.types import ASSIGNMENT_WIDE
@@ -87,18 +87,18 @@ STATUS_CLASSES = frozenset({"1xx", "2xx", "3xx", "4xx", "5xx"})
 # The key's own limits that refuse a request (proxy.limits; `budget`: SPEC §7.4).
 KEY_LIMITS = frozenset({"rpm", "tpm", "concurrent", "budget"})
 BUDGET_PERIODS = frozenset({*BudgetPeriod, LIFETIME})
-# The gateway's own outcome codes: the relay's outcomes plus its typed errors (proxy.wire.errors).
+# The gateway's own outcome codes: the relay's outcomes plus its typed errors (routing.policy.errors).
 OUTCOMES = frozenset(
     {
         *Outcome,
-        *TYPED_ERRORS,
+        *ErrorCode,
         # An upstream final failure is recorded under its sanitized code, or its failure class when it
         # had none (proxy.relay); the common canonical codes keep that name here, the rest is `other`.
         *FailureClass,
         *(code for _, code, _ in CANONICAL.values()),
         "invalid_api_key",
         "server_error",
-        "previous_response_not_found",
+        ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND,
     }
 )
 # Pool, assignment, model and key names come from the operators' configuration and catalog, so they are
@@ -134,7 +134,7 @@ FALLBACKS = Counter(
     ["reason"],
     registry=REGISTRY,
 )
-FALLBACKS.labels(reason="model_not_found")
+FALLBACKS.labels(reason=ErrorCode.MODEL_NOT_FOUND)
 UPSTREAM_LATENCY = Histogram(
     "gateway_upstream_latency_seconds",
     "Time of each dispatched attempt, from send to the end of the response (a whole stream), by pool, "
@@ -225,9 +225,9 @@ def _name(value: str) -> str:
 def _throttled_by(exchange: Exchange) -> str | None:
     """The key's own limit that refused the request (`budget` for its budget), else None. An upstream's
     relayed 429 is also `rate_limit_exceeded`, but names no limit of the key: not counted here."""
-    if exchange.outcome == "budget_exceeded":
+    if exchange.outcome == ErrorCode.BUDGET_EXCEEDED:
         return "budget"
-    if exchange.outcome == "rate_limit_exceeded" and exchange.limit:
+    if exchange.outcome == ErrorCode.RATE_LIMIT_EXCEEDED and exchange.limit:
         return _bounded(exchange.limit, KEY_LIMITS)
     return None
 
@@ -252,7 +252,7 @@ def observe_exchange(exchange: Exchange) -> None:
         duration = (exchange.finished_at - exchange.started_at).total_seconds()
         _child(REQUEST_DURATION, route, transport).observe(max(duration, 0.0))
     if exchange.model_fallback:
-        _child(FALLBACKS, "model_not_found").inc()
+        _child(FALLBACKS, ErrorCode.MODEL_NOT_FOUND).inc()
     if exchange.fallback_reason in FALLBACK_REASONS:
         _child(FALLBACKS, exchange.fallback_reason).inc()
     limit = _throttled_by(exchange)

@@ -44,6 +44,7 @@ from proxy.ledger.exchange import AttemptLog, Exchange
 from proxy.ledger.metrics import observe_exchange
 from proxy.ledger.spool import Journal, Spool
 from routing.policy import latency
+from routing.policy.errors import ErrorCode
 from routing.policy.vocabulary import AttemptStatus
 from runtime import db
 
@@ -423,7 +424,7 @@ def request_line(exchange: Exchange) -> Fields:
         pools=sorted(pools),
         outcome=exchange.outcome,
         status=exchange.status_code,
-        limit=exchange.limit or ("budget" if exchange.outcome == "budget_exceeded" else None),
+        limit=exchange.limit or ("budget" if exchange.outcome == ErrorCode.BUDGET_EXCEEDED else None),
         attempts=exchange.attempts_made,
         retries=exchange.retry_count,
         assignments=assignments,

@@ -1,4 +1,4 @@
 """What travels on the wire, PURE: the client APIs the gateway serves (`apis/`), the translations between
 them (`translations/`), the upstream providers' requests and answers (`providers/`), SSE framing (`sse`),
-usage read from answers (`payloads`) and the gateway's own errors (`errors`). Standard library and
+and usage read from answers (`payloads`). Standard library and
 `routing.policy` only: no Django, no I/O, no clock."""

@@ -22,6 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from routing.policy.eligibility import evaluate, fit_reasons
+from routing.policy.errors import ErrorCode
 from routing.policy.resolution import is_allowed
 from routing.policy.types import Candidate, IneligibleReason, Requirements
 
@@ -34,12 +35,6 @@ class AutoReason(enum.StrEnum):
     SESSION_RECLASSIFIED = "session_reclassified"  # the cached model is missing or cannot fit
 
 
-class AutoErrorCode(enum.StrEnum):
-    MODEL_NOT_FOUND = "model_not_found"  # no auto model has a route in the key's pools
-    PERMISSION_DENIED = "permission_denied"  # the key may use none of them
-    NO_ELIGIBLE_BACKEND = "no_eligible_backend"  # the request fits none of them
-
-
 @dataclass(frozen=True, slots=True)
 class AutoChoice:
     model: str
@@ -50,7 +45,7 @@ class AutoChoice:
 
 @dataclass(frozen=True, slots=True)
 class AutoError:
-    code: AutoErrorCode
+    code: ErrorCode
     reason: IneligibleReason | None = None  # for no_eligible_backend: capability or context_window
 
 
@@ -78,10 +73,10 @@ def choose_model(
 ) -> AutoChoice | AutoError:
     routed = [m for m in dict.fromkeys(auto_models) if routes.get(m)]
     if not routed:
-        return AutoError(AutoErrorCode.MODEL_NOT_FOUND)
+        return AutoError(ErrorCode.MODEL_NOT_FOUND)
     usable = [m for m in routed if is_allowed(m, allowed_models)]
     if not usable:
-        return AutoError(AutoErrorCode.PERMISSION_DENIED)
+        return AutoError(ErrorCode.PERMISSION_DENIED)
 
     candidates: list[str] = []
     last_reason: IneligibleReason | None = None
@@ -92,7 +87,7 @@ def choose_model(
         else:
             last_reason = reason
     if not candidates:
-        return AutoError(AutoErrorCode.NO_ELIGIBLE_BACKEND, last_reason)
+        return AutoError(ErrorCode.NO_ELIGIBLE_BACKEND, last_reason)
     ready = [m for m in candidates if _ready(routes[m], requirements)]
 
     def choice(model: str, reason: AutoReason) -> AutoChoice:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 
 from routing.policy import preference
 from routing.policy.eligibility import Verdict, gate
+from routing.policy.errors import ErrorCode
 from routing.policy.failures import Disposition
 from routing.policy.resolution import is_allowed
 from routing.policy.types import Candidate, Health, IneligibleReason, Requirements
@@ -56,14 +57,9 @@ class HardPin:
     assignment_id: int | None  # None: the assignment is gone (deleted, disabled or out of the pool)
 
 
-class PlanErrorCode(enum.StrEnum):
-    FILE_ASSIGNMENT_CONFLICT = "file_assignment_conflict"  # 409
-    PIN_UNAVAILABLE = "pin_unavailable"  # a response or websocket pin's assignment cannot serve
-
-
 @dataclass(frozen=True, slots=True)
 class PlanError:
-    code: PlanErrorCode
+    code: ErrorCode
     pin: HardPin
 
 
@@ -97,9 +93,7 @@ def _apply_pins(
         candidates = [c for c in candidates if c.assignment_id == pin.assignment_id]
         if not candidates:
             code = (
-                PlanErrorCode.FILE_ASSIGNMENT_CONFLICT
-                if pin.kind is PinKind.FILE
-                else PlanErrorCode.PIN_UNAVAILABLE
+                ErrorCode.FILE_ASSIGNMENT_CONFLICT if pin.kind is PinKind.FILE else ErrorCode.PIN_UNAVAILABLE
             )
             return [], PlanError(code, pin)
     return candidates, None

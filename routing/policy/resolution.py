@@ -25,6 +25,8 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from routing.policy.errors import ErrorCode
+
 WILDCARD = "*"
 
 _SEPARATOR = re.compile(r"[-.]")
@@ -34,11 +36,6 @@ class FallbackReason(enum.StrEnum):
     NONE = "none"
     EXPLICIT = "explicit"
     FAMILY = "family"
-
-
-class ResolutionErrorCode(enum.StrEnum):
-    MODEL_NOT_FOUND = "model_not_found"  # 404
-    PERMISSION_DENIED = "permission_denied"  # 403
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +67,7 @@ class Resolution:
 
 @dataclass(frozen=True, slots=True)
 class ResolutionError:
-    code: ResolutionErrorCode
+    code: ErrorCode
     model: str  # the model the error is about: the canonical one (404) or the served one (403)
 
 
@@ -138,10 +135,10 @@ def resolve(
     else:
         fallback = fallback_for(canonical, policy=policy, routable=routable)
         if fallback is None:
-            return ResolutionError(ResolutionErrorCode.MODEL_NOT_FOUND, canonical)
+            return ResolutionError(ErrorCode.MODEL_NOT_FOUND, canonical)
         served, reason = fallback.model, fallback.reason
     if not is_allowed(served, allowed_models):
-        return ResolutionError(ResolutionErrorCode.PERMISSION_DENIED, served)
+        return ResolutionError(ErrorCode.PERMISSION_DENIED, served)
     return Resolution(requested=requested, canonical=canonical, served=served, fallback=reason)
 
 

@@ -10,6 +10,7 @@ Classification is unaffected: it matches exact enumerated values, which are all 
 
 import re
 
+from routing.policy.errors import ErrorCode
 from routing.policy.failures import CanonicalError, FailureClass
 
 MAX_FIELD = 64
@@ -17,15 +18,15 @@ _FIELD = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 
 # (type, code, param) that stand in for an invalid field of each failure class.
 CANONICAL: dict[str, tuple[str, str, str | None]] = {
-    "model_unavailable": ("invalid_request_error", "model_not_found", "model"),
-    "model_not_found_cross": ("not_found_error", "model_not_found", "model"),
-    "rate_limited": ("rate_limit_error", "rate_limit_exceeded", None),
+    "model_unavailable": ("invalid_request_error", ErrorCode.MODEL_NOT_FOUND, "model"),
+    "model_not_found_cross": ("not_found_error", ErrorCode.MODEL_NOT_FOUND, "model"),
+    "rate_limited": ("rate_limit_error", ErrorCode.RATE_LIMIT_EXCEEDED, None),
     "quota": ("insufficient_quota", "insufficient_quota", None),
     "unavailable": ("server_error", "upstream_unavailable", None),
     "credential_rejected": ("upstream_error", "upstream_credential_rejected", None),
     "safety_refusal": ("invalid_request_error", "content_filter", None),
     "context_overflow": ("invalid_request_error", "context_length_exceeded", "messages"),
-    "dispatch_unknown": ("upstream_error", "upstream_dispatch_unknown", None),
+    "dispatch_unknown": ("upstream_error", ErrorCode.UPSTREAM_DISPATCH_UNKNOWN, None),
     "client_error": ("invalid_request_error", "upstream_client_error", None),
 }
 _DEFAULT = ("upstream_error", "upstream_error", None)

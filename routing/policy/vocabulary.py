@@ -110,7 +110,7 @@ class AttemptStatus(enum.StrEnum):
 
 class Outcome(enum.StrEnum):
     """The outcomes of a client request that are the relay's own. A request's recorded outcome is one
-    of these, a typed error code of the gateway (`proxy.wire.errors.TYPED_ERRORS`), or an upstream final
+    of these, a typed error code of the gateway (`routing.policy.errors.ErrorCode`), or an upstream final
     failure's sanitized code (else its failure class)."""
 
     OK = "ok"

@@ -12,7 +12,7 @@ from proxy.ingress import typed_response
 from proxy.ledger.models import RequestRecord
 from proxy.ledger.recorder import writer
 from proxy.upstream import retry_after_s
-from proxy.wire.errors import TYPED_ERRORS, should_retry
+from routing.policy.errors import ErrorCode
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import CHAT, assert_hits, attempts_of, post, record_of
 
@@ -151,10 +151,10 @@ def test_a_relayed_context_overflow_speaks_the_clients_api(gateway, two_assignme
     ],
 )
 def test_x_should_retry_follows_the_spec_table(code, param, expected):
-    assert should_retry(code, param) is expected
-    response = typed_response("/v1/chat/completions", code, param)
+    assert ErrorCode(code).should_retry(param) is expected
+    response = typed_response("/v1/chat/completions", ErrorCode(code), param)
     assert response["x-should-retry"] == ("true" if expected else "false")
-    assert response.status_code == TYPED_ERRORS[code][0]
+    assert response.status_code == ErrorCode(code).status
 
 
 @pytest.mark.parametrize(

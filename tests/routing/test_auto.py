@@ -2,7 +2,8 @@
 
 import pytest
 
-from routing.policy.auto import AutoChoice, AutoError, AutoErrorCode, AutoReason, choose_model
+from routing.policy.auto import AutoChoice, AutoError, AutoReason, choose_model
+from routing.policy.errors import ErrorCode
 from routing.policy.types import Candidate, Health, IneligibleReason, Requirements, TriState
 
 ALL = ["*"]
@@ -153,19 +154,19 @@ def test_no_routed_auto_model_is_model_not_found():
     result = choose_model(
         auto_models=["gpt-9"], allowed_models=ALL, routes=routes(), requirements=Requirements()
     )
-    assert result == AutoError(AutoErrorCode.MODEL_NOT_FOUND)
+    assert result == AutoError(ErrorCode.MODEL_NOT_FOUND)
 
 
 def test_no_auto_models_at_all_is_model_not_found():
     result = choose_model(auto_models=[], allowed_models=ALL, routes=routes(), requirements=Requirements())
-    assert result == AutoError(AutoErrorCode.MODEL_NOT_FOUND)
+    assert result == AutoError(ErrorCode.MODEL_NOT_FOUND)
 
 
 def test_no_usable_auto_model_is_permission_denied():
     result = choose_model(
         auto_models=MODELS, allowed_models=["gpt-9"], routes=routes(), requirements=Requirements()
     )
-    assert result == AutoError(AutoErrorCode.PERMISSION_DENIED)
+    assert result == AutoError(ErrorCode.PERMISSION_DENIED)
 
 
 @pytest.mark.parametrize(
@@ -178,4 +179,4 @@ def test_no_usable_auto_model_is_permission_denied():
 def test_a_request_that_fits_no_model_is_no_eligible_backend(requirements, reason):
     r = {m: [c(i, m, context_window=1000)] for i, m in enumerate(MODELS)}
     result = choose_model(auto_models=MODELS, allowed_models=ALL, routes=r, requirements=requirements)
-    assert result == AutoError(AutoErrorCode.NO_ELIGIBLE_BACKEND, reason)
+    assert result == AutoError(ErrorCode.NO_ELIGIBLE_BACKEND, reason)

@@ -2,8 +2,9 @@
 
 import pytest
 
+from routing.policy.errors import ErrorCode
 from routing.policy.files import MAX_FILE_IDS, TooManyFiles, file_pins, files_plan, referenced_file_ids
-from routing.policy.plan import HardPin, PinKind, Plan, PlanError, PlanErrorCode
+from routing.policy.plan import HardPin, PinKind, Plan, PlanError
 from routing.policy.resolution import ModelPolicy
 from routing.policy.route import RoutingView
 from routing.policy.types import Candidate, DataCollection, Health, IneligibleReason, Requirements, TriState
@@ -59,7 +60,7 @@ def test_a_file_pin_keeps_only_its_assignment_and_never_escapes():
     assert isinstance(pinned, Plan) and [c.assignment_id for c in pinned.order] == [2]
     for gone in (None, 99):
         error = files_plan(accounts, Requirements(), adapters=OPENAI, pin=HardPin(PinKind.FILE, gone))
-        assert isinstance(error, PlanError) and error.code is PlanErrorCode.FILE_ASSIGNMENT_CONFLICT
+        assert isinstance(error, PlanError) and error.code is ErrorCode.FILE_ASSIGNMENT_CONFLICT
 
 
 def test_file_pins_are_one_per_distinct_assignment():

@@ -3,8 +3,9 @@
 import pytest
 
 from routing.policy.eligibility import Verdict
+from routing.policy.errors import ErrorCode
 from routing.policy.failures import Disposition
-from routing.policy.plan import HardPin, PinKind, Plan, PlanError, PlanErrorCode, build_plan, next_candidate
+from routing.policy.plan import HardPin, PinKind, Plan, PlanError, build_plan, next_candidate
 from routing.policy.types import Candidate, Health, IneligibleReason, Requirements, TriState
 
 ALL = ["*"]
@@ -133,7 +134,7 @@ def test_file_pin_to_a_gone_assignment_is_a_conflict(assignment_id):
     result = build_plan(
         primary=[c(1)], requirements=Requirements(), allowed_models=ALL, max_attempts=4, pins=[pin]
     )
-    assert result == PlanError(PlanErrorCode.FILE_ASSIGNMENT_CONFLICT, pin)
+    assert result == PlanError(ErrorCode.FILE_ASSIGNMENT_CONFLICT, pin)
 
 
 @pytest.mark.parametrize("kind", [PinKind.RESPONSE, PinKind.WEBSOCKET])
@@ -143,7 +144,7 @@ def test_other_pins_to_an_absent_assignment_are_typed_errors(kind, assignment_id
     result = build_plan(
         primary=[c(1)], requirements=Requirements(), allowed_models=ALL, max_attempts=4, pins=[pin]
     )
-    assert result == PlanError(PlanErrorCode.PIN_UNAVAILABLE, pin)
+    assert result == PlanError(ErrorCode.PIN_UNAVAILABLE, pin)
 
 
 def test_pins_that_disagree_are_a_conflict_not_a_union():
@@ -155,7 +156,7 @@ def test_pins_that_disagree_are_a_conflict_not_a_union():
         max_attempts=4,
         pins=[response, file],
     )
-    assert result == PlanError(PlanErrorCode.FILE_ASSIGNMENT_CONFLICT, file)
+    assert result == PlanError(ErrorCode.FILE_ASSIGNMENT_CONFLICT, file)
 
 
 def test_pin_to_a_disallowed_cross_model_route_does_not_escape():
@@ -168,7 +169,7 @@ def test_pin_to_a_disallowed_cross_model_route_does_not_escape():
         max_attempts=4,
         pins=[pin],
     )
-    assert result == PlanError(PlanErrorCode.PIN_UNAVAILABLE, pin)
+    assert result == PlanError(ErrorCode.PIN_UNAVAILABLE, pin)
 
 
 def test_session_preference_moves_the_last_assignment_to_the_front_and_keeps_everybody():

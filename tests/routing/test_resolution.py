@@ -2,13 +2,13 @@
 
 import pytest
 
+from routing.policy.errors import ErrorCode
 from routing.policy.resolution import (
     Fallback,
     FallbackReason,
     ModelPolicy,
     Resolution,
     ResolutionError,
-    ResolutionErrorCode,
     cross_model_fallback,
     fallback_for,
     family_fallback,
@@ -100,12 +100,12 @@ def test_explicit_mapping_wins_over_family():
 def test_explicit_mapping_to_an_unrouted_model_is_not_found_not_family():
     policy = ModelPolicy(fallbacks={"claude-opus-5": "claude-opus-4-9"})
     result = resolve("claude-opus-5", policy=policy, routable=OPUS, allowed_models=ALL)
-    assert result == ResolutionError(ResolutionErrorCode.MODEL_NOT_FOUND, "claude-opus-5")
+    assert result == ResolutionError(ErrorCode.MODEL_NOT_FOUND, "claude-opus-5")
 
 
 def test_family_off_is_model_not_found():
     result = resolve("claude-opus-5", policy=ModelPolicy(family=False), routable=OPUS, allowed_models=ALL)
-    assert result == ResolutionError(ResolutionErrorCode.MODEL_NOT_FOUND, "claude-opus-5")
+    assert result == ResolutionError(ErrorCode.MODEL_NOT_FOUND, "claude-opus-5")
 
 
 def test_family_off_still_honours_explicit_mapping():
@@ -117,7 +117,7 @@ def test_family_off_still_honours_explicit_mapping():
 
 def test_unknown_model_without_fallback_is_not_found():
     result = resolve("mistral-large", policy=ModelPolicy(), routable=OPUS, allowed_models=ALL)
-    assert result == ResolutionError(ResolutionErrorCode.MODEL_NOT_FOUND, "mistral-large")
+    assert result == ResolutionError(ErrorCode.MODEL_NOT_FOUND, "mistral-large")
 
 
 def test_routed_model_is_never_substituted_even_with_a_mapping():
@@ -138,7 +138,7 @@ def test_alias_is_one_hop_then_resolved():
 def test_alias_chain_is_not_followed():
     policy = ModelPolicy(aliases={"a": "b", "b": "gpt-5"})
     result = resolve("a", policy=policy, routable=OPUS, allowed_models=ALL)
-    assert result == ResolutionError(ResolutionErrorCode.MODEL_NOT_FOUND, "b")
+    assert result == ResolutionError(ErrorCode.MODEL_NOT_FOUND, "b")
 
 
 def test_fallback_is_one_hop():
@@ -146,12 +146,12 @@ def test_fallback_is_one_hop():
     policy = ModelPolicy(fallbacks={"claude-opus-5": "claude-opus-4-8", "claude-opus-4-8": "claude-opus-4-1"})
     routable = {"claude-opus-4-1"}
     result = resolve("claude-opus-5", policy=policy, routable=routable, allowed_models=ALL)
-    assert result == ResolutionError(ResolutionErrorCode.MODEL_NOT_FOUND, "claude-opus-5")
+    assert result == ResolutionError(ErrorCode.MODEL_NOT_FOUND, "claude-opus-5")
 
 
 def test_key_allowed_only_the_unrouted_requested_model_is_denied_not_downgraded():
     result = resolve("claude-opus-5", policy=ModelPolicy(), routable=OPUS, allowed_models=["claude-opus-5"])
-    assert result == ResolutionError(ResolutionErrorCode.PERMISSION_DENIED, "claude-opus-4-8")
+    assert result == ResolutionError(ErrorCode.PERMISSION_DENIED, "claude-opus-4-8")
 
 
 def test_key_allowed_the_served_model_gets_the_fallback():
@@ -162,13 +162,13 @@ def test_key_allowed_the_served_model_gets_the_fallback():
 
 def test_family_picks_highest_version_even_if_key_allows_only_a_lower_one():
     result = resolve("claude-opus-5", policy=ModelPolicy(), routable=OPUS, allowed_models=["claude-opus-4-1"])
-    assert result == ResolutionError(ResolutionErrorCode.PERMISSION_DENIED, "claude-opus-4-8")
+    assert result == ResolutionError(ErrorCode.PERMISSION_DENIED, "claude-opus-4-8")
 
 
 def test_served_model_authorized_not_the_alias():
     policy = ModelPolicy(aliases={"gpt5": "gpt-5"})
     assert resolve("gpt5", policy=policy, routable=OPUS, allowed_models=["gpt5"]) == ResolutionError(
-        ResolutionErrorCode.PERMISSION_DENIED, "gpt-5"
+        ErrorCode.PERMISSION_DENIED, "gpt-5"
     )
     assert isinstance(resolve("gpt5", policy=policy, routable=OPUS, allowed_models=["gpt-5"]), Resolution)
 

@@ -2,9 +2,10 @@
 
 import pytest
 
-from routing.policy.auto import AutoError, AutoErrorCode, AutoReason
+from routing.policy.auto import AutoError, AutoReason
+from routing.policy.errors import ErrorCode
 from routing.policy.plan import HardPin, PinKind, PlanError
-from routing.policy.resolution import FallbackReason, ModelPolicy, ResolutionError, ResolutionErrorCode
+from routing.policy.resolution import FallbackReason, ModelPolicy, ResolutionError
 from routing.policy.route import (
     KeyPolicy,
     RequirementsHeaderError,
@@ -53,7 +54,7 @@ def test_a_key_allowed_only_the_requested_model_is_denied_not_downgraded():
     v = view({"claude-opus-4-8": [cand(1, "claude-opus-4-8")]})
     key = KeyPolicy(1, "k", (1,), ("claude-opus-5",), Requirements())
     d = decide(v, key, "claude-opus-5", Requirements())
-    assert d.error == ResolutionError(ResolutionErrorCode.PERMISSION_DENIED, "claude-opus-4-8")
+    assert d.error == ResolutionError(ErrorCode.PERMISSION_DENIED, "claude-opus-4-8")
     assert d.plan is None
 
 
@@ -82,7 +83,7 @@ def test_auto_keeps_a_session_when_nothing_is_ready():
 def test_auto_with_no_fitting_model_is_a_typed_error():
     v = view({"gpt-5": [cand(1, "gpt-5", vision=TriState.FALSE)]}, auto_models=("gpt-5",))
     d = decide(v, KEY, "auto", Requirements(vision=True))
-    assert isinstance(d.error, AutoError) and d.error.code is AutoErrorCode.NO_ELIGIBLE_BACKEND
+    assert isinstance(d.error, AutoError) and d.error.code is ErrorCode.NO_ELIGIBLE_BACKEND
 
 
 def test_a_hard_pin_never_escapes_and_a_gone_file_is_a_conflict():

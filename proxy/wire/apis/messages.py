@@ -22,32 +22,33 @@ from proxy.wire.apis.base import Json
 from proxy.wire.apis.chat import compact_json
 from proxy.wire.sse import Block, Dialect, Visibility, encode_block, event_kind, part_blank, parts_blank
 from proxy.wire.translations.token_estimate import media, prompt_estimate
+from routing.policy.errors import ErrorCode
 from routing.policy.types import Requirements
 
-# The gateway's typed codes (SPEC §4, `proxy.wire.errors.TYPED_ERRORS`) -> Anthropic error types. Anthropic
+# The gateway's typed codes (SPEC §4, `routing.policy.errors.ErrorCode`) -> Anthropic error types. Anthropic
 # has no conflict type, so a 409 reads as a request the client must change; `upstream_dispatch_unknown`
 # is Anthropic's own 504 `timeout_error`; a gateway that cannot reach its database is an `api_error`.
 # `no_eligible_backend` is decided in `error_type`: its meaning depends on the excluding condition.
 ERROR_TYPES: Mapping[str, str] = {
-    "invalid_request": "invalid_request_error",
-    "authentication_error": "authentication_error",
-    "permission_denied": "permission_error",
-    "model_not_found": "not_found_error",
-    "file_not_found": "not_found_error",
-    "previous_response_not_found": "invalid_request_error",  # a Responses route's only
-    "file_assignment_conflict": "invalid_request_error",
-    "request_too_large": "request_too_large",
-    "rate_limit_exceeded": "rate_limit_error",  # the key's own limits (proxy.limits)
-    "budget_exceeded": "rate_limit_error",  # the key's own budget (SPEC §7.4)
-    "pin_unavailable": "api_error",
-    "gateway_unavailable": "api_error",
-    "upstream_dispatch_unknown": "timeout_error",
-    "request_timeout": "timeout_error",  # the client sent its body too slowly (proxy.edge)
-    "upstream_response_too_large": "api_error",
+    ErrorCode.INVALID_REQUEST: "invalid_request_error",
+    ErrorCode.AUTHENTICATION_ERROR: "authentication_error",
+    ErrorCode.PERMISSION_DENIED: "permission_error",
+    ErrorCode.MODEL_NOT_FOUND: "not_found_error",
+    ErrorCode.FILE_NOT_FOUND: "not_found_error",
+    ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND: "invalid_request_error",  # a Responses route's only
+    ErrorCode.FILE_ASSIGNMENT_CONFLICT: "invalid_request_error",
+    ErrorCode.REQUEST_TOO_LARGE: "request_too_large",
+    ErrorCode.RATE_LIMIT_EXCEEDED: "rate_limit_error",  # the key's own limits (proxy.limits)
+    ErrorCode.BUDGET_EXCEEDED: "rate_limit_error",  # the key's own budget (SPEC §7.4)
+    ErrorCode.PIN_UNAVAILABLE: "api_error",
+    ErrorCode.GATEWAY_UNAVAILABLE: "api_error",
+    ErrorCode.UPSTREAM_DISPATCH_UNKNOWN: "timeout_error",
+    ErrorCode.REQUEST_TIMEOUT: "timeout_error",  # the client sent its body too slowly (proxy.edge)
+    ErrorCode.UPSTREAM_RESPONSE_TOO_LARGE: "api_error",
     # A path or method the API does not serve: Anthropic answers both as not_found_error.
-    "not_found": "not_found_error",
-    "method_not_allowed": "not_found_error",
-    "internal_error": "api_error",
+    ErrorCode.NOT_FOUND: "not_found_error",
+    ErrorCode.METHOD_NOT_ALLOWED: "not_found_error",
+    ErrorCode.INTERNAL_ERROR: "api_error",
 }
 
 # An upstream failure relayed to an Anthropic client after sanitizing keeps its status; its type
@@ -112,7 +113,7 @@ def turn_requirements(body: Json, body_size: int) -> Requirements:
 
 def error_type(code: str | None, *, status: int, param: str | None = None) -> str:
     """The Anthropic error type for a gateway outcome `code`, or for an upstream failure's `status`."""
-    if code == "no_eligible_backend":
+    if code == ErrorCode.NO_ELIGIBLE_BACKEND:
         return "overloaded_error" if param == _CIRCUIT_OPEN else "api_error"
     if code is not None and code in ERROR_TYPES:
         return ERROR_TYPES[code]

@@ -12,8 +12,8 @@ import pytest
 from anthropic.types.shared.error_type import ErrorType
 
 from proxy.wire.apis import messages as adapter
-from proxy.wire.errors import TYPED_ERRORS
 from proxy.wire.translations.token_estimate import IMAGE_TOKENS
+from routing.policy.errors import ErrorCode
 from routing.policy.types import Requirements
 from tests.proxy.test_translate import ANTHROPIC_ADVERSARIAL
 
@@ -111,11 +111,11 @@ def test_error_type(code: str | None, status: int, param: str | None, expected: 
     assert adapter.error_type(code, status=status, param=param) == expected
 
 
-@pytest.mark.parametrize("code", sorted(TYPED_ERRORS))
-def test_every_gateway_code_has_an_anthropic_type(code: str) -> None:
+@pytest.mark.parametrize("code", sorted(ErrorCode))
+def test_every_gateway_code_has_an_anthropic_type(code: ErrorCode) -> None:
     # A typed code added without a decision here would fall back to the status table silently.
     assert code in adapter.ERROR_TYPES or code == "no_eligible_backend"
-    assert adapter.error_type(code, status=TYPED_ERRORS[code][0]) in SDK_ERROR_TYPES
+    assert adapter.error_type(code, status=code.status) in SDK_ERROR_TYPES
 
 
 def test_error_body_is_the_anthropic_envelope() -> None:

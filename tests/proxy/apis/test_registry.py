@@ -8,8 +8,8 @@ import pytest
 from proxy.ingress import DIALECTS
 from proxy.wire.apis import chat, messages, responses
 from proxy.wire.apis.registry import BY_DIALECT, api_for
-from proxy.wire.errors import TYPED_ERRORS
 from proxy.wire.sse import Dialect
+from routing.policy.errors import ErrorCode
 from routing.policy.vocabulary import ClientRoute
 
 
@@ -29,9 +29,9 @@ def test_each_route_has_its_api(route, api, dialect):
     assert api_for(route) is api and api.dialect is dialect
 
 
-@pytest.mark.parametrize("code", sorted(TYPED_ERRORS))
+@pytest.mark.parametrize("code", sorted(ErrorCode))
 def test_a_gateway_code_reads_as_its_own_type_in_openai_and_as_the_mapped_type_in_anthropic(code):
-    status = TYPED_ERRORS[code][0]
+    status = code.status
     assert chat.API.error_type(code, code=code, status=status, param=None) == code
     mapped = messages.API.error_type(code, code=code, status=status, param=None)
     assert mapped == messages.error_type(code, status=status)
