@@ -76,7 +76,6 @@ from runtime.reply import Reply
 DIALECTS = {route: api.dialect for route, api in STREAMING.items()}
 RESPONSES_ROUTES = (ClientRoute.RESPONSES, ClientRoute.RESPONSES_COMPACT)
 COMPACT = ClientRoute.RESPONSES_COMPACT
-MESSAGES_ROUTES = (ClientRoute.MESSAGES, ClientRoute.COUNT_TOKENS)
 
 
 class RequestFailed(Exception):
@@ -308,9 +307,9 @@ class Routed:
     first_call: tuple[tuple[int, str], UpstreamCall] | None
 
 
-def anthropic_beta(headers: Mapping[str, str], path: str) -> str | None:
-    """The client's `anthropic-beta`, passed on by the Messages routes only."""
-    return headers.get("anthropic-beta") if path in MESSAGES_ROUTES else None
+def forwarded(headers: Mapping[str, str], path: str) -> Mapping[str, str]:
+    """The client's headers its route's API passes on to the provider (`ClientApi.forwarded_headers`)."""
+    return {name: headers[name] for name in api_for(path).forwarded_headers if name in headers}
 
 
 def route_request(
@@ -334,7 +333,7 @@ def route_request(
         tighten(loaded.authenticated.key.requirements, extra),
         replace(
             turn,
-            adapters=carriers(path.removeprefix("/v1")),
+            adapters=carriers(ClientRoute(path).tail),
             min_attempt_ms=route_settings.min_attempt_ms,
             # Gated with the rest before the shortlist is cut (§5.3); each attempt is gated again for
             # what is left of it when its turn comes (proxy.relay).
@@ -359,12 +358,12 @@ def route_request(
         first = decision.plan.order[0]
         with contextlib.suppress(RequestTranslationError):
             call = call_for(
-                path.removeprefix("/v1"),
+                ClientRoute(path).tail,
                 inputs.view,
                 first,
                 body,
                 requirements,
-                anthropic_beta(headers, path),
+                forwarded(headers, path),
             )
             first_call = (first.key, call)
     client_deadline = deadline_ms < route_settings.default_deadline_ms
@@ -572,7 +571,7 @@ async def prepare(
         requirements=routed.requirements,
         deadline=deadline,
         client_deadline=routed.client_deadline,
-        path=path.removeprefix("/v1"),
+        path=ClientRoute(path).tail,
         body=body,
         route_class=route_class,
         dialect=dialect,
@@ -584,7 +583,7 @@ async def prepare(
             session_seen=(session.assignment_id, session.model) if session else None,
         ),
         dispatch=dispatch or HttpDispatch(api=api_for(path)),
-        anthropic_beta=anthropic_beta(headers, path),
+        client_headers=forwarded(headers, path),
         lease=leased,
         first_call=routed.first_call,
     )

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
@@ -51,7 +51,7 @@ from proxy.outcomes import HealthWrites, Remembered, db_wait_s, probe_circuit
 from proxy.output import AttemptStream, attempt_cost, plain_answer, relay_body
 from proxy.transport import Answer, Body, Dispatch
 from proxy.unserved import Unserved, exclusion, unserved_answer
-from proxy.wire.providers.base import RESPONSES, UpstreamCall
+from proxy.wire.providers.base import NO_HEADERS, RESPONSES, UpstreamCall
 from proxy.wire.providers.registry import upstream_call
 from proxy.wire.sse import Dialect
 from proxy.wire.translations.translate import RequestTranslationError
@@ -77,7 +77,7 @@ def call_for(
     c: Candidate,
     body: dict,
     requirements: Requirements,
-    anthropic_beta: str | None,
+    client_headers: Mapping[str, str],
 ) -> UpstreamCall:
     """The request candidate `c` is sent for the client's `body` on `path` (without `/v1`);
     RequestTranslationError when the client's request cannot be expressed in the candidate's API."""
@@ -93,7 +93,7 @@ def call_for(
         # A translated Responses answer's id is the gateway's own; no other route's answer has one to
         # mint (an id costs a system call for its random bytes).
         response_id=new_response_id() if path.startswith(RESPONSES) else "",
-        anthropic_beta=anthropic_beta,
+        client_headers=client_headers,
     )
 
 
@@ -118,7 +118,7 @@ class Relay:
         dispatch: Dispatch,
         single_attempt: bool = False,
         memory: Memory | None = None,
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
         lease: Lease | None = None,
         first_call: tuple[tuple[int, str], UpstreamCall] | None = None,
     ) -> None:
@@ -140,7 +140,7 @@ class Relay:
         self.dispatch = dispatch
         self.single_attempt = single_attempt
         self.memory = memory or Memory()
-        self.anthropic_beta = anthropic_beta
+        self.client_headers = client_headers
         # (candidate key, its call): the request the plan's first candidate is sent, built before the
         # relay (proxy.ingress.route_request, drafted while the request's read was on the wire).
         self.first_call = first_call
@@ -421,7 +421,7 @@ class Relay:
         if built is not None and built[0] == c.key:
             return built[1]
         try:
-            return call_for(self.path, self.view, c, self.body, self.requirements, self.anthropic_beta)
+            return call_for(self.path, self.view, c, self.body, self.requirements, self.client_headers)
         except RequestTranslationError as refused:
             self._pass_over(c, IneligibleReason.CAPABILITY, refused.param)
             return None

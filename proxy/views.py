@@ -15,7 +15,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pools.selectors import key_authenticate
 from proxy.ingress import (
-    COMPACT,
     DIALECTS,
     READ_TIMEOUT_S,
     RequestFailed,
@@ -31,6 +30,7 @@ from proxy.ledger.exchange import Exchange, Final, Stream
 from proxy.ledger.metrics import scrape_registry
 from proxy.ledger.recorder import observations, record
 from proxy.wire.apis.chat import error_body
+from proxy.wire.apis.registry import RELAYED
 from routing.policy.errors import ErrorCode
 from routing.policy.resolution import is_allowed
 from routing.policy.types import RouteClass
@@ -39,16 +39,7 @@ from runtime import db
 from runtime.reply import Reply
 
 # The proxied routes, served straight on ASGI (gatewaysite.asgi), without Django's request and response.
-PROXIED = frozenset(
-    {
-        ClientRoute.CHAT_COMPLETIONS,
-        ClientRoute.RESPONSES,
-        COMPACT,
-        ClientRoute.MESSAGES,
-        ClientRoute.COUNT_TOKENS,
-        ClientRoute.EMBEDDINGS,
-    }
-)
+PROXIED = frozenset(RELAYED)
 logger = logging.getLogger("django.request")  # where Django logs what escapes a view
 
 

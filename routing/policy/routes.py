@@ -7,16 +7,6 @@ the router, `auto` and `routing_explain` agree on it.
 
 from collections.abc import Mapping
 
-# The client routes, without `/v1`.
-CLIENT_ROUTES = (
-    "/chat/completions",
-    "/responses",
-    "/responses/compact",
-    "/messages",
-    "/messages/count_tokens",
-    "/embeddings",
-)
-
 
 def carrier_table(carried: Mapping[str, frozenset[str]]) -> Mapping[str, frozenset[str]]:
     """adapter -> the routes it carries, turned into route -> the adapters that carry it."""

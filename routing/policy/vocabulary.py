@@ -141,3 +141,9 @@ class ClientRoute(enum.StrEnum):
     FILE = "/v1/files/{id}"
     FILE_CONTENT = "/v1/files/{id}/content"
     FILE_DELETE = "DELETE /v1/files/{id}"
+
+    @property
+    def tail(self) -> str:
+        """The route as it continues an upstream's base URL (which ends in its API version, `/v1`): the
+        path without `/v1`, e.g. `/chat/completions`. Providers and eligibility speak routes so."""
+        return self.value.removeprefix("/v1")

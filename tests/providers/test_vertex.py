@@ -110,7 +110,7 @@ def test_a_gemini_model_is_sent_gemini_s_body_with_the_account_s_token_not_a_key
 
 def test_a_messages_client_on_claude_sends_its_body_with_vertex_s_version_and_no_model():
     body = {"model": CLAUDE, "max_tokens": 5, "messages": TURN, "top_k": 3, "thinking": {"type": "adaptive"}}
-    call = _call("/messages", body, model=CLAUDE, anthropic_beta="context-1m-2025-08-07")
+    call = _call("/messages", body, model=CLAUDE, client_headers={"anthropic-beta": "context-1m-2025-08-07"})
     assert call.url.endswith(f"/publishers/anthropic/models/{CLAUDE}:rawPredict")
     assert call.payload == {
         **{k: v for k, v in body.items() if k != "model"},

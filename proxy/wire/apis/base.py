@@ -17,6 +17,13 @@ Json = dict[str, Any]  # a parsed JSON object
 
 class ClientApi(Protocol):
     @property
+    def forwarded_headers(self) -> tuple[str, ...]:
+        """Its clients' request headers (lowercase names) that reach the provider's call: those of its
+        protocol an upstream of the same API must see to answer as asked (Anthropic's `anthropic-beta`).
+        Every other client header stays at the gateway."""
+        ...
+
+    @property
     def dialect(self) -> Dialect:
         """How its streams are framed (`proxy.wire.sse`)."""
         ...

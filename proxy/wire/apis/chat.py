@@ -90,6 +90,7 @@ def _choice_blank(choice: object) -> bool:
 
 class Chat:
     dialect = Dialect.CHAT
+    forwarded_headers: tuple[str, ...] = ()
 
     def visibility(self, block: Block, payload: dict[str, Any]) -> Visibility:
         return visibility(block, payload)

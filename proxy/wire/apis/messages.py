@@ -154,6 +154,8 @@ def visibility(block: Block, payload: dict[str, Any]) -> Visibility:
 
 class Messages:
     dialect = Dialect.ANTHROPIC
+    # Its beta flags: an Anthropic upstream (or Bedrock's and Vertex's Claude) enables them per request.
+    forwarded_headers = ("anthropic-beta",)
 
     def visibility(self, block: Block, payload: dict[str, Any]) -> Visibility:
         return visibility(block, payload)

@@ -21,6 +21,16 @@ STREAMING: Mapping[str, ClientApi] = {
     ClientRoute.MESSAGES: messages.API,
 }
 APIS: Mapping[str, ClientApi] = {**STREAMING, ClientRoute.COUNT_TOKENS: messages.API}
+# Every client route the gateway relays to an upstream (the others, models and files, it answers itself),
+# in the order `routing_explain` offers them: the only list of them.
+RELAYED: tuple[ClientRoute, ...] = (
+    ClientRoute.CHAT_COMPLETIONS,
+    ClientRoute.RESPONSES,
+    ClientRoute.RESPONSES_COMPACT,
+    ClientRoute.MESSAGES,
+    ClientRoute.COUNT_TOKENS,
+    ClientRoute.EMBEDDINGS,
+)
 
 
 def api_for(route: str) -> ClientApi:

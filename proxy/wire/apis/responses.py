@@ -86,6 +86,7 @@ def responses_error_event(
 
 class Responses(Chat):
     dialect = Dialect.RESPONSES
+    forwarded_headers: tuple[str, ...] = ()
 
     def visibility(self, block: Block, payload: dict[str, Any]) -> Visibility:
         return visibility(block, payload)

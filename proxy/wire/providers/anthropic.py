@@ -8,13 +8,16 @@ header travels with the body it describes (beta features change the request's me
 is an assignment property checked by eligibility: Anthropic has no per-request privacy block.
 """
 
+from collections.abc import Mapping
 from functools import partial
 
 from proxy.wire.providers.base import (
     AWS_FRONTED,
+    BETA,
     CHAT,
     COUNT_TOKENS,
     MESSAGES,
+    NO_HEADERS,
     RESPONSES,
     Json,
     ModelPage,
@@ -62,7 +65,7 @@ class Anthropic:
         credential: str,
         created: int,
         response_id: str = "",
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
     ) -> UpstreamCall:
         headers = json_headers(self.auth_headers(credential))
         if path == CHAT:
@@ -91,8 +94,8 @@ class Anthropic:
                 answer=partial(anthropic_to_responses_response, **answered),
                 translator=partial(AnthropicToResponsesStream, **answered),
             )
-        if anthropic_beta:
-            headers["anthropic-beta"] = anthropic_beta
+        if BETA in client_headers:
+            headers[BETA] = client_headers[BETA]
         return UpstreamCall(
             url(target.base_url, path), headers, {**body, "model": model}, Dialect.ANTHROPIC, path, model
         )

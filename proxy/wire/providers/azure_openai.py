@@ -33,6 +33,7 @@ from proxy.wire.providers.base import (
     COMPACT,
     EMBEDDINGS,
     MESSAGES,
+    NO_HEADERS,
     RESPONSES,
     SSE,
     Json,
@@ -106,7 +107,7 @@ class AzureOpenAI(OpenAI):
         credential: str,
         created: int,
         response_id: str = "",
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
     ) -> UpstreamCall:
         base = target.base_url.rstrip("/")
         deployment = not base.endswith(V1) and path in DEPLOYMENT_ROUTES

@@ -13,6 +13,7 @@ import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.wire.sse import Block, Dialect
@@ -28,15 +29,20 @@ from proxy.wire.translations.translate import ResponseTranslationError
 from routing.policy.failures import ErrorShape
 from routing.policy.route import Target
 from routing.policy.types import Requirements
+from routing.policy.vocabulary import ClientRoute
 
-# The client routes, without `/v1`.
-CHAT = "/chat/completions"
-RESPONSES = "/responses"
-COMPACT = "/responses/compact"
-MESSAGES = "/messages"
-COUNT_TOKENS = "/messages/count_tokens"
-FILES = "/files"
-EMBEDDINGS = "/embeddings"
+# The client's headers a provider may be handed (`Provider.call`): none, and Anthropic's beta flags.
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+BETA = "anthropic-beta"
+
+# The client routes as providers speak them: without `/v1` (`ClientRoute.tail`).
+CHAT = ClientRoute.CHAT_COMPLETIONS.tail
+RESPONSES = ClientRoute.RESPONSES.tail
+COMPACT = ClientRoute.RESPONSES_COMPACT.tail
+MESSAGES = ClientRoute.MESSAGES.tail
+COUNT_TOKENS = ClientRoute.COUNT_TOKENS.tail
+FILES = ClientRoute.FILES.tail
+EMBEDDINGS = ClientRoute.EMBEDDINGS.tail
 
 
 Json = dict[str, Any]  # a parsed JSON object
@@ -209,13 +215,15 @@ class Provider(Protocol):
         credential: str,
         created: int,
         response_id: str = "",
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
     ) -> UpstreamCall:
         """The upstream request for client route `path` (one of `routes`) on `target`, serving
         `model`. `created`: when the call is made (Unix seconds, the caller's clock), the `created` or
         `created_at` of every answer translated from its upstream's wire, each chunk of a stream alike.
         `response_id`: the id a Responses answer translated from another wire is given (the caller's
-        `proxy.ledger.exchange.new_response_id`: never an upstream's, issue 45).
+        `proxy.ledger.exchange.new_response_id`: never an upstream's, issue 45). `client_headers`: the
+        client's request headers its API passes on (`ClientApi.forwarded_headers`, lowercase names), for
+        the provider to carry as its upstream expects them (Anthropic's `anthropic-beta`).
         RequestTranslationError when the body cannot be carried to this API."""
         ...
 

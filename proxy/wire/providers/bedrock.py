@@ -48,8 +48,10 @@ from collections.abc import Mapping
 from proxy.wire.providers import bedrock_translate
 from proxy.wire.providers.base import (
     AWS_EVENTSTREAM,
+    BETA,
     CHAT,
     MESSAGES,
+    NO_HEADERS,
     RESPONSES,
     Json,
     ModelPage,
@@ -220,11 +222,11 @@ class Bedrock:
         credential: str,
         created: int,
         response_id: str = "",
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
     ) -> UpstreamCall:
         sigv4 = self.signature(target.base_url, target.region, credential)
         if path == MESSAGES and anthropic_model(model):
-            return _invoke(target, body, model, sigv4, anthropic_beta)
+            return _invoke(target, body, model, sigv4, client_headers.get(BETA))
         chat = anthropic_to_chat_request(body) if path == MESSAGES else body
         stream = chat.get("stream") is True
         operation = "converse-stream" if stream else "converse"
@@ -315,15 +317,15 @@ def anthropic_model(model: str) -> bool:
     return model.startswith("anthropic.") or ".anthropic." in model
 
 
-def _invoke(target: Target, body: Json, model: str, sigv4: SigV4, anthropic_beta: str | None) -> UpstreamCall:
+def _invoke(target: Target, body: Json, model: str, sigv4: SigV4, beta: str | None) -> UpstreamCall:
     """A Messages client on an Anthropic model: its own body to InvokeModel, every field kept (Converse
     would have to refuse or drop what it has no form for: `thinking`, `top_k`, cache control...)."""
     stream = body.get("stream") is True
     operation = "invoke-with-response-stream" if stream else "invoke"
     payload = {name: value for name, value in body.items() if name not in ("model", "stream")}
     payload["anthropic_version"] = ANTHROPIC_VERSION
-    if anthropic_beta:  # Bedrock takes the client's beta flags in the body, not a header
-        payload["anthropic_beta"] = [flag.strip() for flag in anthropic_beta.split(",") if flag.strip()]
+    if beta:  # Bedrock takes the client's beta flags in the body, not a header
+        payload["anthropic_beta"] = [flag.strip() for flag in beta.split(",") if flag.strip()]
     where = url(target.base_url, f"/model/{path_segment(model)}/{operation}")
     headers = {"content-type": "application/json"}
     return UpstreamCall(where, headers, payload, Dialect.ANTHROPIC, MESSAGES, model, wire=InvokeWire(sigv4))

@@ -27,6 +27,7 @@ from proxy.wire.providers import gemini_translate
 from proxy.wire.providers.base import (
     CHAT,
     MESSAGES,
+    NO_HEADERS,
     RESPONSES,
     SSE,
     Json,
@@ -104,7 +105,7 @@ class Gemini:
         credential: str,
         created: int,
         response_id: str = "",
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
     ) -> UpstreamCall:
         chat = anthropic_to_chat_request(body) if path == MESSAGES else body
         stream = chat.get("stream") is True

@@ -9,6 +9,8 @@ streams report usage only when asked, and an unasked stream would go uncharged; 
 the client did not ask for is read for the ledger and not relayed.
 """
 
+from collections.abc import Mapping
+
 from proxy.wire.providers.base import (
     AWS_FRONTED,
     CHAT,
@@ -16,6 +18,7 @@ from proxy.wire.providers.base import (
     EMBEDDINGS,
     FILES,
     MESSAGES,
+    NO_HEADERS,
     RESPONSES,
     Json,
     ModelPage,
@@ -60,7 +63,7 @@ class OpenAI:
         credential: str,
         created: int,
         response_id: str = "",
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
     ) -> UpstreamCall:
         auth = self.auth_headers(credential)
         if path == FILES or path.startswith(FILES + "/"):

@@ -19,10 +19,13 @@ Mistral...): the OpenAI wire without what such servers commonly lack.
   of them). The credential, if any, is a Bearer token.
 """
 
+from collections.abc import Mapping
+
 from proxy.wire.providers.base import (
     CHAT,
     EMBEDDINGS,
     MESSAGES,
+    NO_HEADERS,
     RESPONSES,
     Json,
     UpstreamCall,
@@ -53,7 +56,7 @@ class OpenAICompatible(OpenAI):
         credential: str,
         created: int,
         response_id: str = "",
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
     ) -> UpstreamCall:
         if path != RESPONSES:
             if target.stream_options is TriState.FALSE:
@@ -66,7 +69,7 @@ class OpenAICompatible(OpenAI):
                 requirements=requirements,
                 credential=credential,
                 created=created,
-                anthropic_beta=anthropic_beta,
+                client_headers=client_headers,
             )
         return responses_over_chat(
             url(target.base_url, CHAT),

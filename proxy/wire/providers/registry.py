@@ -20,7 +20,7 @@ from proxy.wire.providers import (
     openrouter,
     vertex,
 )
-from proxy.wire.providers.base import Json, Provider, UpstreamCall
+from proxy.wire.providers.base import NO_HEADERS, Json, Provider, UpstreamCall
 from proxy.wire.providers.tool_ids import strip_signatures
 from routing.policy.route import Target
 from routing.policy.routes import carrier_table
@@ -62,7 +62,7 @@ def upstream_call(
     credential: str,
     created: int,
     response_id: str = "",
-    anthropic_beta: str | None = None,
+    client_headers: Mapping[str, str] = NO_HEADERS,
 ) -> UpstreamCall:
     """The request for client route `path` (without `/v1`) on `target`, serving `model`, carrying
     `credential` (decrypted, `pools.credentials.credential_of`, read at call time), made at `created`
@@ -83,5 +83,5 @@ def upstream_call(
         credential=credential,
         created=created,
         response_id=response_id,
-        anthropic_beta=anthropic_beta,
+        client_headers=client_headers,
     )

@@ -38,8 +38,10 @@ from dataclasses import replace
 
 from proxy.wire.providers import anthropic, gemini, gemini_translate
 from proxy.wire.providers.base import (
+    BETA,
     CHAT,
     MESSAGES,
+    NO_HEADERS,
     RESPONSES,
     SSE,
     GoogleOAuth,
@@ -174,10 +176,10 @@ class Vertex:
         credential: str,
         created: int,
         response_id: str = "",
-        anthropic_beta: str | None = None,
+        client_headers: Mapping[str, str] = NO_HEADERS,
     ) -> UpstreamCall:
         if anthropic_model(model):
-            return self._claude(path, target, body, model, credential, created, response_id, anthropic_beta)
+            return self._claude(path, target, body, model, credential, created, response_id, client_headers)
         # Gemini's own call, sent to the publisher model's URL with the account's token instead of a key.
         call = gemini.PROVIDER.call(
             path,
@@ -207,7 +209,7 @@ class Vertex:
         credential: str,
         created: int,
         response_id: str,
-        anthropic_beta: str | None,
+        client_headers: Mapping[str, str],
     ) -> UpstreamCall:
         call = anthropic.PROVIDER.call(
             path,
@@ -218,15 +220,15 @@ class Vertex:
             credential="",
             created=created,
             response_id=response_id,
-            anthropic_beta=anthropic_beta,
+            client_headers=client_headers,
         )
         payload = {name: value for name, value in call.payload.items() if name != "model"}
         payload["anthropic_version"] = ANTHROPIC_VERSION
         method = "streamRawPredict" if payload.get("stream") is True else "rawPredict"
         where = model_url(target.base_url, target.region, credential, "anthropic", model)
         headers = {"content-type": "application/json"}
-        if anthropic_beta and path == MESSAGES:
-            headers["anthropic-beta"] = anthropic_beta
+        if BETA in client_headers and path == MESSAGES:
+            headers[BETA] = client_headers[BETA]
         return replace(
             call,
             url=f"{where}:{method}",

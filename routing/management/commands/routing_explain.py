@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
+from proxy.wire.apis.registry import RELAYED
 from proxy.wire.providers.registry import carriers
 from routing.models import Demotion
 from routing.policy import preference
@@ -24,8 +25,8 @@ from routing.policy.route import (
     lease_candidate,
     parse_requirements_header,
 )
-from routing.policy.routes import CLIENT_ROUTES
 from routing.policy.types import Candidate, CircuitState, Health, Requirements, RouteClass
+from routing.policy.vocabulary import ClientRoute
 from routing.selectors import affinities_load, pool_names, routing_inputs_load, session_named
 
 
@@ -95,8 +96,8 @@ class Command(BaseCommand):
         parser.add_argument("--route-class", default="http", choices=[str(c) for c in RouteClass])
         parser.add_argument(
             "--route",
-            default="/chat/completions",
-            choices=CLIENT_ROUTES,
+            default=ClientRoute.CHAT_COMPLETIONS.tail,
+            choices=[route.tail for route in RELAYED],
             help="the client route (without /v1): decides which adapters can carry it",
         )
         parser.add_argument("--tools", action="store_true", help="the turn offers tools")

@@ -79,3 +79,10 @@ def test_the_routes_that_stream_are_framed_in_their_apis_dialect():
         ClientRoute.RESPONSES_COMPACT: Dialect.RESPONSES,
         ClientRoute.MESSAGES: Dialect.ANTHROPIC,
     }
+
+
+def test_every_route_with_its_own_api_is_relayed():
+    # The one list of relayed routes (the edge's PROXIED, routing_explain's choices) misses none of them.
+    from proxy.wire.apis.registry import APIS, RELAYED
+
+    assert set(APIS) <= set(RELAYED)

@@ -16,7 +16,7 @@ def target() -> Target:
     return Target(1, "acct", 1, "anthropic", "http://127.0.0.1:9101/v1/", "NO_SUCH_ENV_VAR")
 
 
-def call(path: str, body: dict, *, credential: str = "sk-ant-test", anthropic_beta: str | None = None):
+def call(path: str, body: dict, *, credential: str = "sk-ant-test", beta: str | None = None):
     return anthropic.call(
         path,
         target(),
@@ -25,7 +25,7 @@ def call(path: str, body: dict, *, credential: str = "sk-ant-test", anthropic_be
         requirements=Requirements(zero_retention=True),
         credential=credential,
         created=0,
-        anthropic_beta=anthropic_beta,
+        client_headers={"anthropic-beta": beta} if beta else {},
     )
 
 
@@ -46,7 +46,7 @@ def test_messages_replace_only_the_model(path):
 
 
 def test_without_credential_and_with_beta():
-    sent = call("/messages", {"model": "m"}, credential="", anthropic_beta="context-1m-2025-08-07")
+    sent = call("/messages", {"model": "m"}, credential="", beta="context-1m-2025-08-07")
     assert sent.headers == {
         "anthropic-version": "2023-06-01",
         "content-type": "application/json",
@@ -60,7 +60,7 @@ def test_a_chat_client_is_translated_to_messages_and_back():
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    sent = call("/chat/completions", body, anthropic_beta="ignored-beta")
+    sent = call("/chat/completions", body, beta="ignored-beta")
     assert sent.url == "http://127.0.0.1:9101/v1/messages"
     assert "anthropic-beta" not in sent.headers  # a Chat client's request has no Anthropic beta
     assert sent.payload["model"] == "claude-opus-4-8" and sent.dialect is Dialect.ANTHROPIC
