@@ -268,27 +268,3 @@ def test_an_azure_400_after_dispatch_is_the_clients_error_not_a_missing_model(ga
     assert openai_fake.hits == [] and len(azure.hits) == 1
     attempt = Attempt.objects.get(request=_record())
     assert attempt.failure_class == "client_error"
-
-
-def test_the_fake_takes_what_each_api_version_takes_as_azure_does():
-    """The fake, driven by `openai.AzureOpenAI`: 2024-10-21 answers a later field and the developer role
-    with Azure's 400s; a later version takes them."""
-    azure = AzureFake("azure", ("gpt-4o",), require_key=AZURE_KEY).start()
-    try:
-        ga = openai.AzureOpenAI(
-            azure_endpoint=azure.endpoint, api_key=AZURE_KEY, api_version="2024-10-21", max_retries=0
-        )
-        with pytest.raises(openai.BadRequestError) as field:
-            ga.chat.completions.create(model="gpt-4o", messages=TURN, store=True)
-        assert field.value.message.endswith("Unrecognized request argument supplied: store")
-        developer = [{"role": "developer", "content": "brief"}, *TURN]
-        with pytest.raises(openai.BadRequestError) as role:
-            ga.chat.completions.create(model="gpt-4o", messages=developer)
-        assert (role.value.code, role.value.param) == ("invalid_value", "messages[0].role")
-        assert ga.chat.completions.create(model="gpt-4o", messages=TURN, max_completion_tokens=5).choices
-        later = openai.AzureOpenAI(
-            azure_endpoint=azure.endpoint, api_key=AZURE_KEY, api_version="2025-04-01-preview", max_retries=0
-        )
-        assert later.chat.completions.create(model="gpt-4o", messages=developer, store=True).choices
-    finally:
-        azure.stop()
