@@ -3,8 +3,9 @@ passes, each against its fake (devkit/) over real sockets, driven by the openai 
 plain OpenAI-shaped account behind it (tier 1) that only serves when the provider's account hands the
 request over. A new provider is done when it passes the set: add a row to `PROVIDERS`.
 
-Rows: every adapter, Bedrock twice (a model Converse serves, and a Claude model whose Messages clients go
-to InvokeModel) and Vertex twice (a Gemini model, a Claude model).
+Rows: every adapter, Azure twice (its `/openai/v1` surface, and the resource endpoint whose Chat goes to a
+deployment with an api-version), Bedrock twice (a model Converse serves, and a Claude model whose Messages
+clients go to InvokeModel) and Vertex twice (a Gemini model, a Claude model).
 Cases: a plain and a streamed Chat answer, a Messages client and a Responses client (plain and SSE), each with
 its system prompt where the upstream's API keeps it (every row serves Responses, natively or translated); a
 two-step tool conversation with two parallel calls a step, from the Chat, Messages and Responses clients,
@@ -119,6 +120,18 @@ PROVIDERS = {
     "openai_compatible": _openai_wire(Adapter.OPENAI_COMPATIBLE),
     "azure_openai": _openai_wire(
         Adapter.AZURE_OPENAI, lambda model: AzureFake("p", (model,), require_key=KEY).start()
+    ),
+    # The resource endpoint: Chat to the deployment with api-version 2024-10-21, which has no later fields.
+    "azure_deployment": Provider(
+        Adapter.AZURE_OPENAI,
+        "conformance-model",
+        lambda model: AzureFake("p", (model,), require_key=KEY).start(),
+        lambda f: f.endpoint,
+        lambda f: KEY,
+        lambda f: "not-the-key",
+        rate_limited,
+        unavailable,
+        {"reasoning_effort": "low"},
     ),
     "gemini": Provider(
         Adapter.GEMINI,
