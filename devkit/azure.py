@@ -5,6 +5,11 @@ Contract (as Azure OpenAI answers, checked against `openai.AzureOpenAI` in tests
   `api-version` query parameter (without it: 404 `Resource not found`, Azure's own envelope); the model
   served is the deployment's name, whatever the body says. A deployment not in `models` is Azure's 404
   `DeploymentNotFound`.
+- A deployment's `chat/completions` at api-version `2024-10-21` (the GA version, whose request schema is
+  `createChatCompletionRequest` in Azure/azure-rest-api-specs' `inference/stable/2024-10-21/
+  inference.yaml`) takes only that version's fields, roles and user content parts: another field is
+  Azure's 400 `Unrecognized request argument supplied: <field>`, another role (e.g. `developer`, added
+  later) or part type its 400 `invalid_value` naming the path. Any later version takes them all.
 - The `/openai/v1/` surface (`chat/completions`, `responses`, `embeddings`, `models`) takes the model in
   the body, as OpenAI does, and needs no `api-version`.
 - `GET /openai/deployments?api-version=` (2022-12-01 to 2023-03-15-preview, the versions that kept the
@@ -54,6 +59,77 @@ def prompt_filtered() -> RawError:
             }
         },
     )
+
+
+# What the GA version 2024-10-21 takes in a Chat Completions request (module docstring); later versions
+# take every field.
+_GA_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "data_sources",
+        "temperature",
+        "top_p",
+        "n",
+        "stream",
+        "stream_options",
+        "stop",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "seed",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+    }
+)
+_GA_ROLES = ("system", "assistant", "user", "function", "tool")
+_GA_USER_PARTS = ("text", "image_url")
+VERSIONED_CHAT = {"2024-10-21": (_GA_FIELDS, _GA_ROLES, _GA_USER_PARTS)}
+
+
+def _invalid(message: str, param: str | None, code: str | None) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
+        status=400,
+    )
+
+
+def _unversioned(version: str, body: object) -> web.Response | None:
+    """Azure's 400 for what `version` does not take in a Chat body, else None."""
+    if version not in VERSIONED_CHAT or not isinstance(body, dict):
+        return None
+    fields, roles, parts = VERSIONED_CHAT[version]
+    for key in body:
+        if key not in fields:
+            return _invalid(f"Unrecognized request argument supplied: {key}", None, None)
+    for index, message in enumerate(body.get("messages") or ()):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in roles:
+            supported = ", ".join(f"'{r}'" for r in roles[:-1]) + f", and '{roles[-1]}'"
+            return _invalid(
+                f"Invalid value: '{role}'. Supported values are: {supported}.",
+                f"messages[{index}].role",
+                "invalid_value",
+            )
+        content = message.get("content")
+        for at, part in enumerate(content if role == "user" and isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in parts:
+                return _invalid(
+                    f"Invalid value: '{kind}'. Supported values are: 'text' and 'image_url'.",
+                    f"messages[{index}].content[{at}].type",
+                    "invalid_value",
+                )
+    return None
 
 
 # The api-versions whose data plane still lists deployments.
@@ -149,6 +225,15 @@ class AzureFake(FakeUpstream):
                     "The API deployment for this resource does not exist. If you created the deployment "
                     "within the last 5 minutes, please wait a moment and try again.",
                 )
+            if name == "chat/completions":
+                try:
+                    body = await request.json()
+                except ValueError:
+                    body = None
+                refused = _unversioned(request.query["api-version"], body)
+                if refused is not None:
+                    self._record(request, deployment, body, "http")
+                    return refused
             return await served(request)
 
         return self._keyed(handle)

@@ -1,10 +1,11 @@
-"""Multi-step tool turns for the fakes that speak Chat Completions, Anthropic Messages and Bedrock Converse,
+"""Multi-step tool turns for the fakes that speak Chat Completions, Responses, Anthropic Messages and Bedrock
+Converse,
 decided from the request alone as the Gemini fake decides them (devkit.gemini), so one conversation driver
 runs on every provider (tests/providers/test_conformance.py).
 
 A fake with `tool_steps` N > 0 answers a request that declares tools (and does not forbid them: Chat's
-`tool_choice: "none"`, Messages' `{"type": "none"}`) from its current turn, the messages after the last user
-message holding text:
+`tool_choice: "none"`, Messages' `{"type": "none"}`) from its current turn, the messages (a Responses
+request's `input` items) after the last user message holding text:
 - while the turn holds fewer than N assistant steps with tool calls, by calling every declared tool at once
   (parallel calls), each with the input `{"step": <this step's number>}`;
 - then with the text `done: <the last tool result's text>`.
@@ -114,4 +115,25 @@ def converse(body: JsonObject, steps: int) -> Step | None:
         for b in _blocks(m)
         if isinstance(b.get("toolResult"), dict)
     ]
+    return _decide(declared, taken, results, steps)
+
+
+def responses(body: JsonObject, steps: int) -> Step | None:
+    """A Responses request's step: its `input` items, a step being one run of `function_call` items."""
+    if body.get("tool_choice") == "none":
+        return None
+    declared = [
+        t["name"] for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"
+    ]
+    items = body.get("input")
+
+    def opens(item: JsonObject) -> bool:
+        content = item.get("content")
+        has_text = isinstance(content, str) or any(b.get("type") == "input_text" for b in _blocks(item))
+        return item.get("role") == "user" and has_text
+
+    turn = _turn(items if isinstance(items, list) else [], opens)
+    calls = [item.get("type") == "function_call" for item in turn]
+    taken = sum(1 for n, call in enumerate(calls) if call and (n == 0 or not calls[n - 1]))
+    results = [_text(item.get("output")) for item in turn if item.get("type") == "function_call_output"]
     return _decide(declared, taken, results, steps)

@@ -106,7 +106,11 @@ _ROUTES = {
 }
 
 
-_TOOL_STEPS: dict[type[Api], tool_steps.Decide] = {Chat: tool_steps.chat, Messages: tool_steps.messages}
+_TOOL_STEPS: dict[type[Api], tool_steps.Decide] = {
+    Chat: tool_steps.chat,
+    Responses: tool_steps.responses,
+    Messages: tool_steps.messages,
+}
 
 
 def _parse_object(raw: bytes | str) -> JsonObject | None:
@@ -136,7 +140,7 @@ class FakeUpstream(FilesApi):
         super().__init__(*args, **kwargs)
         self._responses: set[str] = set()  # the Responses it served (and so stores), by id
         self.answer_headers: dict[str, str] = {}
-        self.tool_steps = 0  # tool steps a turn takes on Chat and Messages (devkit.tool_steps)
+        self.tool_steps = 0  # tool steps a turn takes on Chat, Responses and Messages (devkit.tool_steps)
 
     @property
     def ws_url(self) -> str:

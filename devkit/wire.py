@@ -219,6 +219,7 @@ class Responses:
         self.id = new_id("resp_")
         self.message_id = new_id("msg_")
         self.created_at = int(time.time())
+        self.calls = call.tool_calls("call_")
 
     def _response(self, status: str, output: list[JsonObject], **fields: Any) -> JsonObject:
         previous = self.call.body.get("previous_response_id")
@@ -262,7 +263,16 @@ class Responses:
             return {"type": "refusal", "refusal": "" if empty else _REFUSAL_TEXT}
         return {"type": "output_text", "text": "" if empty else reply.text, "annotations": [], "logprobs": []}
 
+    def _function_call(self, call: tuple[str, str, JsonObject], status: str) -> JsonObject:
+        call_id, name, args = call
+        arguments = json.dumps(args) if status == "completed" else ""
+        item = {"id": "fc_" + call_id.removeprefix("call_"), "type": "function_call", "status": status}
+        return {**item, "call_id": call_id, "name": name, "arguments": arguments}
+
     def _final(self, reply: Reply) -> JsonObject:
+        if self.calls and not reply.refused:  # a tool step: its calls are the whole output
+            output = [self._function_call(call, "completed") for call in self.calls]
+            return self._response("completed", output, usage=self._usage(reply))
         # A refusal is both a refusal content part and an incomplete response cut by the content filter.
         if reply.refused:
             item = self._message("incomplete", [self._part(reply)])
@@ -285,8 +295,32 @@ class Responses:
             _typed("response.in_progress", response=started),
         ]
 
+    def _call_events(self, final: JsonObject) -> list[Event]:
+        """A tool step's events: each call's item, then its arguments in pieces, as OpenAI streams them."""
+        events = self._lifecycle()
+        for n, call in enumerate(self.calls):
+            done = final["output"][n]
+            at = {"item_id": done["id"], "output_index": n}
+            text = done["arguments"]
+            events.append(
+                _typed(
+                    "response.output_item.added",
+                    output_index=n,
+                    item=self._function_call(call, "in_progress"),
+                )
+            )
+            events += [
+                _typed("response.function_call_arguments.delta", True, **at, delta=text[k : k + 7])
+                for k in range(0, len(text), 7)
+            ]
+            events.append(_typed("response.function_call_arguments.done", **at, arguments=text))
+            events.append(_typed("response.output_item.done", output_index=n, item=done))
+        return [*events, _typed("response.completed", response=final)]
+
     def events(self, reply: Reply) -> list[Event]:
         final = self._final(reply)
+        if self.calls and not reply.refused:
+            return self._call_events(final)
         at = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
         events = [
             *self._lifecycle(),

@@ -2,13 +2,14 @@
 by the openai SDK over real sockets: deployment URLs with api-version and the `api-key` header, failover
 across providers before any output, Azure's rejections classified (SPEC §5.6), usage and cost, streams."""
 
+import anthropic
 import openai
 import pytest
 
-from catalog.models import Provenance
+from catalog.models import CatalogEntry, Provenance
 from devkit.azure import AzureFake, prompt_filtered
-from devkit.behaviours import rate_limited, serve
-from pools.models import Adapter, GatewaySettings
+from devkit.behaviours import error, rate_limited, serve
+from pools.models import Adapter, Assignment, GatewaySettings
 from proxy.ledger.models import Attempt, RequestRecord
 from proxy.ledger.recorder import writer
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
@@ -162,3 +163,108 @@ def test_an_entra_token_credential_is_sent_as_a_bearer_on_calls_and_on_the_listi
     for hit in azure.hits:
         assert hit.headers["authorization"] == f"Bearer {azure.require_key}" and "api-key" not in hit.headers
     assert openai_fake.hits == []
+
+
+# What the deployment surface's api-version (2024-10-21) does not take: a later field, the later
+# `developer` role, a user part other than text and images (proxy.wire.providers.azure_openai).
+UNVERSIONED = {
+    "reasoning_effort": ({"reasoning_effort": "low"}, TURN),
+    "store": ({"store": True}, TURN),
+    "metadata": ({"metadata": {"team": "a"}}, TURN),
+    "prediction": ({"prediction": {"type": "content", "content": "x"}}, TURN),
+    "modalities": ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, TURN),
+    "messages[0].role": ({}, [{"role": "developer", "content": "brief"}, *TURN]),
+    "messages[0].content[0].type": (
+        {},
+        [
+            {
+                "role": "user",
+                "content": [{"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}],
+            }
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("param", list(UNVERSIONED))
+def test_what_the_api_version_does_not_take_goes_to_an_account_that_takes_it(
+    gateway, azure_then_openai, param
+):
+    azure, _, _ = azure_then_openai
+    extra, messages = UNVERSIONED[param]
+    answer = _client(gateway).chat.completions.create(model="gpt-4o", messages=messages, **extra)
+    assert answer.choices[0].message.content == "hello from openai"
+    assert azure.hits == []  # refused before dispatch
+    first = Attempt.objects.filter(request=_record()).order_by("ordinal").first()
+    assert (first.status, first.ineligible_reason) == ("ineligible", "capability")
+
+
+def test_what_no_account_takes_is_a_typed_400_naming_it(gateway, azure_then_openai):
+    azure, _, _ = azure_then_openai
+    Assignment.objects.filter(name="openai").delete()
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(gateway).chat.completions.create(model="gpt-4o", messages=TURN, reasoning_effort="low")
+    assert refused.value.body["param"] == "reasoning_effort"
+    assert azure.hits == []
+
+
+def test_a_request_the_api_version_takes_is_sent_unchanged(gateway, azure_then_openai):
+    azure, openai_fake, _ = azure_then_openai
+    Assignment.objects.filter(name="azure").update(
+        tools="true", role_separation="true", tool_representation="native"
+    )
+    sent = {
+        "messages": [{"role": "system", "content": "brief"}, *TURN],
+        "max_completion_tokens": 50,
+        "parallel_tool_calls": False,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True},
+        },
+        "seed": 7,
+        "user": "u-1",
+    }
+    answer = _client(gateway).chat.completions.create(model="gpt-4o", **sent)
+    assert answer.choices[0].message.content == "hello from azure"
+    assert azure.hits[-1].body == {"model": "gpt-4o", **sent}
+    assert openai_fake.hits == []
+
+
+def test_an_anthropic_clients_thinking_is_dropped_on_a_version_without_reasoning_effort(
+    gateway, azure_then_openai
+):
+    azure, openai_fake, (row, _) = azure_then_openai
+    CatalogEntry.objects.filter(assignment=row).update(model="o3")
+    azure.models = ("o3",)
+    answer = anthropic.Anthropic(base_url=gateway, api_key=GATEWAY_KEY, max_retries=0).messages.create(
+        model="o3",
+        max_tokens=5000,
+        thinking={"type": "enabled", "budget_tokens": 2048},
+        messages=TURN,
+    )
+    assert answer.content[0].text == "hello from azure"
+    assert "reasoning_effort" not in azure.hits[-1].body
+    assert openai_fake.hits == []
+
+
+def test_an_azure_400_after_dispatch_is_the_clients_error_not_a_missing_model(gateway, azure_then_openai):
+    """What the version takes is sent; Azure's own 400 for it (a value it refuses) is relayed in its words
+    and never read as model_not_found: no other account is tried (SPEC §5.6)."""
+    azure, openai_fake, _ = azure_then_openai
+    refusal = {
+        "message": "Invalid 'top_logprobs': integer above maximum value. Expected a value <= 20, but got "
+        "25 instead.",
+        "type": "invalid_request_error",
+        "param": "top_logprobs",
+        "code": "integer_above_max_value",
+    }
+    azure.script("gpt-4o", error(400, {"error": refusal}))
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(gateway).chat.completions.create(
+            model="gpt-4o", messages=TURN, logprobs=True, top_logprobs=25
+        )
+    assert (refused.value.code, refused.value.param) == ("integer_above_max_value", "top_logprobs")
+    assert openai_fake.hits == [] and len(azure.hits) == 1
+    attempt = Attempt.objects.get(request=_record())
+    assert attempt.failure_class == "client_error"

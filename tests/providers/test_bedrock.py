@@ -325,6 +325,42 @@ def test_an_inference_profile_is_a_model_on_converse_and_invoke_model(
     assert other.hits == []
 
 
+@pytest.mark.parametrize("named", ["id", "system arn", "application arn"])
+@pytest.mark.parametrize("client", ["chat", "messages"])
+def test_an_inference_profile_streams_on_converse_stream_and_invoke_stream(
+    gateway, bedrock_then_openai, named, client
+):
+    """Streamed, a profile is named in the stream operation's URL as in the plain one's, and the client gets
+    the whole answer decoded from the event-stream frames."""
+    aws, other = bedrock_then_openai
+    aws.profiles = {PROFILE: (MODEL,)}
+    aws.application_profiles = {"team-a7x": (MODEL,)}
+    model = {
+        "id": PROFILE,
+        "system arn": aws.profile_arn(PROFILE),
+        "application arn": aws.profile_arn("team-a7x"),
+    }
+    model = model[named]
+    CatalogEntryFactory(
+        assignment=Assignment.objects.get(name="bedrock"), model=model, provenance=Provenance.OBSERVED
+    )
+    if client == "chat":
+        chunks = _openai(gateway).chat.completions.create(model=model, messages=TURN, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        with _anthropic(gateway).messages.stream(model=model, max_tokens=20, messages=TURN) as stream:
+            text = "".join(stream.text_stream)
+    assert text == "hello from bedrock"
+    operation = (
+        "invoke-with-response-stream"
+        if client == "messages" and named != "application arn"
+        else "converse-stream"
+    )
+    assert aws.hits[-1].path == f"/model/{model}/{operation}"
+    assert aws.hits[-1].model == model
+    assert other.hits == []
+
+
 def test_a_discovery_refused_for_its_signature_keeps_what_was_discovered(bedrock_then_openai, monkeypatch):
     aws, _ = bedrock_then_openai
     aws.models = (MODEL, "meta.llama3-70b-instruct-v1:0")

@@ -3,11 +3,13 @@ passes, each against its fake (devkit/) over real sockets, driven by the openai 
 plain OpenAI-shaped account behind it (tier 1) that only serves when the provider's account hands the
 request over. A new provider is done when it passes the set: add a row to `PROVIDERS`.
 
-Rows: every adapter, Bedrock twice (a model Converse serves, and a Claude model whose Messages clients go
-to InvokeModel) and Vertex twice (a Gemini model, a Claude model).
-Cases: a plain and a streamed Chat answer and a Messages client (plain and SSE), each with its system prompt
-where the upstream's API keeps it; a two-step tool conversation with two parallel calls a step, from both
-SDKs, plain and streamed; an image; usage with cached input and reasoning tokens (in the client's usage and
+Rows: every adapter, Azure twice (its `/openai/v1` surface, and the resource endpoint whose Chat goes to a
+deployment with an api-version), Bedrock twice (a model Converse serves, and a Claude model whose Messages
+clients go to InvokeModel) and Vertex twice (a Gemini model, a Claude model).
+Cases: a plain and a streamed Chat answer, a Messages client and a Responses client (plain and SSE), each with
+its system prompt where the upstream's API keeps it (every row serves Responses, natively or translated); a
+two-step tool conversation with two parallel calls a step, from the Chat, Messages and Responses clients,
+plain and streamed; an image; usage with cached input and reasoning tokens (in the client's usage and
 the ledger); a 429, a 5xx and a rejected credential that fail over before any output; a content filter that
 is terminal; a Chat field the target cannot take refused before dispatch (taken elsewhere, or a typed 400
 naming it), or relayed as sent where the target's wire is Chat's own."""
@@ -119,6 +121,18 @@ PROVIDERS = {
     "azure_openai": _openai_wire(
         Adapter.AZURE_OPENAI, lambda model: AzureFake("p", (model,), require_key=KEY).start()
     ),
+    # The resource endpoint: Chat to the deployment with api-version 2024-10-21, which has no later fields.
+    "azure_deployment": Provider(
+        Adapter.AZURE_OPENAI,
+        "conformance-model",
+        lambda model: AzureFake("p", (model,), require_key=KEY).start(),
+        lambda f: f.endpoint,
+        lambda f: KEY,
+        lambda f: "not-the-key",
+        rate_limited,
+        unavailable,
+        {"reasoning_effort": "low"},
+    ),
     "gemini": Provider(
         Adapter.GEMINI,
         "conformance-model",
@@ -211,7 +225,9 @@ def _text(value: object) -> str:
 
 def system_prompt(body: dict[str, Any]) -> str:
     """The system prompt where the upstream's API keeps it: Gemini's `systemInstruction`, Messages' and
-    Converse's `system`, Chat's system message."""
+    Converse's `system`, Responses' `instructions`, Chat's system message."""
+    if "instructions" in body:
+        return _text(body["instructions"])
     if "systemInstruction" in body:
         return _text(body["systemInstruction"])
     if "system" in body:
@@ -252,6 +268,21 @@ def test_a_messages_client_with_its_system_prompt(gateway, account, stream):
             assert "".join(events.text_stream) == "hello from p"
     else:
         assert client.messages.create(**turn).content[0].text == "hello from p"
+    assert system_prompt(account.sent()) == "be brief"
+    assert account.backup.hits == []
+
+
+def test_a_responses_client_plain_and_streamed_with_its_instructions(gateway, account):
+    client = _openai(gateway)
+    answer = client.responses.create(model=account.model, instructions="be brief", input="hi")
+    assert answer.output_text == "hello from p"
+    assert answer.usage.input_tokens > 0 and answer.usage.output_tokens > 0
+    assert system_prompt(account.sent()) == "be brief"
+    events = list(
+        client.responses.create(model=account.model, instructions="be brief", input="hi", stream=True)
+    )
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "hello from p"
+    assert events[-1].type == "response.completed"
     assert system_prompt(account.sent()) == "be brief"
     assert account.backup.hits == []
 
@@ -355,6 +386,60 @@ def test_a_messages_client_completes_a_two_step_tool_conversation(gateway, accou
         ]
         messages.append({"role": "user", "content": results})
     assert step().content[0].text == "done: result of step 2"
+    assert len(set(ids)) == 4
+    assert _signatures_came_back(account)
+    assert account.backup.hits == []
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": name, "parameters": {"type": "object"}} for name in TOOLS]
+
+
+def _responses_step(client: openai.OpenAI, model: str, items: list, stream: bool) -> tuple[list[dict], str]:
+    """One Responses step: its function calls (streamed: joined from the argument deltas) and its text."""
+    if not stream:
+        answer = client.responses.create(model=model, input=items, tools=RESPONSES_TOOLS)
+        calls = [item.model_dump(include={"call_id", "name", "arguments"}) for item in answer.output]
+        return [c for c in calls if c.get("call_id")], answer.output_text
+    calls: dict[int, dict] = {}
+    text, final = "", []
+    for event in client.responses.create(model=model, input=items, tools=RESPONSES_TOOLS, stream=True):
+        if event.type == "response.output_item.added" and event.item.type == "function_call":
+            calls[event.output_index] = {
+                "call_id": event.item.call_id,
+                "name": event.item.name,
+                "arguments": "",
+            }
+        elif event.type == "response.function_call_arguments.delta":
+            calls[event.output_index]["arguments"] += event.delta
+        elif event.type == "response.output_text.delta":
+            text += event.delta
+        elif event.type == "response.completed":
+            final = [
+                item.model_dump(include={"call_id", "name", "arguments"}) for item in event.response.output
+            ]
+    joined = [calls[n] for n in sorted(calls)]
+    assert joined == [c for c in final if c.get("call_id")]  # the deltas make the calls the response holds
+    return joined, text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "sse"])
+def test_a_responses_client_completes_a_two_step_tool_conversation(gateway, account, stream):
+    _tool_steps(account)
+    client = _openai(gateway)
+    items: list = [{"role": "user", "content": ASK}]
+    ids = []
+    for step in (1, 2):
+        calls, _ = _responses_step(client, account.model, items, stream)
+        assert sorted(c["name"] for c in calls) == list(TOOLS)  # parallel calls
+        assert all(json.loads(c["arguments"]) == {"step": step} for c in calls)
+        ids += [c["call_id"] for c in calls]
+        items += [{"type": "function_call", **c} for c in calls]
+        items += [
+            {"type": "function_call_output", "call_id": c["call_id"], "output": f"result of step {step}"}
+            for c in calls
+        ]
+    _, final = _responses_step(client, account.model, items, stream)
+    assert final == "done: result of step 2"
     assert len(set(ids)) == 4
     assert _signatures_came_back(account)
     assert account.backup.hits == []

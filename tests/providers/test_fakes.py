@@ -142,6 +142,53 @@ def test_azure_v1_surface_takes_the_model_in_the_body(azure):
     assert [m.id for m in client.models.list()] == ["gpt-4o"]
 
 
+def test_azure_sdk_sees_what_each_api_version_takes_as_azure_answers_it(azure):
+    """2024-10-21 answers a later field and the later `developer` role with Azure's 400s; a later version
+    takes them."""
+    turn = [{"role": "user", "content": "hi"}]
+    ga = openai.AzureOpenAI(
+        azure_endpoint=azure.endpoint, api_key="azure-key-000", api_version=API_VERSION, max_retries=0
+    )
+    with pytest.raises(openai.BadRequestError) as field:
+        ga.chat.completions.create(model="gpt-4o", messages=turn, store=True)
+    assert field.value.message.endswith("Unrecognized request argument supplied: store")
+    developer = [{"role": "developer", "content": "brief"}, *turn]
+    with pytest.raises(openai.BadRequestError) as role:
+        ga.chat.completions.create(model="gpt-4o", messages=developer)
+    assert (role.value.code, role.value.param) == ("invalid_value", "messages[0].role")
+    assert ga.chat.completions.create(model="gpt-4o", messages=turn, max_completion_tokens=5).choices
+    later = openai.AzureOpenAI(
+        azure_endpoint=azure.endpoint,
+        api_key="azure-key-000",
+        api_version="2025-04-01-preview",
+        max_retries=0,
+    )
+    assert later.chat.completions.create(model="gpt-4o", messages=developer, store=True).choices
+
+
+def test_openai_sdk_reads_a_responses_tool_step_plain_and_streamed(fake_upstream: FakeUpstream):
+    """With `tool_steps`, a Responses answer is parallel `function_call` items (streamed: each item, then its
+    arguments in pieces), then the text after the tool results."""
+    fake_upstream.tool_steps = 1
+    client = openai.OpenAI(base_url=fake_upstream.base_url, api_key="k", max_retries=0)
+    tools = [{"type": "function", "name": name, "parameters": {"type": "object"}} for name in ("a", "b")]
+    answer = client.responses.create(model="gpt-5", input="go", tools=tools)
+    with client.responses.stream(model="gpt-5", input="go", tools=tools) as events:
+        streamed = events.get_final_response()
+    for response in (answer, streamed):
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [("a", {"step": 1}), ("b", {"step": 1})]
+    items = [
+        {"role": "user", "content": "go"},
+        *[
+            {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+            for c in calls
+        ],
+        *[{"type": "function_call_output", "call_id": c.call_id, "output": "42"} for c in calls],
+    ]
+    assert client.responses.create(model="gpt-5", input=items, tools=tools).output_text == "done: 42"
+
+
 def test_azure_deployment_url_without_api_version_is_not_found(azure):
     client = openai.OpenAI(
         base_url=f"{azure.endpoint}/openai/deployments/gpt-4o", api_key="azure-key-000", max_retries=0

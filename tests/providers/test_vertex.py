@@ -410,3 +410,114 @@ def test_no_key_file_or_token_reaches_a_log_or_the_ledger(gateway, vertex_then_o
     secrets = [line for line in private_key.splitlines() if "PRIVATE KEY" not in line][:3] + issued
     rows = json.dumps([list(RequestRecord.objects.values()), list(Attempt.objects.values())], default=str)
     assert issued and all(secret not in caplog.text and secret not in rows for secret in secrets)
+
+
+# -- the Responses websocket (SPEC §6.3) --------------------------------------------------------------
+
+WS_TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
+WS_TOOLS = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
+
+
+def _ws_turn(ws, **body) -> list[dict]:
+    ws.send(json.dumps({"type": "response.create", **body}))
+    events = []
+    while events == [] or events[-1]["type"] not in WS_TERMINAL:
+        events.append(json.loads(ws.recv(timeout=10)))
+    writer.flush(timeout=10)
+    return events
+
+
+def _ws(gateway: str):
+    from websockets.sync.client import connect
+
+    url = gateway.replace("http://", "ws://") + "/v1/responses"
+    return connect(url, additional_headers={"authorization": f"Bearer {GATEWAY_KEY}"}, open_timeout=5)
+
+
+@pytest.mark.parametrize("model", [GEMINI, CLAUDE])
+def test_a_websocket_conversation_is_served_by_either_publisher_and_continues(
+    gateway, vertex_then_openai, model
+):
+    """Over the websocket route a Vertex account is dispatched over HTTP (its stream operation) and its
+    translated events are sent as frames; the next turn continues with `previous_response_id` from the
+    connection's memory, the whole conversation reaching Vertex."""
+    google, other = vertex_then_openai
+    with _ws(gateway) as ws:
+        first = _ws_turn(ws, model=model, input="hi", instructions="be brief")
+        second = _ws_turn(ws, model=model, input="again", previous_response_id=first[-1]["response"]["id"])
+    for events in (first, second):
+        assert events[-1]["type"] == "response.completed", events[-1]
+        deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        assert deltas == "hello from vertex"
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    hits = _api_hits(google)
+    operation = "streamRawPredict" if model == CLAUDE else "streamGenerateContent"
+    assert len(hits) == 2 and all(hit.path.endswith(f"/{model}:{operation}") for hit in hits)
+    turns = hits[-1].body["messages"] if model == CLAUDE else hits[-1].body["contents"]
+    assert [turn["role"] for turn in turns] == (
+        ["user", "assistant", "user"] if model == CLAUDE else ["user", "model", "user"]
+    )
+    assert other.hits == [] and google.exchanges == 1
+
+
+@pytest.mark.parametrize("model", [GEMINI, CLAUDE])
+def test_a_websocket_turn_vertex_refuses_before_output_fails_over_to_a_native_account(
+    gateway, vertex_then_openai, model
+):
+    """A quota 429 from Vertex before any output: the frame goes to the next account (OpenAI, over its own
+    websocket) inside the same client connection, the client seeing one response; that upstream connection
+    has served, so the next frame is pinned to it (SPEC §6.3)."""
+    google, other = vertex_then_openai
+    google.script(model, gemini.resource_exhausted())
+    with _ws(gateway) as ws:
+        events = _ws_turn(ws, model=model, input="hi")
+        after = _ws_turn(ws, model=model, input="again")
+    assert [e["type"] for e in events].count("response.created") == 1  # the failed attempt's are withheld
+    assert events[-1]["type"] == "response.completed", events[-1]
+    assert (
+        "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        == "hello from openai"
+    )
+    assert after[-1]["type"] == "response.completed"
+    assert len(_api_hits(google)) == 1 and other.ws_connections == 1
+    first = [a for a in _attempts() if a.ordinal == 1]
+    assert (first[0].status, first[0].failure_class) == ("retryable_failed", "rate_limited")
+
+
+@pytest.mark.parametrize("model", [GEMINI, CLAUDE])
+def test_a_websocket_turn_fails_over_to_a_second_vertex_account(
+    gateway, vertex_then_openai, monkeypatch, model
+):
+    """The second account is Vertex too (another project, its own key file). A frame dispatched over HTTP
+    leaves no live upstream connection: the next one is routed afresh, and goes to the second account
+    straight away (the 429 demoted the first, SPEC §5.6)."""
+    google, other = vertex_then_openai
+    second = VertexFake("vertex-b", models=(GEMINI, CLAUDE), project="proj-b").start()
+    try:
+        monkeypatch.setenv("GATEWAY_UPSTREAM_VERTEX_B", second.key_file())
+        Assignment.objects.filter(name="openai").update(tier=2)
+        pool = Assignment.objects.get(name="vertex").pool
+        row = AssignmentFactory(
+            pool=pool,
+            name="vertex-b",
+            adapter=Adapter.VERTEX,
+            base_url=f"{second.endpoint}/v1",
+            tier=1,
+            api_key_env="GATEWAY_UPSTREAM_VERTEX_B",
+            region="us-east5",
+        )
+        CatalogEntryFactory(assignment=row, model=model, provenance=Provenance.CONFIGURED)
+        google.script(model, gemini.resource_exhausted())
+        with _ws(gateway) as ws:
+            turns = [_ws_turn(ws, model=model, input=said) for said in ("hi", "again")]
+        for events in turns:
+            assert [e["type"] for e in events].count("response.created") == 1
+            assert events[-1]["type"] == "response.completed", events[-1]
+            deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+            assert deltas == "hello from vertex-b"
+        assert len(_api_hits(google)) == 1 and len(_api_hits(second)) == 2
+        assert all(f"/projects/{second.project}/" in hit.path for hit in _api_hits(second))
+        assert other.hits == [] and other.ws_connections == 0
+    finally:
+        google_oauth.forget(second.key_file())
+        second.stop()

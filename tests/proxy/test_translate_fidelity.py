@@ -31,9 +31,11 @@ CLAUDE_ON_BEDROCK = "anthropic.claude-sonnet-4-5"
 CONVERSE_MODEL = "meta.llama3-70b-instruct-v1:0"
 
 
-def call(adapter: str, body: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+def call(
+    adapter: str, body: dict[str, Any], model: str | None = None, base_url: str = "http://127.0.0.1:9/v1"
+) -> dict[str, Any]:
     model = model or (CONVERSE_MODEL if adapter == "bedrock" else CLAUDE_ON_BEDROCK)
-    target = Target(1, "acct", 1, adapter, "http://127.0.0.1:9/v1", "NO_SUCH_ENV_VAR")
+    target = Target(1, "acct", 1, adapter, base_url, "NO_SUCH_ENV_VAR")
     sent = provider(adapter).call(
         "/messages",
         target,
@@ -141,11 +143,19 @@ ADAPTIVE = {"type": "adaptive", "display": "omitted"}  # what Claude Code 2.1 se
     ],
 )
 def test_the_reasoning_asked_for_is_reasoning_effort_on_an_openai_reasoning_model(adapter, fields, effort):
+    # Azure's `/openai/v1` surface takes every field; its deployment surface is below.
+    base_url = "http://127.0.0.1:9/openai/v1" if adapter == "azure_openai" else "http://127.0.0.1:9/v1"
     for model in ("gpt-5", "o3-mini", "openai/gpt-5.2", "gpt-oss-120b"):
-        assert call(adapter, {**TURN, **fields}, model=model).get("reasoning_effort") == effort
+        assert (
+            call(adapter, {**TURN, **fields}, model=model, base_url=base_url).get("reasoning_effort")
+            == effort
+        )
     # A model without reasoning refuses the field: the client's reasoning request is dropped there.
     for model in ("gpt-4.1", "gpt-5-chat-latest", "llama-3.3-70b"):
-        assert "reasoning_effort" not in call(adapter, {**TURN, **fields}, model=model)
+        assert "reasoning_effort" not in call(adapter, {**TURN, **fields}, model=model, base_url=base_url)
+    # So does Azure's deployment surface (its api-version 2024-10-21 has no `reasoning_effort`).
+    if adapter == "azure_openai":
+        assert "reasoning_effort" not in call(adapter, {**TURN, **fields}, model="o3-mini")
 
 
 @pytest.mark.parametrize("adapter", CHAT_SHAPED)

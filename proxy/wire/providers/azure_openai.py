@@ -22,6 +22,20 @@ deploy, not the deployments it serves. The listing is the data plane's `GET /ope
 `api-version=LISTING_VERSION` (the last version that kept it; later ones answer 404), one page, with the
 same credential header. A deployment whose `status` is not `succeeded` (being created, failed, deleted) is
 not listed.
+
+The deployment surface's API_VERSION (2024-10-21, GA) takes a Chat Completions body of its own shape: the
+fields, roles and user content parts of `createChatCompletionRequest` in the version's OpenAPI spec
+(Azure/azure-rest-api-specs, `specification/cognitiveservices/data-plane/AzureOpenAI/inference/stable/
+2024-10-21/inference.yaml`; the version lifecycle page, learn.microsoft.com/azure/ai-services/openai/
+api-version-deprecation, lists what each later preview added). Later fields (`reasoning_effort`,
+`store`, `metadata`, `modalities`, `audio`, `prediction`, `service_tier`, `prompt_cache_key`, ...),
+the `developer` role and user parts other than text and images (`input_audio`, `file`) are answered by
+Azure with a 400 (`Unrecognized request argument supplied`, `invalid_value`): each is refused before
+dispatch naming it (a preview version is not chosen instead: previews are retired on a schedule), so
+another account may serve the request and an Azure 400 after dispatch stays the client's own error,
+never "the model is not here" (SPEC §5.6). A Chat body the version takes is sent unchanged. The
+`reasoning_effort` an Anthropic client's thinking becomes (`messages_over_chat`) is dropped there
+instead, as it is for any model that takes none. The `/openai/v1` surface takes no version and every field.
 """
 
 import json
@@ -44,6 +58,7 @@ from proxy.wire.providers.base import (
     path_segment,
     url,
 )
+from proxy.wire.providers.chat_request import refuse
 from proxy.wire.providers.openai import OpenAI
 from routing.policy.route import Target
 from routing.policy.types import Requirements
@@ -54,6 +69,38 @@ V1 = "/openai/v1"
 DEPLOYMENT_ROUTES = frozenset({CHAT, MESSAGES, EMBEDDINGS})
 LISTING_VERSION = "2023-03-15-preview"
 SUCCEEDED = "succeeded"
+# What API_VERSION's Chat Completions request takes (module docstring): top-level fields, message roles,
+# the types of a user message's content parts.
+VERSION_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "data_sources",
+        "temperature",
+        "top_p",
+        "n",
+        "stream",
+        "stream_options",
+        "stop",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "seed",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+    }
+)
+VERSION_ROLES = frozenset({"system", "user", "assistant", "tool", "function"})
+VERSION_USER_PARTS = frozenset({"text", "image_url"})
 # The scheme that marks a credential as an Entra ID token rather than a resource key.
 ENTRA = "Bearer "
 # Azure's codes for what OpenAI's canonical codes already name.
@@ -83,6 +130,25 @@ class AzureWire:
 
 
 WIRE = AzureWire()
+
+
+def versioned(chat: Json) -> None:
+    """Refuses (RequestTranslationError naming it) what API_VERSION's Chat request does not take; a shape
+    it takes but malformed is left to Azure, whose 400 is the client's error either way."""
+    for key in chat:
+        if key not in VERSION_FIELDS:
+            refuse(key)
+    messages = chat.get("messages")
+    for index, message in enumerate(messages if isinstance(messages, list) else ()):
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") not in VERSION_ROLES:
+            refuse(f"messages[{index}].role")
+        content = message.get("content")
+        if message["role"] == "user" and isinstance(content, list):
+            for at, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") not in VERSION_USER_PARTS:
+                    refuse(f"messages[{index}].content[{at}].type")
 
 
 class AzureOpenAI(OpenAI):
@@ -124,8 +190,13 @@ class AzureOpenAI(OpenAI):
             credential=credential,
             created=created,
         )
-        where = f"{call.url}?api-version={API_VERSION}" if deployment else call.url
-        return replace(call, url=where, wire=WIRE)
+        if not deployment:
+            return replace(call, wire=WIRE)
+        if path != EMBEDDINGS:
+            if path == MESSAGES:
+                call.payload.pop("reasoning_effort", None)
+            versioned(call.payload)
+        return replace(call, url=f"{call.url}?api-version={API_VERSION}", wire=WIRE)
 
     def models_url(self, base_url: str) -> str:
         endpoint = base_url.rstrip("/").removesuffix(V1)
