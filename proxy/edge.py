@@ -14,6 +14,7 @@ body over the limit, costs no more than its headers.
 import asyncio
 import hmac
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from django.conf import settings
@@ -29,7 +30,9 @@ Receive = Callable[[], Awaitable[dict]]
 READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone
 KNOWN_KEY_TTL_S = 60.0
 KNOWN_KEY_LIMIT = 10_000  # only keys that exist are remembered, so an attacker cannot grow this
-_known_keys: dict[str, float] = {}  # key digest -> monotonic time until which it is taken as known
+# Key digest -> monotonic time until which it is taken as known, the least recently used first: past
+# the limit that one is forgotten, so the keys in use stay known however many others exist.
+_known_keys: OrderedDict[str, float] = OrderedDict()
 
 
 class BodyTooLarge(Exception):
@@ -90,9 +93,10 @@ def read_timeout_s(headers: Mapping[str, str]) -> float:
 
 
 def _remember(digest: str, now: float) -> None:
-    if len(_known_keys) >= KNOWN_KEY_LIMIT:
-        _known_keys.clear()
     _known_keys[digest] = now + KNOWN_KEY_TTL_S
+    _known_keys.move_to_end(digest)
+    if len(_known_keys) > KNOWN_KEY_LIMIT:
+        _known_keys.popitem(last=False)
 
 
 def known_keys_clear() -> None:
@@ -108,6 +112,7 @@ async def key_is_known(raw: str, timeout_s: float = READ_TIMEOUT_S) -> bool:
     now = time.monotonic()
     until = _known_keys.get(digest)
     if until is not None and until > now:
+        _known_keys.move_to_end(digest)
         return True
     found = await db.run_within(timeout_s, key_known, digest)
     if found is not None and hmac.compare_digest(found, digest):
