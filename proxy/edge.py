@@ -21,9 +21,9 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from pools.models import hash_key
-from pools.selectors import key_known
+from pools.selectors import key_known_sql, key_params
 from routing.vocabulary import ClientRoute
-from runtime import db
+from runtime import db, loopdb, rawsql
 
 Receive = Callable[[], Awaitable[dict]]
 
@@ -105,7 +105,8 @@ def known_keys_clear() -> None:
 
 async def key_is_known(raw: str, timeout_s: float = READ_TIMEOUT_S) -> bool:
     """Whether `raw` is an enabled gateway key: from memory when it was seen valid lately, else one
-    indexed lookup. Raises DatabaseError when the database cannot answer (within `timeout_s`)."""
+    indexed lookup on the event loop's connection (runtime.loopdb; on runtime.db's threads when it has
+    none to give). Raises DatabaseError when the database cannot answer (within `timeout_s`)."""
     if not raw:
         return False
     digest = hash_key(raw)
@@ -114,8 +115,16 @@ async def key_is_known(raw: str, timeout_s: float = READ_TIMEOUT_S) -> bool:
     if until is not None and until > now:
         _known_keys.move_to_end(digest)
         return True
-    found = await db.run_within(timeout_s, key_known, digest)
-    if found is not None and hmac.compare_digest(found, digest):
+    sql, params = key_known_sql(), key_params(digest)
+    try:
+        rows = await loopdb.fetch_within(timeout_s, sql, params)
+    except loopdb.NoConnection:
+        rows = await db.run_within(timeout_s, rawsql.fetch, sql, params)
+    # The lookup is by an index on the digest; the final comparison is constant-time regardless.
+    if any(
+        hmac.compare_digest(current, digest) | hmac.compare_digest(previous or "", digest)
+        for current, previous in rows
+    ):
         _remember(digest, now)
         return True
     return False

@@ -211,13 +211,13 @@ def three_keys(monkeypatch):
     monkeypatch.setattr(edge, "KNOWN_KEY_LIMIT", 2)
     monkeypatch.setattr(ingress, "KNOWN_LIMIT", 2)
     looked: list[str] = []
-    key_known = edge.key_known
+    key_params = edge.key_params
 
-    def spy(digest: str) -> str | None:
+    def spy(digest: str) -> list[object]:
         looked.append(digest)
-        return key_known(digest)
+        return key_params(digest)
 
-    monkeypatch.setattr(edge, "key_known", spy)
+    monkeypatch.setattr(edge, "key_params", spy)
     return secrets, looked
 
 
