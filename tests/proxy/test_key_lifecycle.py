@@ -1,6 +1,7 @@
 """Gateway key lifecycle (issue 20, SPEC §3): generated secrets shown once, expiry, rotation with an
 overlap. Checked through a live gateway: a key that may not be used is a 401 on the wire."""
 
+from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 
@@ -203,6 +204,7 @@ def three_keys(monkeypatch):
     """Keys k0, k1, k2 of pool `main`, with room for two keys in the edge's and the request read's memory
     of keys; the edge's lookups of a key (its digest) noted in order."""
     from proxy import ingress
+    from runtime import loopdb
 
     pool = PoolFactory(name="main")
     secrets = [f"sk-gw-lru-key-{i}-0123456789abcdef" for i in range(3)]
@@ -210,6 +212,10 @@ def three_keys(monkeypatch):
         GatewayKeyFactory(name=f"k{i}", raw_key=secret, pools=[pool])
     monkeypatch.setattr(edge, "KNOWN_KEY_LIMIT", 2)
     monkeypatch.setattr(ingress, "KNOWN_LIMIT", 2)
+    monkeypatch.setattr(ingress, "_known", OrderedDict())  # none of another test's keys
+    # Only a read on the loop's connection is remembered: on a loaded machine, the live server's first
+    # connections could take longer than a read waits for one, and the read would go to the threads.
+    monkeypatch.setattr(loopdb, "CONNECTION_WAIT_S", 10.0)
     looked: list[str] = []
     key_params = edge.key_params
 
