@@ -1,10 +1,11 @@
 """Reads of keys for the request path, and the one operator access rule for pools."""
 
+import functools
 import hmac
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from pools.models import ConfigVersion, GatewayKey, Pool, hash_key
@@ -176,14 +177,15 @@ def authenticated_from_rows(rows: list[tuple], digest: str) -> Authenticated | N
     )
 
 
-def key_known(digest: str) -> str | None:
-    """The digest back when an enabled, unexpired key has it, as its current secret or as a replaced
-    one still in its overlap (the API's check before it reads a body)."""
-    now = timezone.now()
-    valid = (Q(key_hash=digest) | Q(previous_key_hash=digest, previous_valid_until__gt=now)) & (
-        Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+@functools.cache  # table and column names only
+def key_known_sql() -> str:
+    """The statement that finds a usable key by its digest (params: `key_params`), as its current
+    secret or as a replaced one still in its overlap: the API's check before it reads a body, run on
+    the event loop as the request's own read (runtime.loopdb). The same condition as the request's read
+    (`key_match_sql`), on the same two unique indexes."""
+    return (
+        f"SELECT k.key_hash, k.previous_key_hash FROM {GatewayKey._meta.db_table} k WHERE {key_match_sql()}"  # noqa: S608
     )
-    return digest if GatewayKey.objects.filter(valid, enabled=True).exists() else None
 
 
 def key_by_name(name: str) -> KeyPolicy | None:

@@ -14,23 +14,26 @@ body over the limit, costs no more than its headers.
 import asyncio
 import hmac
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from django.conf import settings
 from django.db import DatabaseError
 
 from pools.models import hash_key
-from pools.selectors import key_known
+from pools.selectors import key_known_sql, key_params
 from routing.policy.errors import ErrorCode
 from routing.policy.vocabulary import ClientRoute
-from runtime import db
+from runtime import db, loopdb, rawsql
 
 Receive = Callable[[], Awaitable[dict]]
 
 READ_TIMEOUT_S = 5.0  # the request path's reads take milliseconds; past this the database is gone
 KNOWN_KEY_TTL_S = 60.0
 KNOWN_KEY_LIMIT = 10_000  # only keys that exist are remembered, so an attacker cannot grow this
-_known_keys: dict[str, float] = {}  # key digest -> monotonic time until which it is taken as known
+# Key digest -> monotonic time until which it is taken as known, the least recently used first: past
+# the limit that one is forgotten, so the keys in use stay known however many others exist.
+_known_keys: OrderedDict[str, float] = OrderedDict()
 
 
 class BodyTooLarge(Exception):
@@ -91,9 +94,10 @@ def read_timeout_s(headers: Mapping[str, str]) -> float:
 
 
 def _remember(digest: str, now: float) -> None:
-    if len(_known_keys) >= KNOWN_KEY_LIMIT:
-        _known_keys.clear()
     _known_keys[digest] = now + KNOWN_KEY_TTL_S
+    _known_keys.move_to_end(digest)
+    if len(_known_keys) > KNOWN_KEY_LIMIT:
+        _known_keys.popitem(last=False)
 
 
 def known_keys_clear() -> None:
@@ -102,16 +106,26 @@ def known_keys_clear() -> None:
 
 async def key_is_known(raw: str, timeout_s: float = READ_TIMEOUT_S) -> bool:
     """Whether `raw` is an enabled gateway key: from memory when it was seen valid lately, else one
-    indexed lookup. Raises DatabaseError when the database cannot answer (within `timeout_s`)."""
+    indexed lookup on the event loop's connection (runtime.loopdb; on runtime.db's threads when it has
+    none to give). Raises DatabaseError when the database cannot answer (within `timeout_s`)."""
     if not raw:
         return False
     digest = hash_key(raw)
     now = time.monotonic()
     until = _known_keys.get(digest)
     if until is not None and until > now:
+        _known_keys.move_to_end(digest)
         return True
-    found = await db.run_within(timeout_s, key_known, digest)
-    if found is not None and hmac.compare_digest(found, digest):
+    sql, params = key_known_sql(), key_params(digest)
+    try:
+        rows = await loopdb.fetch_within(timeout_s, sql, params)
+    except loopdb.NoConnection:
+        rows = await db.run_within(timeout_s, rawsql.fetch, sql, params)
+    # The lookup is by an index on the digest; the final comparison is constant-time regardless.
+    if any(
+        hmac.compare_digest(current, digest) | hmac.compare_digest(previous or "", digest)
+        for current, previous in rows
+    ):
         _remember(digest, now)
         return True
     return False

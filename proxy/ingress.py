@@ -13,6 +13,7 @@ import math
 import random
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpResponse
 
+from pools.models import hash_key
 from pools.selectors import Authenticated
 from proxy import edge, limits
 from proxy.dispatch import HttpDispatch
@@ -63,6 +65,7 @@ from routing.selectors import (
     RouteSettings,
     RoutingInputs,
     config_cached,
+    narrowing,
     request_state_from_rows,
     request_state_load,
     request_state_query,
@@ -383,9 +386,12 @@ class Known:
     steady: bool
 
 
-# Key digest -> its last read. Used only against a request's own read: a draft is kept only when that
-# read returns these very rows, so nothing here is ever routed on without the database's word.
-_known: dict[str, Known] = {}
+# Key digest -> its last read, the least recently read first. Used only against a request's own read: a
+# draft is kept only when that read returns these very rows, and a narrowing (`Narrowing`) is checked by
+# the statement itself, so nothing here is ever routed on without the database's word. Past KNOWN_LIMIT
+# keys the least recently read is forgotten, not all of them: a population of keys larger than the
+# limit keeps its active ones.
+_known: OrderedDict[str, Known] = OrderedDict()
 KNOWN_LIMIT = 1024
 
 _answering = 0  # requests (HTTP, websocket turns) this process is answering (`answering`)
@@ -412,14 +418,16 @@ def _learn(digest: str, rows: list[tuple], known: Known | None) -> RequestState 
     if known is not None and rows == known.rows:
         if not known.steady:
             _known[digest] = Known(rows, known.state, steady=True)
+        _known.move_to_end(digest)
         return known.state
     state = request_state_from_rows(rows, digest)
     if state is None:
         _known.pop(digest, None)
         return None
-    if len(_known) >= KNOWN_LIMIT:
-        _known.clear()
     _known[digest] = Known(rows, state, steady=False)
+    _known.move_to_end(digest)
+    if len(_known) > KNOWN_LIMIT:
+        _known.popitem(last=False)
     return state
 
 
@@ -454,12 +462,22 @@ async def _read(
     def left() -> float:
         return max(deadline - time.monotonic(), MIN_READ_S)
 
+    known = _known.get(hash_key(args.raw_key)) if args.raw_key else None
+    narrow = None
+    if known is not None and args.body is not None:
+        # The models this request plans over, in the configuration its key's last read had: only their
+        # latency rows are read (the statement reads them all if the key's pools or version moved).
+        last = known.state.authenticated
+        narrow = narrowing(last.key.pool_ids, last.config_version, args.body.get("model"), args.now)
     query = request_state_query(
-        args.raw_key, route_class=args.route_class, now=args.now, affinity=args.affinity_ids()
+        args.raw_key,
+        route_class=args.route_class,
+        now=args.now,
+        affinity=args.affinity_ids(),
+        narrow=narrow,
     )
     if query is None:
         return None, None
-    known = _known.get(query.digest)
     drafted: list[Routed] = []
     meanwhile = None
     if draft is not None and known is not None and known.steady and _answering <= 1:

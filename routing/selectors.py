@@ -21,7 +21,15 @@ from typing import Any
 from catalog.models import CatalogEntry
 from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
-from pools.models import Assignment, GatewaySettings, ModelAlias, ModelFallback, Pool, hash_key
+from pools.models import (
+    Assignment,
+    ConfigVersion,
+    GatewaySettings,
+    ModelAlias,
+    ModelFallback,
+    Pool,
+    hash_key,
+)
 from pools.selectors import (
     KEY_COLUMNS,
     Authenticated,
@@ -37,7 +45,7 @@ from routing.policy.files import file_pins
 from routing.policy.latency import load_now
 from routing.policy.plan import HardPin, PinKind
 from routing.policy.resolution import ModelPolicy
-from routing.policy.route import RoutingView, Target
+from routing.policy.route import RoutingView, Target, models_decided
 from routing.policy.types import (
     AFFINITY_KEY_MAX,
     ASSIGNMENT_WIDE,
@@ -234,7 +242,7 @@ HEALTH_COLUMNS = 10  # what `health_sql` selects: a kind (0 circuit, 1 demotion,
 LATENCY_KIND = 4  # after the key's (2) and its affinities' (3) rows of `_request_state_sql`
 
 
-def health_sql(pools: str) -> str:
+def health_sql(pools: str, models: int = 0) -> str:
     """Circuits of a route class, active demotions and latency averages in the pools `pools` (an SQL
     set: a list of placeholders or a subquery); params: the route class, ASSIGNMENT_WIDE, now.
 
@@ -244,9 +252,18 @@ def health_sql(pools: str) -> str:
     column (null: none reported), and its recent load in thousandths in the probes column, as written at
     the lease column's time (it is decayed to the request's time here, so the rows stay the same between
     two ledger batches). Every latency row of
-    the pools is read, not only the requested model's: the model is known only after resolution, and a
-    pair has a row only once it has served, so they number the pairs in use."""
+    the pools is read, unless `models` > 0: then the statement around it defines a relation `n` that has
+    a row when the request's models are known (`Narrowing`), and with it only the latency rows of the
+    `models` models in the placeholders after now are read (a pool of 200 accounts serving 20 models has
+    4,000 such rows, and a request plans over one or two of its models)."""
     circuit, demotion, assignment, latency = Circuit._meta, Demotion._meta, Assignment._meta, Latency._meta
+    latencies = (
+        f"SELECT {LATENCY_KIND}, l.assignment_id, l.model, '', '', "  # noqa: S608
+        "CAST(ROUND(l.headroom_left * 1000) AS INTEGER), CAST(ROUND(l.ewma_ms) AS INTEGER), "
+        "l.headroom_until, CAST(ROUND(l.load * 1000) AS INTEGER), l.updated_at "
+        f"FROM {latency.db_table} l JOIN {assignment.db_table} la ON la.id = l.assignment_id "
+        f"WHERE la.pool_id IN {pools}"
+    )
     return (
         "SELECT 0, assignment_id, model, state, reason, consecutive_failures, cooldown_seconds, "  # noqa: S608
         "open_until, probes_in_flight, probe_lease_expires_at "
@@ -257,11 +274,12 @@ def health_sql(pools: str) -> str:
         f"FROM {demotion.db_table} d JOIN {assignment.db_table} a ON a.id = d.assignment_id "
         f"WHERE d.until > %s AND a.pool_id IN {pools} "
         "UNION ALL "
-        f"SELECT {LATENCY_KIND}, l.assignment_id, l.model, '', '', "
-        "CAST(ROUND(l.headroom_left * 1000) AS INTEGER), CAST(ROUND(l.ewma_ms) AS INTEGER), "
-        "l.headroom_until, CAST(ROUND(l.load * 1000) AS INTEGER), l.updated_at "
-        f"FROM {latency.db_table} l JOIN {assignment.db_table} la ON la.id = l.assignment_id "
-        f"WHERE la.pool_id IN {pools}"
+        + (
+            f"{latencies} AND l.model IN ({rawsql.placeholders(models)}) AND EXISTS (SELECT 1 FROM n) "  # noqa: S608
+            f"UNION ALL {latencies} AND NOT EXISTS (SELECT 1 FROM n)"
+            if models
+            else latencies
+        )
     )
 
 
@@ -431,8 +449,35 @@ def affinities_load(
     return affinities_from_rows(rawsql.fetch(sql, [key_id, *_affinity_params(ids, now)]))
 
 
+@dataclass(frozen=True, slots=True)
+class Narrowing:
+    """What the request's read assumes to take only its models' latency rows: the key's pools and the
+    config version as its last read found them, and `models`, every model a request of its model plans
+    over in that configuration (`routing.policy.route.models_decided`). The statement checks the assumption
+    against what it reads (the key's pools, the version): when either moved, it reads every latency
+    row of the pools, as without a narrowing, so a stale assumption costs rows, never a decision."""
+
+    pool_ids: tuple[int, ...]
+    config_version: int
+    models: tuple[str, ...]
+
+
+def narrowing(pool_ids: tuple[int, ...], version: int, model: object, now: datetime) -> Narrowing | None:
+    """The narrowing for a request of `model` by a key last read with these pools at this version, when
+    their configuration is cached (no query); else None."""
+    config = config_cached(pool_ids, version, now) if pool_ids and isinstance(model, str) else None
+    if config is None:
+        return None
+    models = models_decided(
+        model, policy=config.policy, routable=config.routes.keys(), auto_models=config.auto_models
+    )
+    return Narrowing(pool_ids, version, models) if models else None
+
+
 @functools.cache  # table and column names only: the same text for the life of the process, per shape
-def _request_state_sql(response: bool = False, session: bool = False, files: int = 0) -> str:
+def _request_state_sql(
+    response: bool = False, session: bool = False, files: int = 0, pools: int = 0, models: int = 0
+) -> str:
     # One statement, so one round trip: the key's rows (kind 2, as `key_sql`, matched once) and the health
     # rows of its pools (as `health_sql`) side by side, each padded with NULLs where the other has its
     # columns. With ids named (the shape of `AffinityIds`), the key's live affinities for them too (kind
@@ -440,10 +485,20 @@ def _request_state_sql(response: bool = False, session: bool = False, files: int
     # mostly fixed per relation the statement names: matching the key once (not for its pools, its row
     # and its affinities each) took 4-8 % of the server's CPU off the statement run alone, too little to
     # show under load (bench/profile.md).
+    # With a narrowing of `pools` pools and `models` models (`Narrowing`), `n` has its row when the key
+    # read has exactly those pools at that version (params after the key's: the version, the pool ids).
+    narrowed = (
+        f", n AS (SELECT 1 AS narrowed WHERE (SELECT COUNT(*) FROM r) = {pools} "  # noqa: S608
+        f"AND (SELECT COUNT(*) FROM r WHERE r.pool_id IN ({rawsql.placeholders(pools)})) = {pools} "
+        f"AND COALESCE((SELECT v.value FROM {ConfigVersion._meta.db_table} v WHERE v.id = 1), 0) = %s)"
+        if models
+        else ""
+    )
     sql = (
-        f"WITH r AS ({key_sql()}) "  # noqa: S608
+        f"WITH r AS ({key_sql()}){narrowed} "  # noqa: S608
         f"SELECT 2, {rawsql.nulls(HEALTH_COLUMNS - 1)}, r.* FROM r "
-        f"UNION ALL SELECT h.*, {rawsql.nulls(KEY_COLUMNS)} FROM ({health_sql('(SELECT pool_id FROM r)')}) h "
+        f"UNION ALL SELECT h.*, {rawsql.nulls(KEY_COLUMNS)} "
+        f"FROM ({health_sql('(SELECT pool_id FROM r)', models)}) h "
     )
     if response or session or files:
         sql += (
@@ -466,18 +521,29 @@ class RequestStateQuery:
 
 
 def request_state_query(
-    raw_key: str, *, route_class: RouteClass, now: datetime, affinity: AffinityIds | None = None
+    raw_key: str,
+    *,
+    route_class: RouteClass,
+    now: datetime,
+    affinity: AffinityIds | None = None,
+    narrow: Narrowing | None = None,
 ) -> RequestStateQuery | None:
-    """None for an empty secret: no key can match it, no statement is needed."""
+    """None for an empty secret: no key can match it, no statement is needed. `narrow`: the latency
+    rows to read when the key still has those pools at that version (`Narrowing`)."""
     if not raw_key:
         return None
     digest = hash_key(raw_key)
-    key = key_params(digest)
-    params = [*key, str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
-    if not affinity:
-        return RequestStateQuery(_request_state_sql(), params, digest)
-    sql = _request_state_sql(bool(affinity.response_id), bool(affinity.session), len(affinity.file_ids))
-    return RequestStateQuery(sql, [*params, *_affinity_params(affinity, now)], digest)
+    params = key_params(digest)
+    pools = models = 0
+    if narrow is not None:
+        pools, models = len(narrow.pool_ids), len(narrow.models)
+        params += [*narrow.pool_ids, narrow.config_version]
+    params += [str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
+    if narrow is not None:
+        params += narrow.models
+    ids = affinity or AffinityIds()
+    sql = _request_state_sql(bool(ids.response_id), bool(ids.session), len(ids.file_ids), pools, models)
+    return RequestStateQuery(sql, [*params, *_affinity_params(ids, now)] if ids else params, digest)
 
 
 @dataclass(frozen=True, slots=True)

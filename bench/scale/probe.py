@@ -6,8 +6,9 @@
   serves it: the median of `--repeat` renders after one discarded, its queries and its slowest query;
   then, with `--prune-days D`, `manage.py prune_ledger --days D` once.
 - `routing --key NAME --model M --secret S`: the routing decision the request path makes (`decide` on
-  the loaded inputs, in a loop), the request path's one statement (`request_state_query`) under EXPLAIN
-  ANALYZE, and `manage.py routing_explain` and /admin/upstreams/ with their query counts.
+  the loaded inputs, in a loop), the request path's one statement (`request_state_query`, narrowed to
+  the model as for a key read before) under EXPLAIN ANALYZE, and `manage.py routing_explain` and
+  /admin/upstreams/ with their query counts.
 """
 
 from __future__ import annotations
@@ -115,7 +116,14 @@ def probe_routing(key_name: str, secret: str, model: str, repeat: int, loops: in
     from pools.selectors import key_by_name
     from routing.policy.route import decide
     from routing.policy.types import Requirements, RouteClass
-    from routing.selectors import Affinities, request_state_query, routing_inputs_load
+    from routing.selectors import (
+        Affinities,
+        config_snapshot,
+        narrowing,
+        request_state_load,
+        request_state_query,
+        routing_inputs_load,
+    )
 
     found: dict[str, Any] = {}
     now = timezone.now()
@@ -134,7 +142,14 @@ def probe_routing(key_name: str, secret: str, model: str, repeat: int, loops: in
     assert decision.plan is not None and decision.plan.order, decision.error
     found["decision_us"] = min(times)
     found["candidates"] = len(decision.plan.order) + len(decision.plan.beyond_shortlist)
-    query = request_state_query(secret, route_class=RouteClass.HTTP, now=now)
+    # As the request path sends it for a key read before (proxy.ingress `_read`): narrowed to the
+    # latency rows of the models the request plans over.
+    state = request_state_load(secret, route_class=RouteClass.HTTP, now=now)
+    assert state is not None
+    pool_ids, version = state.authenticated.key.pool_ids, state.authenticated.config_version
+    config_snapshot(pool_ids, version, now)
+    narrow = narrowing(pool_ids, version, model, now)
+    query = request_state_query(secret, route_class=RouteClass.HTTP, now=now, narrow=narrow)
     assert query is not None
     explain = []
     with connection.cursor() as cursor:

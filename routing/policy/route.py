@@ -29,7 +29,9 @@ from routing.policy.resolution import (
     ModelPolicy,
     Resolution,
     ResolutionError,
+    canonicalize,
     cross_model_fallback,
+    fallback_for,
     resolve,
 )
 from routing.policy.types import AUTO_MODEL, Candidate, Health, Requirements, TriState
@@ -153,6 +155,22 @@ def decide(
     if isinstance(plan, PlanError):
         return Decision(resolution=resolution, auto=auto, fallback=fallback, error=plan)
     return Decision(resolution=resolution, auto=auto, fallback=fallback, plan=plan)
+
+
+def models_decided(
+    model: str, *, policy: ModelPolicy, routable: Collection[str], auto_models: Sequence[str]
+) -> tuple[str, ...]:
+    """Every model whose routes `decide` may plan over for a request of `model` in pools of this
+    policy, routes and auto models: the model it canonicalizes to (or each auto model) and that
+    model's one fallback, which serves in its place or extends its plan. The request's read takes
+    the latency rows of these models only (routing.selectors.Narrowing)."""
+    served = auto_models if model == AUTO_MODEL else (canonicalize(model, policy),)
+    found = dict.fromkeys(served)
+    for name in served:
+        fallback = fallback_for(name, policy=policy, routable=routable)
+        if fallback is not None:
+            found[fallback.model] = None
+    return tuple(found)
 
 
 def lease_candidate(decision: Decision) -> Candidate | None:

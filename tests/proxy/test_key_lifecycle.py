@@ -1,6 +1,7 @@
 """Gateway key lifecycle (issue 20, SPEC §3): generated secrets shown once, expiry, rotation with an
 overlap. Checked through a live gateway: a key that may not be used is a 401 on the wire."""
 
+from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 
@@ -188,3 +189,71 @@ def test_yaml_expires_at_round_trips_and_is_validated(db):
         config["keys"][0]["expires_at"] = bad
         errors = [str(e) for e in _load(yaml.safe_dump(config)).errors]
         assert any(e.startswith("keys[0].expires_at") and message in e for e in errors), errors
+
+
+def _chat(gateway: str, secret: str) -> int:
+    """A request with a body (the edge checks its key first) for a model no pool serves: answered by the
+    request's own read, no upstream needed."""
+    body = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {secret}"}
+    return httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=headers).status_code
+
+
+@pytest.fixture
+def three_keys(monkeypatch):
+    """Keys k0, k1, k2 of pool `main`, with room for two keys in the edge's and the request read's memory
+    of keys; the edge's lookups of a key (its digest) noted in order."""
+    from proxy import ingress
+    from runtime import loopdb
+
+    pool = PoolFactory(name="main")
+    secrets = [f"sk-gw-lru-key-{i}-0123456789abcdef" for i in range(3)]
+    for i, secret in enumerate(secrets):
+        GatewayKeyFactory(name=f"k{i}", raw_key=secret, pools=[pool])
+    monkeypatch.setattr(edge, "KNOWN_KEY_LIMIT", 2)
+    monkeypatch.setattr(ingress, "KNOWN_LIMIT", 2)
+    monkeypatch.setattr(ingress, "_known", OrderedDict())  # none of another test's keys
+    # Only a read on the loop's connection is remembered: on a loaded machine, the live server's first
+    # connections could take longer than a read waits for one, and the read would go to the threads.
+    monkeypatch.setattr(loopdb, "CONNECTION_WAIT_S", 10.0)
+    looked: list[str] = []
+    key_params = edge.key_params
+
+    def spy(digest: str) -> list[object]:
+        looked.append(digest)
+        return key_params(digest)
+
+    monkeypatch.setattr(edge, "key_params", spy)
+    return secrets, looked
+
+
+def test_past_its_limit_the_edge_forgets_the_least_recently_used_key_not_every_key(gateway, three_keys):
+    from proxy import ingress
+
+    secrets, looked = three_keys
+    k0, k1, k2 = secrets
+    for secret in (k0, k1, k0, k2):
+        assert _chat(gateway, secret) == 404
+    # k1, the least recently used when k2 came, was forgotten; k0, used since, was not.
+    assert set(ingress._known) == {hash_key(k0), hash_key(k2)}
+
+    assert _chat(gateway, k0) == 404
+    assert looked == [hash_key(k0), hash_key(k1), hash_key(k2)]  # k0 looked up once, in use throughout
+
+
+def test_a_revoked_key_forgotten_by_the_edge_stays_refused(gateway, three_keys):
+    """Neither memory of keys lets a key in: disabled while remembered, and once pushed out of both by
+    other keys, it is refused by the request's own read, as at once after its revocation."""
+    from proxy import ingress
+
+    secrets, looked = three_keys
+    k0, k1, k2 = secrets
+    assert _chat(gateway, k0) == 404
+    GatewayKey.objects.filter(name="k0").update(enabled=False)
+    assert _chat(gateway, k0) == 401  # still remembered by the edge: refused after its body
+    for secret in (k1, k2):
+        assert _chat(gateway, secret) == 404
+    assert hash_key(k0) not in ingress._known and looked == [hash_key(k0), hash_key(k1), hash_key(k2)]
+
+    assert _chat(gateway, k0) == 401
+    assert looked[-1] == hash_key(k0)  # looked up again, and found disabled

@@ -13,16 +13,31 @@ from django.db import connection
 from django.utils import timezone
 
 from devkit.behaviours import Serve
-from pools.models import Assignment
+from pools.models import Assignment, GatewayKey
 from proxy.ledger.exchange import AttemptLog, Exchange
 from proxy.ledger.models import RequestRecord
 from proxy.ledger.recorder import LedgerWriter
 from routing.models import Demotion, Latency
 from routing.policy.latency import Fold
 from routing.policy.types import RouteClass
-from routing.selectors import request_state_load, routing_view_load
+from routing.selectors import (
+    Narrowing,
+    config_snapshot,
+    narrowing,
+    request_state_from_rows,
+    request_state_load,
+    request_state_query,
+    routing_view_load,
+)
 from routing.services import latencies_record
-from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, finished_exchange
+from runtime import rawsql
+from tests.factories import (
+    AssignmentFactory,
+    CatalogEntryFactory,
+    GatewayKeyFactory,
+    PoolFactory,
+    finished_exchange,
+)
 from tests.gateway_fixtures import GATEWAY_KEY
 from tests.proxy.fixtures_e2e import CHAT, RESPONSES, ledger_settled, post
 from tests.proxy.test_websocket import open_ws, read_response
@@ -134,6 +149,77 @@ def test_the_requests_one_statement_reads_the_latency_into_its_candidates(
         "acct-a": (250.0, False),
         "acct-b": (None, troubled == "demoted"),
     }
+
+
+def test_a_narrowed_statement_reads_the_requests_models_latency_unless_the_keys_pools_or_version_moved(
+    pool_of_two, django_assert_num_queries
+):
+    """With the key's last pools and version, the request's one statement reads the latency rows of the
+    models it plans over and no other model's; when the key's pools or the config
+    version are not the ones assumed, every row of its pools, as without a narrowing."""
+    a, b = pool_of_two
+    for assignment in (a, b):
+        CatalogEntryFactory(assignment=assignment, model="gpt-4o")
+    now = timezone.now()
+    latencies_record(folds=[Fold(x.pk, m, 100.0, 3) for x in (a, b) for m in ("gpt-5", "gpt-4o")], now=now)
+    first = request_state_load(GATEWAY_KEY, route_class=RouteClass.HTTP, now=now)
+    assert first is not None and len(first.health.latency) == 4
+    pools, version = first.authenticated.key.pool_ids, first.authenticated.config_version
+    config_snapshot(pools, version, now)  # as the key's first request leaves it cached
+    narrow = narrowing(pools, version, "gpt-5", now)
+    assert narrow == Narrowing(pools, version, ("gpt-5",))
+
+    def latency_read(narrow: Narrowing) -> set[tuple[int, str]]:
+        query = request_state_query(GATEWAY_KEY, route_class=RouteClass.HTTP, now=now, narrow=narrow)
+        assert query is not None
+        with django_assert_num_queries(1):
+            state = request_state_from_rows(rawsql.fetch(query.sql, query.params), query.digest)
+        assert state is not None and state.authenticated.key.name == "lat"
+        return set(state.health.latency)
+
+    assert latency_read(narrow) == {(a.pk, "gpt-5"), (b.pk, "gpt-5")}
+    assert latency_read(Narrowing(pools, version, ("gpt-4o", "o3"))) == {(a.pk, "gpt-4o"), (b.pk, "gpt-4o")}
+    every = {(x.pk, m) for x in (a, b) for m in ("gpt-5", "gpt-4o")}
+    assert latency_read(Narrowing(pools, version + 1, ("gpt-5",))) == every
+    assert latency_read(Narrowing((*pools, pools[0] + 1), version, ("gpt-5",))) == every
+    assert latency_read(Narrowing((pools[0] + 1,), version, ("gpt-5",))) == every
+    GatewayKey.objects.get(name="lat").pools.add(PoolFactory())  # the key now has a pool more
+    now_version = request_state_load(GATEWAY_KEY, route_class=RouteClass.HTTP, now=now)
+    assert now_version is not None
+    assert latency_read(Narrowing(pools, now_version.authenticated.config_version, ("gpt-5",))) == every
+
+
+def test_a_keys_next_request_reads_only_its_models_latency(gateway, two_assignments, monkeypatch):
+    """The key's first request reads every latency row of its pools (nothing is known of the key yet);
+    its next, narrowed by the key's first read, only the requested model's, and is served from them."""
+    from proxy import ingress
+
+    _a, _b, (acct_a, acct_b) = two_assignments
+    latencies_record(
+        folds=[Fold(x.pk, m, 100.0, 3) for x in (acct_a, acct_b) for m in ("gpt-5", "gpt-4o")],
+        now=timezone.now(),
+    )
+    narrowed: list[tuple[str, ...] | None] = []
+    read: list[set[tuple[int, str]]] = []
+    query, learn = ingress.request_state_query, ingress._learn
+
+    def spy_query(*args, **kwargs):
+        narrowed.append(kwargs["narrow"].models if kwargs.get("narrow") else None)
+        return query(*args, **kwargs)
+
+    def spy_learn(*args):
+        state = learn(*args)
+        read.append(set(state.health.latency))
+        return state
+
+    monkeypatch.setattr(ingress, "request_state_query", spy_query)
+    monkeypatch.setattr(ingress, "_learn", spy_learn)
+    for _ in range(2):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+
+    assert narrowed == [None, ("gpt-5",)]
+    pairs = {(x.pk, m) for x in (acct_a, acct_b) for m in ("gpt-5", "gpt-4o")}
+    assert read == [pairs, {(acct_a.pk, "gpt-5"), (acct_b.pk, "gpt-5")}]
 
 
 @pytest.mark.parametrize("features", [True, False])

@@ -12,6 +12,7 @@ from routing.policy.route import (
     RoutingView,
     decide,
     lease_candidate,
+    models_decided,
     parse_requirements_header,
 )
 from routing.policy.types import Candidate, Health, Requirements, TriState
@@ -141,3 +142,46 @@ def test_a_request_decided_again_keeps_its_draw():
         first = decide(v, KEY, "gpt-5", Requirements(), draw=draw).plan.order[0].assignment_id
         again = decide(v, KEY, "gpt-5", Requirements(), draw=draw, held={(3, "gpt-5")}).plan.order
         assert [c.assignment_id for c in again][:2] == [3, first]
+
+
+class _Looked(dict):
+    """Routes that note every model whose candidates are taken from them."""
+
+    def __init__(self, routes):
+        super().__init__(routes)
+        self.looked: set[str] = set()
+
+    def __getitem__(self, model):
+        self.looked.add(model)
+        return super().__getitem__(model)
+
+    def get(self, model, default=None):
+        self.looked.add(model)
+        return super().get(model, default)
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("gpt-5.2", ("gpt-5.2", "gpt-5.1")),  # routed, with its family fallback
+        ("latest", ("gpt-5.2", "gpt-5.1")),  # an alias: its target's
+        ("gpt-6", ("gpt-6", "gpt-5.2")),  # unrouted: the family's highest below serves
+        ("claude-opus-5", ("claude-opus-5", "o3")),  # unrouted, explicit fallback
+        ("o3", ("o3",)),
+        ("nothing", ("nothing",)),
+        ("auto", ("gpt-5.2", "o3", "gpt-5.1")),  # each auto model and its fallback
+    ],
+)
+def test_models_decided_names_every_model_decide_plans_over(model, expected):
+    """The request's read takes only these models' latency rows (routing.selectors.Narrowing): a model
+    decide looks up that is missing here would be ordered without its latency."""
+    names = ("gpt-5.2", "gpt-5.1", "gpt-5-mini", "o3", "gpt-4o", "text-embedding-3")
+    policy = ModelPolicy(aliases={"latest": "gpt-5.2"}, fallbacks={"claude-opus-5": "o3"})
+    routes = _Looked({m: (cand(i, m),) for i, m in enumerate(names, 1)})
+    v = RoutingView(policy=policy, max_attempts=4, routes=routes, auto_models=("gpt-5.2", "o3"))
+
+    decide(v, KEY, model, Requirements())
+
+    found = models_decided(model, policy=policy, routable=routes.keys(), auto_models=v.auto_models)
+    assert found == expected
+    assert routes.looked <= set(found)
