@@ -5,11 +5,12 @@ import asyncio
 
 import pytest
 from django.db import connection
+from django.db.models import Sum
 
 from bench.scale import figures, report, seed
 from bench.scale.streams import run_streams, summary
 from devkit.harness import HOST, PYTHON, Processes, free_port
-from proxy.models import Attempt, RequestRecord
+from proxy.models import Attempt, DailySpend, RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, PoolFactory
 
 
@@ -94,6 +95,10 @@ def test_the_bulk_ledger_spreads_its_records_over_the_days_and_the_probe_times_e
     )
     assert 1.9 * 86400 < (last - first).total_seconds() <= 2 * 86400
     assert RequestRecord.objects.values("key").distinct().count() == 20
+    # The spend page's daily totals, built from the bulk ledger as the ledger writer would have kept them.
+    assert DailySpend.objects.aggregate(n=Sum("attempts"))["n"] == 2100
+    cost = Sum("cost_micros")
+    assert DailySpend.objects.aggregate(c=cost)["c"] == Attempt.objects.aggregate(c=cost)["c"] > 0
 
     from bench.scale.probe import probe_admin
 
