@@ -16,7 +16,7 @@ shows the spend of records `prune_ledger` has since deleted, for as long as it s
 Scoping is the request list's (the one admin scoping mechanism, `pools.scoping.PoolScopedAdmin`, as
 `RequestRecordAdmin.scope` applies it): a pool operator sees the attempts on their pools' assignments
 (a request that reached their pools, and of it their attempts only, as a request's page shows them),
-nothing of another pool; a superuser sees every attempt. One aggregate query, whatever the number of
+nothing of another pool; a superuser sees every attempt. The same three queries whatever the number of
 keys, models and days; reads only.
 """
 
@@ -27,7 +27,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, Subquery, Sum
+from django.db.models import Sum
 from django.http import HttpResponseNotAllowed
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -241,48 +241,46 @@ def _summary(what: str, series: list[Series], total: int) -> str:
 
 
 def spend_report(*, now: datetime, pools=None) -> SpendReport:
-    """The last DAYS UTC days (today included) of the ledger's daily totals (`DailySpend`), in one
-    aggregate query over them (never over the attempts); with `pools` (a queryset of Pool), only their
-    assignments' attempts: a pool operator sees a request that crossed into another pool, never what
-    that pool's attempts cost. Those are exactly the attempts of the request list's scope that its pages
-    show an operator (`RequestRecordAdmin.scope`: a request is theirs when it reached their pools)."""
+    """The last DAYS UTC days (today included) of the ledger's daily totals (`DailySpend`, never the
+    attempts): two aggregates over them, per day and key and per day and model (days x (keys + models)
+    rows for Python, where one per day, key and model would be days x keys x models), and the keys'
+    names; with `pools` (a queryset of Pool), only their assignments'
+    attempts: a pool operator sees a request that crossed into another pool, never what that pool's
+    attempts cost. Those are exactly the attempts of the request list's scope that its pages show an
+    operator (`RequestRecordAdmin.scope`: a request is theirs when it reached their pools)."""
     today = now.astimezone(UTC).date()
     days = tuple(today - timedelta(days=DAYS - 1 - i) for i in range(DAYS))
     # A day after today (a request started in the future of `now`: clock skew between nodes) is left out.
     totals = DailySpend.objects.filter(day__gte=days[0], day__lte=today)
     if pools is not None:
         totals = totals.filter(assignment_id__in=Assignment.objects.filter(pool__in=pools).values("pk"))
-    rows = (
-        totals.annotate(key_name=Subquery(GatewayKey.objects.filter(pk=OuterRef("key_id")).values("name")))
-        .values("day", "key_name", "model")
-        .annotate(
-            cost=Sum("cost_micros"),
-            attempts=Sum("attempts"),
-            unpriced=Sum("unpriced"),
-            tokens=Sum("input_tokens"),
-            cached=Sum("cached_read_tokens"),
-        )
-        .order_by()
-    )
+    sums = {
+        "cost": Sum("cost_micros"),
+        "attempts": Sum("attempts"),
+        "unpriced": Sum("unpriced"),
+        "tokens": Sum("input_tokens"),
+        "cached": Sum("cached_read_tokens"),
+    }
+    per_key = list(totals.values("day", "key_id").annotate(**sums).order_by())
+    per_model = list(totals.values("day", "model").annotate(**sums).order_by())
+    ids = {row["key_id"] for row in per_key}
+    # A key deleted since (or none, id 0) has no name: "(no key)", as the request list shows it.
+    names = dict(GatewayKey.objects.filter(pk__in=ids).values_list("pk", "name")) if ids else {}
     by_key: dict[str, dict[date, list[int]]] = defaultdict(dict)
     by_model: dict[str, dict[date, list[int]]] = defaultdict(dict)
+    for cells, rows, name in (
+        (by_key, per_key, lambda row: names.get(row["key_id"], NO_KEY)),
+        (by_model, per_model, lambda row: row["model"]),
+    ):
+        for row in rows:
+            cell = cells[name(row)].setdefault(row["day"], [0] * len(sums))
+            for i, field in enumerate(sums):
+                cell[i] += int(row[field])
     daily = dict.fromkeys(days, 0)
     unpriced = 0
-    for row in rows:
-        day = row["day"]
-        counts = (
-            int(row["cost"]),
-            int(row["attempts"]),
-            int(row["unpriced"]),
-            int(row["tokens"]),
-            int(row["cached"]),
-        )
-        daily[day] += counts[0]
-        unpriced += counts[2]
-        for cells, name in ((by_key, row["key_name"] or NO_KEY), (by_model, row["model"])):
-            cell = cells[name].setdefault(day, [0] * len(counts))
-            for i, count in enumerate(counts):
-                cell[i] += count
+    for row in per_model:  # every attempt is in one model's row (and in one key's)
+        daily[row["day"]] += int(row["cost"])
+        unpriced += int(row["unpriced"])
     total = sum(daily.values())
     breakdowns = []
     for what, cells in (("key", by_key), ("model", by_model)):
