@@ -280,11 +280,11 @@ def streams_curve(raw: dict[str, Any]) -> Curve:
     why = [", ".join(e or []) for e in side("gateway", "refused_examples")]
     rows = [
         (STREAM_CPU_ROW, beside(cpu, 1)),
-        (
-            "&nbsp;&nbsp;the gateway's CPU in the window (share of one core)",
-            beside(side("gateway", "cpu_busy"), 2),
-        ),
         ("&nbsp;&nbsp;not subtracted (us)", beside(side("gateway", "cpu_us_per_event_raw"), 1)),
+        (
+            "the gateway's CPU in the window (share of one core)",
+            [fmt(v) for v in side("gateway", "cpu_busy")],
+        ),
         ("gateway memory per open stream (KiB)", beside(rss, 1)),
         ("added latency per event p50 (ms)", beside(added50, 3)),
         ("added latency per event p99 (ms)", beside(added99, 3)),
