@@ -128,8 +128,9 @@ class DailySpend(models.Model):
     when it deletes records (spend history outlives the request history) and deletes the days the
     page no longer shows.
 
-    `key_id` and `assignment_id` are plain ids, 0 for none: a key or assignment deleted since reads as
-    one (the page resolves names and pools when it reads, as the request list does)."""
+    `key_id` and `assignment_id` are plain ids, 0 for none (a unique key over NULLs would not match in
+    the upsert). Names and pools are resolved when the page reads, as the request list resolves them: a
+    key deleted since reads "(no key)", an assignment deleted since is in no operator's pool."""
 
     day = models.DateField()
     key_id = models.BigIntegerField(help_text="The request's gateway key; 0: none.")
