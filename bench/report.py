@@ -20,9 +20,9 @@ from bench.figures import (
     ws_memory_figure,
     ws_report,
 )
+from bench.pool import report as pool_report
 from bench.scale import report as scale_report
 from bench.targets import (
-    POOL_MD,
     RESULTS_MD,
     SLOW_DELAY_MS,
     Scenario,
@@ -160,12 +160,11 @@ def build_report(
         f"- Runs: {ctx['reps']} repetitions x {ctx['duration']:g} s per target and scenario after a "
         f"{ctx['warmup']:g} s warm-up; the tables show the median of the repetitions."
     )
-    L.append("")
-    L.append("Targets:")
-    L.append("")
-    for t in targets:
-        status = f"unavailable: {t.unavailable}" if t.unavailable else t.base_url
-        L.append(f"- **{t.label}**: {status}")
+    # One line (bench/results.md stays under 200 lines, issue 46): their addresses were this run's ports.
+    listed = ", ".join(
+        f"{t.label}" + (f" (unavailable: {t.unavailable})" if t.unavailable else "") for t in targets
+    )
+    L.append(f"- Targets: {listed}")
     L.append("")
 
     # --- targets table
@@ -263,9 +262,7 @@ def build_report(
         "(the last `make soak`)."
     )
     L.append("")
-    if POOL_MD.exists():
-        L.append(POOL_MD.read_text().strip())
-        L.append("")
+    L.extend(pool_report.kept(RESULTS_MD))  # `make bench-pool`'s summary, as it was
     L.extend(scale_report.kept(RESULTS_MD))  # `make bench-scale`'s section, between its markers, as it was
 
     # --- latency

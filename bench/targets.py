@@ -38,6 +38,7 @@ RESULTS_MD = BENCH / "results.md"
 PROFILE_MD = BENCH / "profile.md"
 SOAK_MD = BENCH / "soak.md"  # written by the last full `make soak`
 POOL_MD = BENCH / "pool.md"  # written by the last `make bench-pool`
+SCALE_MD = BENCH / "scale.md"  # written by the last `make bench-scale`
 
 DEFAULT_UPSTREAM_PORTS = (19101, 19102)  # as written in bench/gateway_config.yaml
 GATEWAY_KEY = "sk-gw-bench-0000000000000000"

@@ -101,17 +101,37 @@ def test_the_pace_stays_under_the_steady_accounts_capacity():
 
 
 @pytest.mark.parametrize("present", [True, False])
-def test_the_section_replaces_its_own_in_results_md_or_goes_before_the_latency_tables(
+def test_the_summary_replaces_its_own_in_results_md_or_goes_before_the_latency_tables(
     tmp_path, monkeypatch, present
 ):
+    """bench/pool.md gets every figure, bench/results.md the summary, in the place of the old one and
+    never over `make bench-scale`'s marker that follows it."""
     results = tmp_path / "results.md"
     old = "## Pool (make bench-pool)\n\nold figures\n\n" if present else ""
-    results.write_text(f"# Benchmark results\n\n## Soak\n\nsoak\n\n{old}## Added latency\n\ntable\n")
+    scale = "<!-- bench-scale:begin -->\n## Scale (make bench-scale)\n\nrows\n<!-- bench-scale:end -->\n\n"
+    results.write_text(f"# Benchmark results\n\n## Soak\n\nsoak\n\n{old}{scale}## Added latency\n\ntable\n")
     monkeypatch.setattr(report, "RESULTS_MD", results)
     monkeypatch.setattr(report, "POOL_MD", tmp_path / "pool.md")
-    report.write("## Pool (make bench-pool)\n\nnew figures\n")
+    report.write("## Pool (make bench-pool)\n\nevery figure\n", "## Pool (make bench-pool)\n\nverdicts\n")
     text = results.read_text()
-    assert "old figures" not in text
-    assert text.index("## Soak") < text.index("new figures") < text.index("## Added latency")
+    assert "old figures" not in text and "every figure" not in text
+    assert text.index("## Soak") < text.index("verdicts") < text.index("<!-- bench-scale:begin -->")
+    assert text.index("<!-- bench-scale:end -->") < text.index("## Added latency")
     assert text.count("## Pool") == 1
-    assert (tmp_path / "pool.md").read_text() == "## Pool (make bench-pool)\n\nnew figures\n"
+    assert (tmp_path / "pool.md").read_text() == "## Pool (make bench-pool)\n\nevery figure\n"
+    assert report.kept(results) == ["## Pool (make bench-pool)\n\nverdicts", ""]  # what `make bench` carries
+
+
+def test_the_summary_counts_each_sides_verdicts_and_names_the_missed_ones(monkeypatch):
+    canned = [
+        ("turns sent (answered 200)", "", ["10 (10)", "10 (9)"]),
+        ("client-visible 429", "0", ["**met**: 0", "**MISSED**: 3"]),
+        ("affinity hit rate", ">= 95 %", ["**met**: 99%", "**MISSED**: 90%"]),
+        ("heal", "<= 5 s", ["**met**: 1 s", "**met**: 2 s"]),
+    ]
+    monkeypatch.setattr(report, "rows", lambda ctx, phases: canned)
+    text = report.summary({"date": "2026-12-05 19:00 UTC", "commit": "abc1234"}, {})
+    assert text.startswith("## Pool (make bench-pool)\n\n")
+    assert "features on: 3 of 3 targets met;" in text
+    assert "features off: 1 of 3 targets met (missed: client-visible 429; affinity hit rate)." in text
+    assert "[bench/pool.md](pool.md)" in text and len(text.splitlines()) == 3

@@ -5,11 +5,12 @@ import asyncio
 
 import pytest
 from django.db import connection
+from django.db.models import Sum
 
 from bench.scale import figures, report, seed
 from bench.scale.streams import run_streams, summary
 from devkit.harness import HOST, PYTHON, Processes, free_port
-from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.models import Attempt, DailySpend, RequestRecord
 from tests.factories import AssignmentFactory, CatalogEntryFactory, PoolFactory
 
 
@@ -78,6 +79,45 @@ def test_make_bench_keeps_the_section_as_it_was(tmp_path):
     assert report.kept(results) == [section, ""]
 
 
+def test_every_curve_goes_whole_to_scale_md_and_one_row_each_to_results_md(tmp_path, monkeypatch):
+    """bench/scale.md holds each curve's table and verdicts; bench/results.md, between its markers, one
+    row per curve: its headline figure at the smallest and the largest size, its targets met, the
+    missed ones by name, a link to the curve's section."""
+    results_md, scale_md = tmp_path / "results.md", tmp_path / "scale.md"
+    results_md.write_text(f"# Benchmark results\n\n{report.BEGIN}\nold\n{report.END}\n\n## Added latency\n")
+    monkeypatch.setattr(report, "RESULTS_MD", results_md)
+    monkeypatch.setattr(report, "SCALE_MD", scale_md)
+    monkeypatch.setattr(report, "PLOTS", tmp_path / "plots")
+    history = {
+        "sizes": [0, 10_000_000],
+        "load": {},
+        "probes": {
+            "0": {"spend": {"ms": 39, "queries": 4}},
+            "10000000": {"spend": {"ms": 900, "queries": 4}},
+        },
+    }
+    context = {
+        "date": "2026-12-05 19:00 UTC",
+        "commit": "abc1234",
+        "machine": "2 CPUs",
+        "load_start": [0, 0, 0],
+    }
+    raw = {"context": context, "curves": {"keys": keys_raw(big_cpu=0.86), "history": history}}
+    assert report.write(raw, False, tmp_path) == scale_md
+    whole = scale_md.read_text()
+    assert "### Keys" in whole and "### History" in whole and "| keys | 10 keys | 100,000 keys |" in whole
+    assert "| spend page at 10,000,000 records | under 500 ms | **MISSED**: 900 ms |" in whole
+    text = results_md.read_text()
+    section = text[text.index(report.BEGIN) : text.index(report.END)]
+    assert "old" not in section and "### Keys" not in section and text.endswith("## Added latency\n")
+    keys_row, history_row = (line for line in section.splitlines() if line.startswith("| ["))
+    assert keys_row.startswith("| [Keys](scale.md#keys) | CPU per request, c=16: gateway + PostgreSQL (ms) |")
+    assert "| 1.000 at 10 keys | 1.060 (+6.0 %) at 100,000 keys | 1 of 2 |" in keys_row
+    assert "CPU per request at 100,000 keys: +6.0 %" in keys_row
+    assert "| 39; 4 at 0 records | 900 (+2207.7 %); 4 at 10,000,000 records | 0 of 6 |" in history_row
+    assert "spend page at 10,000,000 records: 900 ms" in history_row
+
+
 @pytest.mark.django_db
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the bulk ledger is PostgreSQL's SQL")
 def test_the_bulk_ledger_spreads_its_records_over_the_days_and_the_probe_times_each_page():
@@ -94,6 +134,10 @@ def test_the_bulk_ledger_spreads_its_records_over_the_days_and_the_probe_times_e
     )
     assert 1.9 * 86400 < (last - first).total_seconds() <= 2 * 86400
     assert RequestRecord.objects.values("key").distinct().count() == 20
+    # The spend page's daily totals, built from the bulk ledger as the ledger writer would have kept them.
+    assert DailySpend.objects.aggregate(n=Sum("attempts"))["n"] == 2100
+    cost = Sum("cost_micros")
+    assert DailySpend.objects.aggregate(c=cost)["c"] == Attempt.objects.aggregate(c=cost)["c"] > 0
 
     from bench.scale.probe import probe_admin
 

@@ -1,8 +1,10 @@
-"""`make bench-pool`'s report: bench/pool.md, and the same section in bench/results.md.
+"""`make bench-pool`'s report: bench/pool.md, and its summary in bench/results.md.
 
-`make bench` rewrites bench/results.md and includes bench/pool.md as it is (bench/report.py), as it does
-bench/soak.md; `make bench-pool` writes bench/pool.md and replaces its section of bench/results.md, so
-that the report shows the pool's figures without a rerun of the benchmark.
+`make bench-pool` writes bench/pool.md (every figure and its target) and replaces its section of
+bench/results.md with a summary (the targets met with the pool features on and off, the missed ones by
+name, a link to bench/pool.md), so that bench/results.md shows the pool's verdicts without a rerun of
+the benchmark and stays short (issue 46: under 200 lines). `make bench` rewrites bench/results.md and
+carries that section over as it is (`kept`, bench/report.py).
 """
 
 from __future__ import annotations
@@ -258,18 +260,50 @@ def render(ctx: dict[str, Any], phases: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(section: str) -> None:
-    """bench/pool.md, and the same section in bench/results.md (replaced, else added before the
-    latency tables)."""
+def summary(ctx: dict[str, Any], phases: dict[str, dict[str, Any]]) -> str:
+    """bench/results.md's section: the verdicts of each side, the missed ones by name."""
+    judged = [(name, cells) for name, target, cells in rows(ctx, phases) if target]
+    sides = []
+    for side, at in (("on", 0), ("off", 1)):
+        missed = [name for name, cells in judged if cells[at].startswith("**MISSED**")]
+        met = sum(cells[at].startswith("**met**") for _, cells in judged)
+        sides.append(
+            f"features {side}: {met} of {len(judged)} targets met"
+            + (f" (missed: {'; '.join(missed)})" if missed else "")
+        )
+    return (
+        f"{HEADING}\n\n`make bench-pool` on {ctx['date']}, commit {ctx['commit']}: {sides[0]}; {sides[1]}. "
+        f"Every figure and its target: [bench/pool.md]({POOL_MD.name}).\n"
+    )
+
+
+def _section(results: str) -> tuple[int, int]:
+    """Where the section is in bench/results.md's text, from its heading to the next heading or marker
+    (`make bench-scale`'s begins with one); (-1, -1) when it is not there."""
+    start = results.find(f"\n{HEADING}\n")
+    if start < 0:
+        return -1, -1
+    ends = [at for at in (results.find("\n## ", start + 1), results.find("\n<!--", start + 1)) if at >= 0]
+    return start, min(ends, default=len(results))
+
+
+def kept(results_md: Path) -> list[str]:
+    """The section as `results_md` holds it (none: []): what `make bench`'s rewrite carries over."""
+    text = results_md.read_text() if results_md.exists() else ""
+    start, end = _section(text)
+    return [text[start:end].strip(), ""] if start >= 0 else []
+
+
+def write(section: str, short: str) -> None:
+    """bench/pool.md (`section`), and `short` as its section of bench/results.md (replaced, else added
+    before `make bench-scale`'s section or the latency tables)."""
     POOL_MD.write_text(section)
     if not RESULTS_MD.exists():
         return
     results = RESULTS_MD.read_text()
-    start = results.find(f"\n{HEADING}\n")
-    if start >= 0:
-        end = results.find("\n## ", start + 1)
-        tail = results[end:] if end >= 0 else "\n"
-    else:
-        start = results.find("\n## Added latency")
-        start, tail = (start, results[start:]) if start >= 0 else (len(results.rstrip()), "\n")
-    RESULTS_MD.write_text(results[:start] + "\n" + section.strip() + "\n" + tail)
+    start, end = _section(results)
+    if start < 0:  # before `make bench-scale`'s section, else before the latency tables, else at the end
+        found = [at for at in (results.find("\n<!--"), results.find("\n## Added latency")) if at >= 0]
+        start = end = min(found, default=len(results.rstrip()))
+    tail = results[end:] or "\n"
+    RESULTS_MD.write_text(results[:start] + "\n" + short.strip() + "\n" + tail)

@@ -15,7 +15,7 @@ Each phase resets the accounts (limits full, caches empty, outage schedules from
 for the phase's duration, waits for the last answers, then reads the accounts' records and the CPU
 the gateway's processes and their PostgreSQL backends spent (/proc, as `make bench` does).
 
-Writes bench/pool.md and its section of bench/results.md (bench/pool/report.py); logs and raw
+Writes bench/pool.md and its summary in bench/results.md (bench/pool/report.py); logs and raw
 figures in bench/out/pool/.
 """
 
@@ -312,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     procs.stop_all()
     context["elapsed_s"] = round(time.monotonic() - started)
     (OUT / "results.json").write_text(json.dumps({"context": context, "phases": phases}, indent=2) + "\n")
-    report.write(report.render(context, phases))
-    log(f"wrote bench/pool.md and its section of bench/results.md in {context['elapsed_s']} s")
+    report.write(report.render(context, phases), report.summary(context, phases))
+    log(f"wrote bench/pool.md and its summary in bench/results.md in {context['elapsed_s']} s")
     return 0
 
 

@@ -26,6 +26,7 @@ class Curve:
     limit: float | None = None  # a horizontal line on the plot
     log_y: bool = False  # figures of different magnitudes on one plot
     ticks: list[str] | None = None  # the sizes as the plot's axis reads them (short)
+    headline: str = ""  # the label of the row bench/results.md's summary shows, smallest and largest size
 
 
 def short(n: int) -> str:
@@ -96,10 +97,13 @@ def request_path(load: dict[str, Any], names: list[str]) -> dict[str, list[float
     }
 
 
+CPU_ROW = "CPU per request, c=16: gateway + PostgreSQL (ms)"
+
+
 def request_rows(path: dict[str, list[float | None]]) -> list[tuple[str, list[str]]]:
     return [
         ("added latency p50, c=1 (ms)", beside(path["added_p50"], 3)),
-        ("CPU per request, c=16: gateway + PostgreSQL (ms)", beside(path["cpu"], 3)),
+        (CPU_ROW, beside(path["cpu"], 3)),
         ("&nbsp;&nbsp;gateway processes (ms)", beside(path["cpu_gateway"], 3)),
         ("&nbsp;&nbsp;PostgreSQL backends (ms)", beside(path["cpu_db"], 3)),
         ("throughput, c=16 (req/s)", beside(path["rps"], 0)),
@@ -127,6 +131,7 @@ def keys_curve(raw: dict[str, Any]) -> Curve:
         [float(n) for n in sizes],
         "ms",
         ticks=[short(n) for n in sizes],
+        headline=CPU_ROW,
     )
 
 
@@ -198,6 +203,7 @@ def accounts_curve(raw: dict[str, Any]) -> Curve:
         [float(n) for n in sizes],
         "ms",
         ticks=[short(n) for n in sizes],
+        headline=CPU_ROW,
     )
 
 
@@ -251,7 +257,11 @@ def history_curve(raw: dict[str, Any]) -> Curve:
         PAGE_LIMIT_MS,
         log_y=True,
         ticks=[short(n) for n in sizes],
+        headline="spend page (ms; queries)",
     )
+
+
+STREAM_CPU_ROW = "gateway CPU per relayed event, its idle CPU subtracted (us)"
 
 
 def streams_curve(raw: dict[str, Any]) -> Curve:
@@ -269,8 +279,12 @@ def streams_curve(raw: dict[str, Any]) -> Curve:
     refused = [r or 0 for r in side("gateway", "refused")]
     why = [", ".join(e or []) for e in side("gateway", "refused_examples")]
     rows = [
-        ("gateway CPU per relayed event, its idle CPU subtracted (us)", beside(cpu, 1)),
+        (STREAM_CPU_ROW, beside(cpu, 1)),
         ("&nbsp;&nbsp;not subtracted (us)", beside(side("gateway", "cpu_us_per_event_raw"), 1)),
+        (
+            "the gateway's CPU in the window (share of one core)",
+            [fmt(v) for v in side("gateway", "cpu_busy")],
+        ),
         ("gateway memory per open stream (KiB)", beside(rss, 1)),
         ("added latency per event p50 (ms)", beside(added50, 3)),
         ("added latency per event p99 (ms)", beside(added99, 3)),
@@ -328,6 +342,7 @@ def streams_curve(raw: dict[str, Any]) -> Curve:
         "us / KiB",
         log_y=True,
         ticks=[short(n) for n in sizes],
+        headline=STREAM_CPU_ROW,
     )
 
 

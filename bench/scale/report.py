@@ -1,10 +1,14 @@
-"""`make bench-scale`'s section of bench/results.md: per curve a table (each size's figure beside the
-smallest size's), the verdicts against issue 49's targets and a plot (bench/scale/plots/*.png, matplotlib).
+"""`make bench-scale`'s report: bench/scale.md, per curve a table (each size's figure beside the smallest
+size's), the verdicts against issue 49's targets and a plot (bench/scale/plots/*.png, matplotlib), then
+the profiles of the missed targets (bench/scale/profile.md); and its summary in bench/results.md, one
+row per curve (its headline figure at the smallest and the largest size, its targets met, the missed
+ones by name), linking each to its section of bench/scale.md. bench/results.md stays short enough to
+read (issue 46: under 200 lines); the curves are read where they are whole.
 
-The section sits between BEGIN and END in bench/results.md: this replaces what is between them (or adds
+The summary sits between BEGIN and END in bench/results.md: this replaces what is between them (or adds
 them before the latency tables), and `make bench`'s rewrite of the file carries them over as they are.
-A `--quick` run writes its section to bench/out/scale/section.md (and its plots beside it) instead: a
-smoke run's figures are not the targets' sizes.
+A `--quick` run writes the whole report to bench/out/scale/section.md (and its plots beside it) instead:
+a smoke run's figures are not the targets' sizes.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from bench.scale import figures
 from bench.scale.figures import Curve, fmt
-from bench.targets import RESULTS_MD, git_commit
+from bench.targets import RESULTS_MD, SCALE_MD, git_commit
 
 PLOTS = Path(__file__).resolve().parent / "plots"
 PROFILE = Path(__file__).resolve().parent / "profile.md"  # kept by hand: why each missed target is missed
@@ -100,7 +104,7 @@ def plot(curve: Curve, where: Path) -> str | None:
     path = where / f"{curve.name}.png"
     fig.savefig(path)
     plt.close(fig)
-    return os.path.relpath(path, RESULTS_MD.parent)
+    return os.path.relpath(path, SCALE_MD.parent)
 
 
 def workers_lines(raw: dict[str, Any]) -> list[str]:
@@ -144,11 +148,10 @@ def workers_lines(raw: dict[str, Any]) -> list[str]:
 
 
 def render(results: dict[str, Any], quick: bool, plots: Path | None = None) -> str:
-    """The section; with `plots`, each curve's plot drawn there and shown."""
+    """The whole report (bench/scale.md); with `plots`, each curve's plot drawn there and shown."""
     c = results["context"]
     load_end = c.get("load_end")
     lines = [
-        BEGIN,
         HEADING,
         "",
         f"Written by `make bench-scale` (bench/scale/run.py) on {c['date']}, commit {c['commit']}, in "
@@ -176,7 +179,33 @@ def render(results: dict[str, Any], quick: bool, plots: Path | None = None) -> s
     if "workers" in results["curves"]:
         lines += ["### Workers", "", *workers_lines(results["curves"]["workers"]), ""]
     if PROFILE.exists():
-        lines += [PROFILE.read_text().strip(), ""]
+        lines += [PROFILE.read_text().strip()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def anchor(title: str) -> str:
+    """The fragment GitHub gives a heading: lower case, spaces as hyphens, punctuation dropped."""
+    return "".join(ch for ch in title.lower().replace(" ", "-") if ch.isalnum() or ch in "-_")
+
+
+def summary(results: dict[str, Any]) -> str:
+    """bench/results.md's section: one row per curve, linked to its section of bench/scale.md."""
+    lines = [
+        BEGIN,
+        HEADING,
+        "",
+        "| curve (whole: bench/scale.md) | figure | smallest size | largest size | targets met | missed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for curve in curves(results):
+        cells = dict(curve.rows).get(curve.headline, ["n/a"])
+        met = sum(v[2] is True for v in curve.verdicts)
+        missed = "; ".join(f"{what}: {said}" for what, _, ok, said in curve.verdicts if ok is False) or "none"
+        lines.append(
+            f"| [{curve.title}]({SCALE_MD.name}#{anchor(curve.title)}) | {curve.headline} "
+            f"| {cells[0]} at {curve.sizes[0]} | {cells[-1]} at {curve.sizes[-1]} "
+            f"| {met} of {len(curve.verdicts)} | {missed} |"
+        )
     lines.append(END)
     return "\n".join(lines) + "\n"
 
@@ -202,11 +231,12 @@ def kept(results_md: Path) -> list[str]:
 
 
 def write(results: dict[str, Any], quick: bool, out: Path) -> Path:
-    """Where the section went: bench/results.md, or `out`/section.md for a quick run."""
+    """Where the report went: bench/scale.md (its summary in bench/results.md), or `out`/section.md for a
+    quick run."""
     if quick:
         (out / "section.md").write_text(render(results, quick, out / "plots"))
         return out / "section.md"
-    section = render(results, quick, PLOTS)
+    SCALE_MD.write_text(render(results, quick, PLOTS))
     text = RESULTS_MD.read_text() if RESULTS_MD.exists() else "# Benchmark results\n"
-    RESULTS_MD.write_text(place(text, section))
-    return RESULTS_MD
+    RESULTS_MD.write_text(place(text, summary(results)))
+    return SCALE_MD

@@ -309,6 +309,7 @@ async def one_level(run: Run, target: Target, count: int, seconds: float) -> dic
         spent = readings["cpu1"] - readings["cpu0"]
         net = spent - readings["idle_cpu_per_s"] * (window[1] - window[0])
         seen = result["events_in_window"]
+        result["cpu_busy"] = spent / (window[1] - window[0])  # of one core: 1.0 is a saturated worker
         result["cpu_us_per_event_raw"] = spent * 1e6 / seen if seen else None
         result["cpu_us_per_event"] = net * 1e6 / seen if seen else None
         result["rss_per_stream_kib"] = (readings["rss_mid_kib"] - readings["rss_before_kib"]) / count

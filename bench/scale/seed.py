@@ -10,7 +10,10 @@ the gateway's environment.
 - `ledger N --days D`: N request records spread evenly over the last D days up to now, over the keys and
   the catalog's routes that exist, one attempt each and a handed-off second one for every twentieth
   (INSERT ... SELECT generate_series in chunks: PostgreSQL writes them at its own speed, no Python per
-  row), then VACUUM ANALYZE, as a database that has lived through them would have its statistics.
+  row); then the spend page's daily totals (proxy.ledger.models.DailySpend) built from them by their
+  migration's backfill (proxy migrated back before it and forward again),
+  as the ledger writer would have kept them;
+  then VACUUM ANALYZE, as a database that has lived through them would have its statistics.
 """
 
 from __future__ import annotations
@@ -132,12 +135,13 @@ def seed_ledger(rows: int, days: float, log=print, vacuum: bool = True) -> dict[
     `vacuum`: then VACUUM ANALYZE both tables (outside any transaction)."""
     from datetime import timedelta
 
+    from django.core.management import call_command
     from django.db import connection
     from django.utils import timezone
 
     from catalog.models import CatalogEntry
     from pools.models import GatewayKey
-    from proxy.ledger.models import Attempt, RequestRecord
+    from proxy.ledger.models import Attempt, DailySpend, RequestRecord
 
     keys = list(GatewayKey.objects.order_by("pk").values_list("pk", flat=True)[:1000])
     routes = list(
@@ -171,12 +175,17 @@ def seed_ledger(rows: int, days: float, log=print, vacuum: bool = True) -> dict[
             params = {"assignments": assignments, "lo": lo, "hi": lo + CHUNK - 1}
             cursor.execute(ATTEMPTS_SQL.format(**tables), params)
         took["attempts_s"] = time.monotonic() - started
+    started = time.monotonic()
+    call_command("migrate", "proxy", "0005", verbosity=0)
+    call_command("migrate", "proxy", verbosity=0)
+    took["daily_spend_backfill_s"] = time.monotonic() - started
     if not vacuum:
         return took
     started = time.monotonic()
     with connection.cursor() as cursor:  # outside a transaction: VACUUM refuses to run in one
         cursor.execute(f"VACUUM ANALYZE {tables['records']}")
         cursor.execute(f"VACUUM ANALYZE {tables['attempts']}")
+        cursor.execute(f"VACUUM ANALYZE {DailySpend._meta.db_table}")
     took["vacuum_s"] = time.monotonic() - started
     return took
 

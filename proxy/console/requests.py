@@ -29,8 +29,7 @@ from django.utils.functional import cached_property
 
 from catalog.models import CatalogEntry
 from pools.selectors import keys_visible_to, pools_visible_to
-from proxy.console.spend import cost_is_unknown
-from proxy.ledger.models import Attempt, AttemptStatus, DispatchState
+from proxy.ledger.models import Attempt, AttemptStatus, DispatchState, cost_is_unknown
 from routing.policy.errors import ErrorCode
 from routing.policy.pricing import dollars
 from routing.policy.vocabulary import ClientRoute, FailureClass, Outcome
@@ -100,7 +99,7 @@ def tokens_total(record) -> str:
 
 def cost_total(record) -> str:
     """What the record's attempts (those the user may see) cost: `$0.0123`; `unknown` when an attempt
-    that was charged has no price (`proxy.console.spend.UNKNOWN_COST`), `$0.0123 + unknown` beside known
+    that was charged has no price (`proxy.ledger.models.cost_is_unknown`), `$0.0123 + unknown` beside known
     costs;
     `-` when nothing was charged."""
     attempts = dispatched(record)

@@ -102,3 +102,52 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id}#{self.ordinal} {self.status}"
+
+
+def cost_is_unknown(attempt) -> bool:
+    """An attempt (a stored one, or the writer's `AttemptLog`) with no cost recorded although something
+    was (or may have been) charged: it answered or was cancelled mid-way, or it reported usage. A failed
+    attempt without usage had nothing to charge, so its missing cost is not "unknown". Counted apart on
+    the spend page as "unpriced", never as $0."""
+    if attempt.cost_micros is not None:
+        return False
+    charged = attempt.status in (AttemptStatus.SUCCEEDED, AttemptStatus.CANCELLED)
+    return charged or attempt.input_tokens is not None or attempt.output_tokens is not None
+
+
+# The daily totals' largest figure (a PostgreSQL bigint): a sum that would pass it stays at it.
+MAX_TOTAL = 2**63 - 1
+
+
+class DailySpend(models.Model):
+    """The spend page's daily totals (issue 49): per UTC day of the request's start, key, assignment
+    and model, the sums of the dispatched attempts (every status but ineligible) that /admin/spend/
+    shows, so that it reads 30 x keys x routes rows whatever the ledger's size. Added to by the ledger
+    writer in each batch's own transaction (`proxy.ledger.services.request_records_write`, one upsert), so the
+    totals are the stored attempts' sums at every commit, today's included. `prune_ledger` keeps them
+    when it deletes records (spend history outlives the request history) and deletes the days the
+    page no longer shows.
+
+    `key_id` and `assignment_id` are plain ids, 0 for none (a unique key over NULLs would not match in
+    the upsert). Names and pools are resolved when the page reads, as the request list resolves them: a
+    key deleted since reads "(no key)", an assignment deleted since is in no operator's pool."""
+
+    day = models.DateField()
+    key_id = models.BigIntegerField(help_text="The request's gateway key; 0: none.")
+    assignment_id = models.BigIntegerField(help_text="The attempt's assignment; 0: none.")
+    model = models.CharField(max_length=200)
+    cost_micros = models.BigIntegerField(default=0, help_text="Known costs only.")
+    attempts = models.BigIntegerField(default=0)
+    unpriced = models.BigIntegerField(default=0, help_text="Attempts charged at an unknown price.")
+    input_tokens = models.BigIntegerField(default=0)
+    cached_read_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "key_id", "assignment_id", "model"], name="dailyspend_unique_cell"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} key {self.key_id} assignment {self.assignment_id} {self.model}"

@@ -1,22 +1,23 @@
 """Ledger writes (SPEC §7.3)."""
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from django.db import connection, transaction
 from django.db.models import Model
 
 from pools.services import budget_holds_take, key_budget_settle
 from proxy.ledger.exchange import AttemptLog, Exchange
-from proxy.ledger.models import Attempt, RequestRecord
-from routing.policy.vocabulary import Outcome
+from proxy.ledger.models import MAX_TOTAL, Attempt, DailySpend, RequestRecord, cost_is_unknown
+from routing.policy.vocabulary import AttemptStatus, Outcome
 from runtime import rawsql
 
 
 @transaction.atomic
 def request_records_write(*, exchanges: list[Exchange], idempotent: bool = False) -> None:
-    """One transaction for a batch: the records, all their attempts in one INSERT, and what each key
-    spent (known costs only: an unknown price is never counted as zero, nor as anything).
+    """One transaction for a batch: the records, all their attempts in one INSERT, their daily spend
+    totals in one upsert (`_daily_spend_add`), and what each key spent (known costs only: an unknown
+    price is never counted as zero, nor as anything).
     `idempotent` (a spool replay): records whose request id is already stored are skipped, with their
     attempts and their spend, so a record is never written or charged twice; a hold such a request
     still has (a reservation granted after its record was settled, whose give-back failed) is
@@ -32,7 +33,55 @@ def request_records_write(*, exchanges: list[Exchange], idempotent: bool = False
     _insert(
         Attempt, _ATTEMPT_COLUMNS, [_attempt(ids[x.request_id], x, a) for x in exchanges for a in x.attempts]
     )
+    _daily_spend_add(exchanges)
     exchanges_settle(exchanges=exchanges, recorded=recorded)
+
+
+_CELL = ("day", "key_id", "assignment_id", "model")
+_TOTALS = ("cost_micros", "attempts", "unpriced", "input_tokens", "cached_read_tokens")
+
+
+def _daily_spend_add(exchanges: list[Exchange]) -> None:
+    """Add the batch's dispatched attempts to their (UTC day of the request's start, key, assignment,
+    model) totals (proxy.ledger.models.DailySpend): one statement, none for a batch without such an attempt.
+    The cells go in their sort order, so two nodes' batches lock the rows they share in the same order
+    and cannot deadlock (as `exchanges_settle` orders the keys). A total stays at MAX_TOTAL rather than
+    pass it: an absurd figure costs that cell's sum, never the batch's records."""
+    cells: dict[tuple[date, int, int, str], list[int]] = {}
+    for x in exchanges:
+        day = x.started_at.astimezone(UTC).date()
+        for a in x.attempts:
+            if a.status == AttemptStatus.INELIGIBLE:
+                continue
+            cell = cells.setdefault((day, x.key_id or 0, a.assignment_id or 0, a.model[:200]), [0] * 5)
+            cell[0] += a.cost_micros or 0
+            cell[1] += 1
+            cell[2] += cost_is_unknown(a)
+            cell[3] += a.input_tokens or 0
+            cell[4] += a.cached_read_tokens or 0
+    if not cells:
+        return
+    qn = connection.ops.quote_name
+    table = qn(DailySpend._meta.db_table)
+    if connection.vendor == "postgresql":
+        added = "LEAST({t}.{c}::numeric + EXCLUDED.{c}, {most})::bigint"
+    else:  # SQLite: an integer sum that overflows becomes a REAL, which MIN compares with the bound
+        added = "MIN({t}.{c} + excluded.{c}, {most})"
+    updates = ", ".join(f"{qn(c)} = " + added.format(t=table, c=qn(c), most=MAX_TOTAL) for c in _TOTALS)
+    head = f"INSERT INTO {table} ({', '.join(map(qn, _CELL + _TOTALS))}) VALUES "  # noqa: S608 - the model's names
+    tail = f" ON CONFLICT ({', '.join(map(qn, _CELL))}) DO UPDATE SET {updates}"
+    row = f"({rawsql.placeholders(len(_CELL) + len(_TOTALS))})"
+    adapt = connection.ops.adapt_datefield_value
+    ordered = [
+        ((adapt(day), *rest), [min(t, MAX_TOTAL) for t in totals])
+        for (day, *rest), totals in sorted(cells.items())
+    ]
+    step = _PARAMS // (len(_CELL) + len(_TOTALS))
+    with connection.cursor() as cursor:
+        for start in range(0, len(ordered), step):
+            chunk = ordered[start : start + step]
+            params = [v for cell, totals in chunk for v in (*cell, *totals)]
+            cursor.execute(head + ", ".join([row] * len(chunk)) + tail, params)
 
 
 # A batch's rows go in one hand-written statement per table (runtime.rawsql): bulk_create's compilation
@@ -261,11 +310,20 @@ def request_records_prune(*, before: datetime, limit: int = PRUNE_BATCH) -> int:
     """Delete up to `limit` request records started before `before`, with their attempts; returns how
     many records. Bounded so that no statement holds the ledger tables for long while the writer keeps
     inserting; `manage.py prune_ledger` calls it until nothing is left. Spend already counted on the
-    keys is not touched: a budget does not grow back when its history is pruned."""
+    keys is not touched: a budget does not grow back when its history is pruned. Nor are the daily
+    spend totals (`DailySpend`): the spend page keeps showing what the deleted records cost, until
+    `daily_spend_prune` drops their day."""
     due = RequestRecord.objects.filter(started_at__lt=before).order_by("started_at")
     old = list(due.values_list("pk", flat=True)[:limit])
     if not old:
         return 0
     Attempt.objects.filter(request_id__in=old).delete()
     deleted, _ = RequestRecord.objects.filter(pk__in=old).delete()
+    return deleted
+
+
+def daily_spend_prune(*, before: date) -> int:
+    """Delete the daily spend totals of days before `before` (the spend page's first day: nothing reads
+    them); how many. One statement: they are at most days x keys x routes rows."""
+    deleted, _ = DailySpend.objects.filter(day__lt=before).delete()
     return deleted

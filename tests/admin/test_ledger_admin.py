@@ -14,7 +14,9 @@ from django.utils import timezone
 from pools.models import Assignment, GatewayKey, Pool
 from proxy.console.requests import LedgerPaginator, timeline
 from proxy.console.spend import DAYS, spend_report
+from proxy.ledger.exchange import AttemptLog, Exchange
 from proxy.ledger.models import Attempt, RequestRecord
+from proxy.ledger.services import request_records_write
 from tests.admin.conftest import make_user
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
@@ -37,9 +39,11 @@ class Ledger:
 
 
 def _record(request_id, key, started, *attempts, outcome="ok", took_ms=None, model="gpt-5", served=None):
-    record = RequestRecord.objects.create(
+    """A request as the ledger writer records it (`request_records_write`: its record, its attempts and
+    the spend page's daily totals, in one transaction)."""
+    exchange = Exchange(
         request_id=request_id,
-        key=key,
+        key_id=key.pk if key is not None else None,
         route="/v1/chat/completions",
         transport="http",
         requested_model=model,
@@ -47,12 +51,19 @@ def _record(request_id, key, started, *attempts, outcome="ok", took_ms=None, mod
         outcome=outcome,
         started_at=started,
         finished_at=None if took_ms is None else started + timedelta(milliseconds=took_ms),
+        attempts=[
+            AttemptLog(
+                ordinal=ordinal,
+                route_class="http",
+                model=attempt.pop("model", model),
+                assignment_id=attempt.pop("assignment").pk,
+                **attempt,
+            )
+            for ordinal, attempt in enumerate(attempts, start=1)
+        ],
     )
-    for ordinal, attempt in enumerate(attempts, start=1):
-        Attempt.objects.create(
-            request=record, ordinal=ordinal, route_class="http", model=attempt.pop("model", model), **attempt
-        )
-    return record
+    request_records_write(exchanges=[exchange])
+    return RequestRecord.objects.get(request_id=request_id)
 
 
 def _ok(assignment, cost, **extra):
@@ -340,7 +351,7 @@ def test_the_timeline_gives_an_ineligible_candidate_a_sliver_and_its_reason_in_w
 def test_spend_adds_known_costs_per_key_and_model_per_utc_day_and_counts_unpriced_apart(ledger):
     _record("req-unpriced", ledger.key_a, ledger.now, _ok(ledger.acct_a, None))  # unknown price
     _record("req-too-old", ledger.key_a, ledger.now - timedelta(days=DAYS), _ok(ledger.acct_a, 10**9))
-    report = spend_report(RequestRecord.objects.all(), now=ledger.now)
+    report = spend_report(now=ledger.now)
     assert len(report.days) == DAYS and report.days[-1] == ledger.now.astimezone(UTC).date()
     keys = {s.name: s for s in report.by_key.all_rows}
     assert keys["team-b-key"].total_micros == 3 * 7_000  # three days, most expensive first
@@ -358,7 +369,7 @@ def test_spend_adds_known_costs_per_key_and_model_per_utc_day_and_counts_unprice
 def test_spend_shows_each_key_and_models_cached_share_of_its_input(admin_client, ledger):
     cached = _ok(ledger.acct_a, 60, input_tokens=130, cached_read_tokens=100, cached_write_tokens=20)
     _record("req-cached", ledger.key_a, ledger.now, cached, model="claude-x")
-    report = spend_report(RequestRecord.objects.all(), now=ledger.now)
+    report = spend_report(now=ledger.now)
     models = {s.name: s for s in report.by_model.all_rows}
     assert (models["claude-x"].input_tokens, models["claude-x"].cached_read_tokens) == (130, 100)
     assert models["claude-x"].cached_text == "100 of 130 input tokens (76%)"
@@ -371,7 +382,7 @@ def test_spend_shows_each_key_and_models_cached_share_of_its_input(admin_client,
 
 
 def test_the_spend_chart_stacks_each_days_series_to_its_total(ledger):
-    report = spend_report(RequestRecord.objects.all(), now=ledger.now)
+    report = spend_report(now=ledger.now)
     rects = [
         r
         for r in report.by_key.chart.rects

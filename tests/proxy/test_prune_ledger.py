@@ -9,9 +9,12 @@ from django.test import override_settings
 from django.utils import timezone
 
 from pools.models import GatewayKey
-from proxy.ledger.models import Attempt, RequestRecord
+from proxy.console.spend import DAYS, spend_report
+from proxy.ledger.exchange import AttemptLog
+from proxy.ledger.models import Attempt, DailySpend, RequestRecord
+from proxy.ledger.services import request_records_write
 from routing.models import Affinity, AffinityKind
-from tests.factories import AssignmentFactory, GatewayKeyFactory
+from tests.factories import AssignmentFactory, GatewayKeyFactory, finished_exchange
 
 pytestmark = pytest.mark.django_db
 
@@ -117,3 +120,37 @@ def test_bad_arguments_are_refused_and_delete_nothing(args):
         _prune(*args)
 
     assert RequestRecord.objects.count() == 1
+
+
+def test_spend_history_outlives_the_records_until_the_spend_page_no_longer_shows_its_day():
+    """The daily spend totals are kept when their records are pruned (the spend page still shows what
+    they cost), and deleted once their day is older than the page's first day."""
+    assignment = AssignmentFactory()
+    now = timezone.now()
+    exchanges = []
+    for name, age in (("shown", timedelta(days=DAYS - 1)), ("older", timedelta(days=DAYS + 1))):
+        exchange = finished_exchange(request_id=name, started_at=now - age)
+        exchange.attempts = [_cost(assignment, 250)]
+        exchanges.append(exchange)
+    request_records_write(exchanges=exchanges)
+
+    out = _prune("--days", "1")
+
+    assert RequestRecord.objects.count() == 0
+    assert list(DailySpend.objects.values_list("day", "cost_micros")) == [
+        ((now - timedelta(days=DAYS - 1)).date(), 250)
+    ]
+    assert spend_report(now=now).total_micros == 250
+    assert "deleted 1 daily spend totals" in out
+
+
+def _cost(assignment, micros):
+    return AttemptLog(
+        ordinal=1,
+        assignment_id=assignment.pk,
+        model="gpt-x",
+        route_class="http",
+        status="succeeded",
+        dispatch_state="completed",
+        cost_micros=micros,
+    )

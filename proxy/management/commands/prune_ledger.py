@@ -4,14 +4,16 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from proxy.ledger.services import PRUNE_BATCH, request_records_prune
+from proxy.console.spend import DAYS
+from proxy.ledger.services import PRUNE_BATCH, daily_spend_prune, request_records_prune
 from routing.services import affinity_prune
 
 
 class Command(BaseCommand):
     help = (
         "Delete request records (with their attempts) older than GATEWAY_LEDGER_RETENTION_DAYS, and every "
-        "expired affinity, in bounded batches. Run it as a periodic job (e.g. daily from cron)."
+        "expired affinity, in bounded batches; the daily spend totals are kept for as long as the spend "
+        "page shows their day. Run it as a periodic job (e.g. daily from cron)."
     )
 
     def add_arguments(self, parser) -> None:
@@ -34,10 +36,13 @@ class Command(BaseCommand):
         records = 0
         while deleted := request_records_prune(before=before, limit=o["batch"]):
             records += deleted
+        # The spend page's first day (proxy.console.spend.spend_report): older totals are never read again.
+        totals = daily_spend_prune(before=now.date() - timedelta(days=DAYS - 1))
         affinities = 0
         while deleted := affinity_prune(now=now, limit=o["batch"]):
             affinities += deleted
         self.stdout.write(
             f"deleted {records} request records started before {before:%Y-%m-%d %H:%M} UTC "
-            f"and {affinities} expired affinities"
+            f"and {affinities} expired affinities; deleted {totals} daily spend totals of days the spend "
+            "page no longer shows"
         )
