@@ -29,10 +29,11 @@ from django.conf import settings  # noqa: E402
 from django.http import HttpResponse  # noqa: E402
 
 from proxy import edge, files, shutdown, upstream, views  # noqa: E402
-from proxy.ingress import answering, bearer, typed_response  # noqa: E402
+from proxy.ingress import bearer, typed_response  # noqa: E402
 from proxy.ledger import recorder as ledger  # noqa: E402
 from proxy.ws_urls import websocket_urlpatterns  # noqa: E402
 from routing.policy.errors import ErrorCode  # noqa: E402
+from routing.request_state import READER  # noqa: E402
 from runtime import loopdb  # noqa: E402
 from runtime.handler import BareHandler  # noqa: E402
 from runtime.reply import Reply, respond  # noqa: E402
@@ -77,7 +78,7 @@ class ApiHandler(BareHandler):
                 return
 
         if path in views.PROXIED:
-            with answering():
+            with READER.answering():
                 await respond(
                     receive,
                     send,

@@ -53,7 +53,7 @@ from django.db import DatabaseError
 
 from pools.selectors import key_authenticate
 from proxy.edge import read_timeout_s
-from proxy.ingress import RequestFailed, answering, bearer, decode_json, prepare, validate_body
+from proxy.ingress import RequestFailed, bearer, decode_json, prepare, validate_body
 from proxy.ledger.exchange import Exchange, Final, Stream, settle
 from proxy.ledger.recorder import record
 from proxy.wire.sse import Dialect
@@ -63,6 +63,7 @@ from routing.policy.errors import ErrorCode
 from routing.policy.plan import HardPin, PinKind
 from routing.policy.types import RouteClass
 from routing.policy.vocabulary import ClientRoute, Outcome
+from routing.request_state import READER
 from runtime import db
 from runtime.consumer import DirectConsumer
 
@@ -226,7 +227,7 @@ class ResponsesConsumer(DirectConsumer):
                 if self.link.dead:
                     break
                 item, arrived = self.pending.popleft()
-                with answering():
+                with READER.answering():
                     await self._frame(item, started=max(arrived, self.free_at))
                 self.free_at = time.monotonic()
             # Checked with no await before `worker` is cleared, so the watcher cannot miss it.

@@ -24,7 +24,7 @@ from pools.models import hash_key
 from pools.selectors import key_known_sql, key_params
 from routing.policy.errors import ErrorCode
 from routing.policy.vocabulary import ClientRoute
-from runtime import db, loopdb, rawsql
+from runtime import db, loopdb
 
 Receive = Callable[[], Awaitable[dict]]
 
@@ -117,10 +117,7 @@ async def key_is_known(raw: str, timeout_s: float = READ_TIMEOUT_S) -> bool:
         _known_keys.move_to_end(digest)
         return True
     sql, params = key_known_sql(), key_params(digest)
-    try:
-        rows = await loopdb.fetch_within(timeout_s, sql, params)
-    except loopdb.NoConnection:
-        rows = await db.run_within(timeout_s, rawsql.fetch, sql, params)
+    rows = await loopdb.rows_within(timeout_s, sql, params)
     # The lookup is by an index on the digest; the final comparison is constant-time regardless.
     if any(
         hmac.compare_digest(current, digest) | hmac.compare_digest(previous or "", digest)

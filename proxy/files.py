@@ -61,6 +61,7 @@ from proxy.relay import Relay
 from proxy.transport import Answer, TransportFailure
 from proxy.wire.providers.base import FILES, UpstreamCall
 from proxy.wire.providers.registry import carriers
+from routing.affinities import affinity_get
 from routing.models import Affinity, AffinityKind
 from routing.policy.eligibility import tighten
 from routing.policy.errors import ErrorCode
@@ -70,7 +71,7 @@ from routing.policy.plan import HardPin, PinKind, PlanError
 from routing.policy.route import RoutingView
 from routing.policy.types import Candidate, Health, RouteClass
 from routing.policy.vocabulary import ClientRoute, Outcome
-from routing.selectors import RouteSettings, affinity_get, routing_view_load
+from routing.selectors import RouteSettings, routing_view_load
 from runtime import db
 
 logger = logging.getLogger("gateway")

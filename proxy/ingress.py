@@ -1,10 +1,10 @@
 """The request path every ingress shares (SPEC §4, §5): the HTTP views (`proxy.views`), the Responses
 websocket consumer (`proxy.consumers`), the Files API (`proxy.files`) and the ASGI edge
-(`gatewaysite.asgi`). `prepare` authenticates, reads the routing state in one database hop, decides
-(`route_request`; on PostgreSQL drafted while that read is on the wire, and kept only if the read finds
-what the draft assumed: `_read`), and builds the Relay; the typed error responses, body decoding and
-header parsing live beside it. An ingress only parses its own framing and delivers the result, and
-imports this module, never another ingress.
+(`gatewaysite.asgi`). `prepare` authenticates and reads the routing state in one database hop (one
+selector: `routing.request_state.READER.read`), decides (`route_request`; on PostgreSQL drafted while
+that read is on the wire, and kept only if the read finds what the draft assumed), and builds the Relay;
+the typed error responses, body decoding and header parsing live beside it. An ingress only parses its
+own framing and delivers the result, and imports this module, never another ingress.
 """
 
 import contextlib
@@ -13,17 +13,16 @@ import math
 import random
 import re
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpResponse
 
-from pools.models import hash_key
 from pools.selectors import Authenticated
 from proxy import edge, limits
 from proxy.dispatch import HttpDispatch
@@ -39,13 +38,14 @@ from proxy.wire.providers.registry import carriers
 from proxy.wire.sse import Dialect
 from proxy.wire.translations.translate import RequestTranslationError
 from routing import services
+from routing.affinities import Affinities, AffinityIds
 from routing.policy.auto import AutoError
 from routing.policy.conversation import conversation_key
 from routing.policy.eligibility import tighten
 from routing.policy.errors import ErrorCode
 from routing.policy.files import TooManyFiles, file_ids_of
-from routing.policy.plan import HardPin, PlanError
-from routing.policy.resolution import ResolutionError
+from routing.policy.plan import HardPin, Plan, PlanError
+from routing.policy.resolution import Resolution, ResolutionError
 from routing.policy.route import (
     Decision,
     RequirementsHeaderError,
@@ -57,22 +57,10 @@ from routing.policy.route import (
 from routing.policy.sanitize import valid as valid_field
 from routing.policy.types import Candidate, Requirements, RouteClass
 from routing.policy.vocabulary import ClientRoute
-from routing.selectors import (
-    Affinities,
-    AffinityIds,
-    ConfigSnapshot,
-    RequestState,
-    RouteSettings,
-    RoutingInputs,
-    config_cached,
-    narrowing,
-    request_state_from_rows,
-    request_state_load,
-    request_state_query,
-    routing_inputs_load,
-)
+from routing.request_state import MIN_READ_S, READER, Loaded, Wanted
+from routing.selectors import RouteSettings, RoutingInputs
 from routing.services import Seen
-from runtime import db, loopdb
+from runtime import db
 from runtime.reply import Reply
 
 # The routes a request may stream from, and the dialect its stream is framed in.
@@ -222,81 +210,26 @@ def headers_requirements(headers: Mapping[str, str], default_deadline_ms: int) -
     return extra, deadline_ms
 
 
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """Everything the request path reads from the database: for a request that finds its
-    configuration cached, one statement (affinities included)."""
-
-    authenticated: Authenticated
-    inputs: RoutingInputs | None = None
-    refusal: RequestFailed | None = None  # an id the request names that the key holds no affinity for
-
-
-@dataclass(frozen=True, slots=True)
-class ReadArgs:
-    """What the request's read needs to know of the request."""
-
-    raw_key: str
-    body: dict | None
-    path: str
-    session_key: str | None
-    now: datetime
-    route_class: RouteClass
-    file_ids: tuple[str, ...] = ()
-
-    def affinity_ids(self) -> AffinityIds:
-        """The ids whose affinities the read looks up with the key (none for a request without a
-        body: it is refused once the key is known)."""
-        if self.body is None:
-            return AffinityIds()
-        return AffinityIds(self.previous_response_id(), self.session_key, self.file_ids)
-
-    def loaded(self, state: RequestState, config: ConfigSnapshot | None = None) -> Loaded:
-        """The read of a request with a body: its routing inputs and whether it names an id it may not."""
-        assert self.body is not None
-        authenticated = state.authenticated
-        inputs = routing_inputs_load(
-            pool_ids=authenticated.key.pool_ids,
-            route_class=self.route_class,
-            now=self.now,
-            affinities=state.affinities,
-            config_version=authenticated.config_version,
-            health=state.health,
-            config=config,
-        )
-        return Loaded(authenticated, inputs, self.unheld(state.affinities))
-
-    def unheld(self, affinities: Affinities) -> RequestFailed | None:
-        """The gateway forwards only the `previous_response_id` and `file_id`s it saw this key create
-        (SPEC §7.2): any other (never seen, expired, created on the upstream directly, or another key's:
-        one answer from the same lookup) is refused as OpenAI refuses an unknown one, nothing sent."""
-        if self.previous_response_id() is not None and affinities.response is None:
-            return RequestFailed(ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id")
-        if any(file_id not in affinities.files for file_id in self.file_ids):
-            return RequestFailed(ErrorCode.FILE_NOT_FOUND, "file_id")
-        return None
-
-    def previous_response_id(self) -> str | None:
-        previous = self.body.get("previous_response_id") if self.body is not None else None
-        return previous if self.path in RESPONSES_ROUTES and isinstance(previous, str) else None
+def unheld(body: dict, path: str, affinities: Affinities, file_ids: tuple[str, ...]) -> RequestFailed | None:
+    """The gateway forwards only the `previous_response_id` and `file_id`s it saw this key create
+    (SPEC §7.2): any other (never seen, expired, created on the upstream directly, or another key's:
+    one answer from the same lookup) is refused as OpenAI refuses an unknown one, nothing sent."""
+    if previous_response_id(body, path) is not None and affinities.response is None:
+        return RequestFailed(ErrorCode.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id")
+    if any(file_id not in affinities.files for file_id in file_ids):
+        return RequestFailed(ErrorCode.FILE_NOT_FOUND, "file_id")
+    return None
 
 
-def _load(args: ReadArgs) -> Loaded | None:
-    """The read on runtime.db's threads, when the loop cannot make it (`_read`)."""
-    state = request_state_load(
-        args.raw_key, route_class=args.route_class, now=args.now, affinity=args.affinity_ids()
-    )
-    if state is None:
-        return None
-    if args.body is None:
-        return Loaded(state.authenticated)
-    return args.loaded(state)
+def previous_response_id(body: dict, path: str) -> str | None:
+    previous = body.get("previous_response_id")
+    return previous if path in RESPONSES_ROUTES and isinstance(previous, str) else None
 
 
 @dataclass(frozen=True, slots=True)
 class Routed:
     """What a request is decided from its read and itself alone (`route_request`): no I/O, so it can be
-    drafted while the read is on its way (`_read`)."""
+    drafted while the read is on its way (`routing.request_state.Reader.read`)."""
 
     loaded: Loaded
     inputs: RoutingInputs
@@ -375,133 +308,7 @@ def route_request(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Known:
-    """A key's state as its last read found it (`_read`): the statement's rows, what they say, and
-    whether the read before found the same rows (a key whose rows change with every request, as a
-    budget's reservations make them, is not worth a draft)."""
-
-    rows: list[tuple]
-    state: RequestState
-    steady: bool
-
-
-# Key digest -> its last read, the least recently read first. Used only against a request's own read: a
-# draft is kept only when that read returns these very rows, and a narrowing (`Narrowing`) is checked by
-# the statement itself, so nothing here is ever routed on without the database's word. Past KNOWN_LIMIT
-# keys the least recently read is forgotten, not all of them: a population of keys larger than the
-# limit keeps its active ones.
-_known: OrderedDict[str, Known] = OrderedDict()
-KNOWN_LIMIT = 1024
-
-_answering = 0  # requests (HTTP, websocket turns) this process is answering (`answering`)
-
-
-@contextlib.contextmanager
-def answering() -> Iterator[None]:
-    """Counts a request while it is answered: an HTTP request at the edge (gatewaysite.asgi), a websocket
-    turn from its frame to its last event (proxy.consumers). A request is drafted only when it is the
-    one being answered: then the loop has nothing else to do while its read is out. With others in
-    flight the loop has their work for that time, and a draft would only put this request's decision
-    ahead of it (at c=50 against a 50 ms upstream, 3 % less throughput with every request drafted,
-    bench/profile.md)."""
-    global _answering
-    _answering += 1
-    try:
-        yield
-    finally:
-        _answering -= 1
-
-
-def _learn(digest: str, rows: list[tuple], known: Known | None) -> RequestState | None:
-    """The state `rows` say for the key `digest`, remembered as its last read (or forgotten)."""
-    if known is not None and rows == known.rows:
-        if not known.steady:
-            _known[digest] = Known(rows, known.state, steady=True)
-        _known.move_to_end(digest)
-        return known.state
-    state = request_state_from_rows(rows, digest)
-    if state is None:
-        _known.pop(digest, None)
-        return None
-    _known[digest] = Known(rows, state, steady=False)
-    _known.move_to_end(digest)
-    if len(_known) > KNOWN_LIMIT:
-        _known.popitem(last=False)
-    return state
-
-
-def _draft(
-    draft: Callable[[Loaded], Routed], state: RequestState, args: ReadArgs, into: list[Routed]
-) -> None:
-    """The request decided from its key's last state, while its own read is on its way (a configuration
-    not cached is left to the read: loading it is I/O). A request the draft refuses (its headers) is
-    decided again from its own read, which refuses it in the order the path checks things (the key
-    first)."""
-    authenticated = state.authenticated
-    config = config_cached(authenticated.key.pool_ids, authenticated.config_version, args.now)
-    if config is None:
-        return
-    with contextlib.suppress(RequestFailed):
-        into.append(draft(args.loaded(state, config)))
-
-
-async def _read(
-    args: ReadArgs, deadline: float, draft: Callable[[Loaded], Routed] | None = None
-) -> tuple[Loaded | None, Routed | None]:
-    """The request's read by `deadline` (monotonic). Its statement runs on the event loop
-    (runtime.loopdb), and so does the routing state built from it when the configuration is cached;
-    else what is left goes to runtime.db's threads, and all of it when the loop has no connection to
-    give (PostgreSQL) or its read would wait for a lock (SQLite).
-
-    With `draft` (the request's decision from a Loaded, `route_request`), while the statement is on its
-    way the loop decides the request from its key's last state; the draft comes back with the read only
-    when the read found exactly the rows that state came from (the same rows: the same state, the same
-    decision). At low load the decision then costs no time: the loop would otherwise wait for the rows."""
-
-    def left() -> float:
-        return max(deadline - time.monotonic(), MIN_READ_S)
-
-    known = _known.get(hash_key(args.raw_key)) if args.raw_key else None
-    narrow = None
-    if known is not None and args.body is not None:
-        # The models this request plans over, in the configuration its key's last read had: only their
-        # latency rows are read (the statement reads them all if the key's pools or version moved).
-        last = known.state.authenticated
-        narrow = narrowing(last.key.pool_ids, last.config_version, args.body.get("model"), args.now)
-    query = request_state_query(
-        args.raw_key,
-        route_class=args.route_class,
-        now=args.now,
-        affinity=args.affinity_ids(),
-        narrow=narrow,
-    )
-    if query is None:
-        return None, None
-    drafted: list[Routed] = []
-    meanwhile = None
-    if draft is not None and known is not None and known.steady and _answering <= 1:
-        meanwhile = partial(_draft, draft, known.state, args, drafted)
-    try:
-        rows = await loopdb.fetch_within(left(), query.sql, query.params, meanwhile)
-    except loopdb.NoConnection:
-        return await db.run_within(left(), _load, args), None
-    state = _learn(query.digest, rows, known)
-    if state is None:
-        return None, None
-    if args.body is None:
-        return Loaded(state.authenticated), None
-    if drafted and known is not None and state is known.state:
-        return drafted[0].loaded, drafted[0]
-    authenticated = state.authenticated
-    config = config_cached(authenticated.key.pool_ids, authenticated.config_version, args.now)
-    if config is not None:
-        return args.loaded(state, config), None  # no query
-    return await db.run_within(left(), args.loaded, state), None
-
-
 READ_TIMEOUT_S = edge.READ_TIMEOUT_S  # the ingresses' reads outside a request (a handshake, a file)
-MIN_READ_S = 0.1  # the shortest a request's read before dispatch may wait
 
 
 async def prepare(
@@ -523,23 +330,22 @@ async def prepare(
     what was learnt before: the key, the requested model). `headers` are the request's (an HTTP
     request's, or a websocket handshake's); `pins` are the ingress's own hard pins (a live websocket);
     `raw` is the body as sent, if the ingress has it (it spares most bodies the search for file ids)."""
-    session_key = conversation_key(headers, body, derived=settings.GATEWAY_POOL_FEATURES)
-    now = datetime.now(UTC)
     try:
         file_ids = file_ids_of(body, raw) if body is not None else ()
     except TooManyFiles:
         file_ids, body_error = (), body_error or RequestFailed(ErrorCode.INVALID_REQUEST, "file_id")
+    session_key = conversation_key(headers, body, derived=settings.GATEWAY_POOL_FEATURES)
+    routable = body if body_error is None else None  # a request refused once its key is known: no routing
+    wanted = Wanted(bearer(headers), route_class, datetime.now(UTC), routing=routable is not None)
     draft = None
-    if body is not None and body_error is None:
-        draft = partial(route_request, headers=headers, path=path, body=body, body_size=body_size, pins=pins)
+    if routable is not None:
+        ids = AffinityIds(previous_response_id(routable, path), session_key, file_ids)
+        wanted = replace(wanted, ids=ids, model=routable.get("model"))
+        draft = partial(_draft, headers=headers, path=path, body=routable, body_size=body_size, pins=pins)
     try:
-        loaded, drafted = await _read(
-            ReadArgs(bearer(headers), body, path, session_key, now, route_class, file_ids),
-            # The read's bound counts from the request's start (a websocket frame may have waited for
-            # its key check).
-            started + edge.read_timeout_s(headers),
-            draft,
-        )
+        # The read's bound counts from the request's start (a websocket frame may have waited for its
+        # key check).
+        loaded, routed = await READER.read(wanted, started + edge.read_timeout_s(headers), draft)
     except DatabaseError:
         # Without the database nothing can be authorized or routed: fail fast, typed, and let the
         # pool's health-checked connections recover on their own once it is back.
@@ -550,47 +356,39 @@ async def prepare(
     exchange.key_name = loaded.authenticated.key.name
     exchange.config_version = loaded.authenticated.config_version
     exchange.budget_period = loaded.authenticated.budget_period
-    if body_error is not None or body is None or draft is None:
+    if routable is None:
         raise body_error or RequestFailed(ErrorCode.INVALID_REQUEST)
-    exchange.requested_model = body["model"]
+    exchange.requested_model = routable["model"]
     exchange.transport = str(route_class)
-    if loaded.refusal is not None:
-        raise loaded.refusal
-    routed = drafted or draft(loaded)
-    view, route_settings, session = routed.inputs.view, routed.inputs.settings, routed.inputs.session
-    decision = routed.decision
-    deadline = started + routed.deadline_ms / 1000
-    leased = await take_lease(view, route_class, route_settings, lease_candidate(decision), deadline)
-    if leased is not None:
-        decision = routed.decide(held={leased.candidate})
-    if isinstance(decision.error, ResolutionError | AutoError):
-        code = str(decision.error.code)
-        param = (
-            str(decision.error.reason)
-            if isinstance(decision.error, AutoError) and decision.error.reason
-            else None
+    if (refusal := unheld(routable, path, loaded.affinities, file_ids)) is not None:
+        raise refusal
+    if routed is None:
+        routed = route_request(
+            loaded, headers=headers, path=path, body=routable, body_size=body_size, pins=pins
         )
-        model = decision.error.model if isinstance(decision.error, ResolutionError) else "auto"
-        raise RequestFailed(code, param, model=model)
-    if isinstance(decision.error, PlanError):
-        raise RequestFailed(str(decision.error.code))
-    assert decision.plan is not None and decision.resolution is not None
+    deadline = started + routed.deadline_ms / 1000
+    inputs = routed.inputs
+    leased = await take_lease(
+        inputs.view, route_class, inputs.settings, lease_candidate(routed.decision), deadline
+    )
+    decision = routed.decide(held={leased.candidate}) if leased is not None else routed.decision
+    plan, resolution = planned(decision)
     ticket = await admit_limits(loaded.authenticated, leased, deadline)  # the last check before dispatch
-    exchange.served_model = decision.resolution.served
-    if decision.resolution.is_fallback:
-        exchange.fallback_reason = str(decision.resolution.fallback)
+    exchange.served_model = resolution.served
+    if resolution.is_fallback:
+        exchange.fallback_reason = str(resolution.fallback)
     relay = Relay(
         exchange=exchange,
-        view=view,
-        plan=decision.plan,
-        breaker_settings=route_settings.breaker,
-        demotion_seconds=route_settings.demotion_seconds,
-        backoff_base_ms=route_settings.backoff_base_ms,
+        view=inputs.view,
+        plan=plan,
+        breaker_settings=inputs.settings.breaker,
+        demotion_seconds=inputs.settings.demotion_seconds,
+        backoff_base_ms=inputs.settings.backoff_base_ms,
         requirements=routed.requirements,
         deadline=deadline,
         client_deadline=routed.client_deadline,
         path=ClientRoute(path).tail,
-        body=body,
+        body=routable,
         route_class=route_class,
         dialect=dialect,
         on_finish=record if ticket is None else Finishing(record, ticket),
@@ -598,7 +396,7 @@ async def prepare(
         memory=Memory(
             response_ids=path in RESPONSES_ROUTES,
             session=session_key,
-            session_seen=(session.assignment_id, session.model) if session else None,
+            session_seen=(inputs.session.assignment_id, inputs.session.model) if inputs.session else None,
         ),
         dispatch=dispatch or HttpDispatch(api=api_for(path)),
         client_headers=forwarded(headers, path),
@@ -606,6 +404,29 @@ async def prepare(
         first_call=routed.first_call,
     )
     return guarded(relay, ticket)
+
+
+def _draft(loaded: Loaded, **request: Any) -> Routed | None:
+    """The request decided while its read is on its way (`route_request`); one its headers refuse is
+    decided again from its own read, which refuses it in the order the path checks things (the key
+    first)."""
+    try:
+        return route_request(loaded, **request)
+    except RequestFailed:
+        return None
+
+
+def planned(decision: Decision) -> tuple[Plan, Resolution]:
+    """The plan and resolution of a decision that has them, else its typed refusal (RequestFailed)."""
+    error = decision.error
+    if isinstance(error, ResolutionError):
+        raise RequestFailed(str(error.code), model=error.model)
+    if isinstance(error, AutoError):
+        raise RequestFailed(str(error.code), str(error.reason) if error.reason else None, model="auto")
+    if isinstance(error, PlanError):
+        raise RequestFailed(str(error.code))
+    assert decision.plan is not None and decision.resolution is not None
+    return decision.plan, decision.resolution
 
 
 async def admit_limits(

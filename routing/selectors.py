@@ -9,13 +9,13 @@ Two kinds of input, read differently:
   every node: they are read on every request, in ONE query.
 So a successful request costs one read before dispatch: the key (with its pools and the config
 version), the health and the key's affinities for the ids the request names (SPEC §7.2), in one
-statement (`request_state_load`). No per-candidate query anywhere.
+statement (`routing.request_state`). No per-candidate query anywhere.
 """
 
-import functools
 from collections.abc import Callable, Iterator, KeysView, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from enum import IntEnum
 from typing import Any
 
 from catalog.models import CatalogEntry
@@ -23,21 +23,13 @@ from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
 from pools.models import (
     Assignment,
-    ConfigVersion,
     GatewaySettings,
     ModelAlias,
     ModelFallback,
     Pool,
-    hash_key,
 )
-from pools.selectors import (
-    KEY_COLUMNS,
-    Authenticated,
-    authenticated_from_rows,
-    key_params,
-    key_sql,
-)
-from routing.models import Affinity, AffinityKind, Circuit, Demotion, Latency
+from routing.affinities import Affinities, FoundAffinity
+from routing.models import Circuit, Demotion, Latency
 from routing.policy import breaker
 from routing.policy.breaker import BreakerSettings, CircuitSnapshot
 from routing.policy.capabilities import Capability, Effective, valid_until
@@ -45,9 +37,8 @@ from routing.policy.files import file_pins
 from routing.policy.latency import load_now
 from routing.policy.plan import HardPin, PinKind
 from routing.policy.resolution import ModelPolicy
-from routing.policy.route import RoutingView, Target, models_decided
+from routing.policy.route import RoutingView, Target
 from routing.policy.types import (
-    AFFINITY_KEY_MAX,
     ASSIGNMENT_WIDE,
     Candidate,
     CircuitReason,
@@ -238,8 +229,19 @@ def config_snapshot(pool_ids: tuple[int, ...], version: int | None, now: datetim
     return snapshot
 
 
-HEALTH_COLUMNS = 10  # what `health_sql` selects: a kind (0 circuit, 1 demotion, 4 latency), then the state
-LATENCY_KIND = 4  # after the key's (2) and its affinities' (3) rows of `_request_state_sql`
+class RowKind(IntEnum):
+    """The first column of a row of the health statement (`health_sql`: circuits, demotions, latency)
+    and of the request's statement built around it (`routing.request_state`: the key's rows and its
+    affinities'), in the order the request's statement sorts them."""
+
+    CIRCUIT = 0
+    DEMOTION = 1
+    KEY = 2
+    AFFINITY = 3
+    LATENCY = 4
+
+
+HEALTH_COLUMNS = 10  # what `health_sql` selects: the row's kind, then (assignment, model) and its state
 
 
 def health_sql(pools: str, models: int = 0) -> str:
@@ -258,19 +260,19 @@ def health_sql(pools: str, models: int = 0) -> str:
     4,000 such rows, and a request plans over one or two of its models)."""
     circuit, demotion, assignment, latency = Circuit._meta, Demotion._meta, Assignment._meta, Latency._meta
     latencies = (
-        f"SELECT {LATENCY_KIND}, l.assignment_id, l.model, '', '', "  # noqa: S608
+        f"SELECT {int(RowKind.LATENCY)}, l.assignment_id, l.model, '', '', "  # noqa: S608
         "CAST(ROUND(l.headroom_left * 1000) AS INTEGER), CAST(ROUND(l.ewma_ms) AS INTEGER), "
         "l.headroom_until, CAST(ROUND(l.load * 1000) AS INTEGER), l.updated_at "
         f"FROM {latency.db_table} l JOIN {assignment.db_table} la ON la.id = l.assignment_id "
         f"WHERE la.pool_id IN {pools}"
     )
     return (
-        "SELECT 0, assignment_id, model, state, reason, consecutive_failures, cooldown_seconds, "  # noqa: S608
-        "open_until, probes_in_flight, probe_lease_expires_at "
+        f"SELECT {int(RowKind.CIRCUIT)}, assignment_id, model, state, reason, consecutive_failures, "  # noqa: S608
+        "cooldown_seconds, open_until, probes_in_flight, probe_lease_expires_at "
         f"FROM {circuit.db_table} "
         f"WHERE route_class IN (%s, %s) AND pool_id IN {pools} "
         "UNION ALL "
-        "SELECT 1, d.assignment_id, d.model, '', d.reason, 0, 0, d.until, 0, NULL "
+        f"SELECT {int(RowKind.DEMOTION)}, d.assignment_id, d.model, '', d.reason, 0, 0, d.until, 0, NULL "
         f"FROM {demotion.db_table} d JOIN {assignment.db_table} a ON a.id = d.assignment_id "
         f"WHERE d.until > %s AND a.pool_id IN {pools} "
         "UNION ALL "
@@ -306,6 +308,7 @@ def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: date
 
 
 # A stored value's member by a dict lookup: an enum's call is a pure-Python function in 3.11, twice a row.
+DEMOTION, LATENCY = int(RowKind.DEMOTION), int(RowKind.LATENCY)  # plain ints: compared once a row
 _STATES = {state.value: state for state in CircuitState}
 _REASONS = {reason.value: reason for reason in CircuitReason}
 
@@ -318,10 +321,10 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
     headroom: dict[tuple[int, str], tuple[float, datetime]] = {}
     load: dict[tuple[int, str], tuple[float, datetime]] = {}
     for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in rows:
-        if kind == 1:
+        if kind == DEMOTION:
             demoted.add((assignment_id, model))
             continue
-        if kind == LATENCY_KIND:
+        if kind == LATENCY:
             latency[(assignment_id, model)] = float(cooldown)
             if failures is not None and until is not None:
                 headroom[(assignment_id, model)] = (failures / 1000, rawsql.as_datetime(until))
@@ -342,247 +345,6 @@ def health_from_rows(rows: list[tuple]) -> HealthState:
         else:
             found[(assignment_id, model)] = snapshot
     return HealthState(found, wide, demoted, latency, headroom, load)
-
-
-@dataclass(frozen=True, slots=True)
-class FoundAffinity:
-    """A live affinity as routing reads it: where (kind, key) points (SPEC §7.2). Plain values, not the
-    model: building a Django model instance was most of the cost of reading one."""
-
-    kind: str
-    key: str
-    assignment_id: int | None
-    model: str
-    expires_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class Affinities:
-    """A key's live affinities for the ids one request names (SPEC §7.2)."""
-
-    response: FoundAffinity | None = None
-    session: FoundAffinity | None = None
-    files: dict[str, FoundAffinity] = field(default_factory=dict)  # file id -> its affinity
-
-
-def session_named(header: str | None) -> str | None:
-    """The session an `x-gateway-session` value names: its first AFFINITY_KEY_MAX characters, as it is
-    remembered (the proxy's request and routing_explain alike); an empty value names none."""
-    return (header or "")[:AFFINITY_KEY_MAX] or None
-
-
-@dataclass(frozen=True, slots=True)
-class AffinityIds:
-    """The ids one request names that its key may have affinities for (SPEC §7.2); a response id longer
-    than any affinity's is dropped here, the one place the request path and `routing_explain` share."""
-
-    response_id: str | None = None
-    session: str | None = None
-    file_ids: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.response_id is not None and len(self.response_id) > AFFINITY_KEY_MAX:
-            object.__setattr__(self, "response_id", None)
-
-    def __bool__(self) -> bool:
-        return bool(self.response_id or self.session or self.file_ids)
-
-
-def _affinity_where(owner: str, response: bool, session: bool, files: int) -> str:
-    """The condition of the live affinities of the key `owner` picks (`= %s`, `IN (subquery)`) for the
-    ids of this shape, on the affinity table as `a` (params: the owner's, then `_affinity_params`).
-
-    Ownership is part of the lookup itself, never a check after it: another key's id, an expired id
-    and an id never seen run the same indexed lookup and find the same nothing, so a foreign id
-    cannot be told from an unknown one by the answer or by its timing."""
-    wanted = [
-        *(["(a.kind = %s AND a.key = %s)"] if response else []),
-        *(["(a.kind = %s AND a.key = %s)"] if session else []),
-        *([f"(a.kind = %s AND a.key IN ({rawsql.placeholders(files)}))"] if files else []),
-    ]
-    return f"a.gateway_key_id {owner} AND a.expires_at > %s AND ({' OR '.join(wanted)})"
-
-
-def _affinity_params(ids: AffinityIds, now: datetime) -> list[object]:
-    params: list[object] = [rawsql.as_param(now)]
-    if ids.response_id:
-        params += [AffinityKind.RESPONSE.value, ids.response_id]
-    if ids.session:
-        params += [AffinityKind.SESSION.value, ids.session]
-    if ids.file_ids:
-        params += [AffinityKind.FILE.value, *ids.file_ids]
-    return params
-
-
-def affinities_from_rows(rows: list[tuple]) -> Affinities:
-    """The affinities in rows of (kind, key, assignment, model, expiry)."""
-    found = Affinities()
-    for kind, key, assignment_id, model, expires_at in rows:
-        row = FoundAffinity(kind, key, assignment_id, model, rawsql.as_datetime(expires_at))
-        if kind == AffinityKind.RESPONSE:
-            found = replace(found, response=row)
-        elif kind == AffinityKind.SESSION:
-            found = replace(found, session=row)
-        else:
-            found.files[key] = row
-    return found
-
-
-def affinities_load(
-    *,
-    key_id: int,
-    now: datetime,
-    response_id: str | None = None,
-    session: str | None = None,
-    file_ids: tuple[str, ...] = (),
-) -> Affinities:
-    """The live affinities of key `key_id` among these ids, in ONE query (no id: no query); the
-    request path reads them with its key instead (`request_state_load`), by the same condition."""
-    ids = AffinityIds(response_id, session, tuple(file_ids))
-    if not ids:
-        return Affinities()
-    where = _affinity_where("= %s", bool(ids.response_id), bool(ids.session), len(ids.file_ids))
-    sql = (
-        "SELECT a.kind, a.key, a.assignment_id, a.model, a.expires_at "  # noqa: S608
-        f"FROM {Affinity._meta.db_table} a WHERE {where}"
-    )
-    return affinities_from_rows(rawsql.fetch(sql, [key_id, *_affinity_params(ids, now)]))
-
-
-@dataclass(frozen=True, slots=True)
-class Narrowing:
-    """What the request's read assumes to take only its models' latency rows: the key's pools and the
-    config version as its last read found them, and `models`, every model a request of its model plans
-    over in that configuration (`routing.policy.route.models_decided`). The statement checks the assumption
-    against what it reads (the key's pools, the version): when either moved, it reads every latency
-    row of the pools, as without a narrowing, so a stale assumption costs rows, never a decision."""
-
-    pool_ids: tuple[int, ...]
-    config_version: int
-    models: tuple[str, ...]
-
-
-def narrowing(pool_ids: tuple[int, ...], version: int, model: object, now: datetime) -> Narrowing | None:
-    """The narrowing for a request of `model` by a key last read with these pools at this version, when
-    their configuration is cached (no query); else None."""
-    config = config_cached(pool_ids, version, now) if pool_ids and isinstance(model, str) else None
-    if config is None:
-        return None
-    models = models_decided(
-        model, policy=config.policy, routable=config.routes.keys(), auto_models=config.auto_models
-    )
-    return Narrowing(pool_ids, version, models) if models else None
-
-
-@functools.cache  # table and column names only: the same text for the life of the process, per shape
-def _request_state_sql(
-    response: bool = False, session: bool = False, files: int = 0, pools: int = 0, models: int = 0
-) -> str:
-    # One statement, so one round trip: the key's rows (kind 2, as `key_sql`, matched once) and the health
-    # rows of its pools (as `health_sql`) side by side, each padded with NULLs where the other has its
-    # columns. With ids named (the shape of `AffinityIds`), the key's live affinities for them too (kind
-    # 3, in the health columns: `_AFFINITY_IN_HEALTH`), owned by the key matched. The server's cost is
-    # mostly fixed per relation the statement names: matching the key once (not for its pools, its row
-    # and its affinities each) took 4-8 % of the server's CPU off the statement run alone, too little to
-    # show under load (bench/profile.md).
-    # With a narrowing of `pools` pools and `models` models (`Narrowing`), `n` has its row when the key
-    # read has exactly those pools at that version (params after the key's: the version, the pool ids).
-    narrowed = (
-        f", n AS (SELECT 1 AS narrowed WHERE (SELECT COUNT(*) FROM r) = {pools} "  # noqa: S608
-        f"AND (SELECT COUNT(*) FROM r WHERE r.pool_id IN ({rawsql.placeholders(pools)})) = {pools} "
-        f"AND COALESCE((SELECT v.value FROM {ConfigVersion._meta.db_table} v WHERE v.id = 1), 0) = %s)"
-        if models
-        else ""
-    )
-    sql = (
-        f"WITH r AS ({key_sql()}){narrowed} "  # noqa: S608
-        f"SELECT 2, {rawsql.nulls(HEALTH_COLUMNS - 1)}, r.* FROM r "
-        f"UNION ALL SELECT h.*, {rawsql.nulls(KEY_COLUMNS)} "
-        f"FROM ({health_sql('(SELECT pool_id FROM r)', models)}) h "
-    )
-    if response or session or files:
-        sql += (
-            "UNION ALL SELECT 3, a.assignment_id, a.model, a.kind, a.key, 0, 0, a.expires_at, 0, "  # noqa: S608
-            f"NULL, {rawsql.nulls(KEY_COLUMNS)} "
-            f"FROM {Affinity._meta.db_table} a "
-            f"WHERE {_affinity_where('IN (SELECT id FROM r)', response, session, files)} "
-        )
-    return sql + f"ORDER BY 1, {HEALTH_COLUMNS + KEY_COLUMNS}"  # the key's rows by their pool's name
-
-
-@dataclass(frozen=True, slots=True)
-class RequestStateQuery:
-    """The statement of `request_state_load`, to run on whichever connection the caller has (the
-    request path's runs on the event loop on PostgreSQL: runtime.loopdb)."""
-
-    sql: str
-    params: list[object]
-    digest: str  # of the key's secret: the rows are the key's only if it matches (`request_state_from_rows`)
-
-
-def request_state_query(
-    raw_key: str,
-    *,
-    route_class: RouteClass,
-    now: datetime,
-    affinity: AffinityIds | None = None,
-    narrow: Narrowing | None = None,
-) -> RequestStateQuery | None:
-    """None for an empty secret: no key can match it, no statement is needed. `narrow`: the latency
-    rows to read when the key still has those pools at that version (`Narrowing`)."""
-    if not raw_key:
-        return None
-    digest = hash_key(raw_key)
-    params = key_params(digest)
-    pools = models = 0
-    if narrow is not None:
-        pools, models = len(narrow.pool_ids), len(narrow.models)
-        params += [*narrow.pool_ids, narrow.config_version]
-    params += [str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
-    if narrow is not None:
-        params += narrow.models
-    ids = affinity or AffinityIds()
-    sql = _request_state_sql(bool(ids.response_id), bool(ids.session), len(ids.file_ids), pools, models)
-    return RequestStateQuery(sql, [*params, *_affinity_params(ids, now)] if ids else params, digest)
-
-
-@dataclass(frozen=True, slots=True)
-class RequestState:
-    """What the request's read before dispatch found: the key, its pools' health, and its live
-    affinities for the ids the request named (none named: none)."""
-
-    authenticated: Authenticated
-    health: HealthState
-    affinities: Affinities
-
-
-def request_state_load(
-    raw_key: str, *, route_class: RouteClass, now: datetime, affinity: AffinityIds | None = None
-) -> RequestState | None:
-    """The key whose secret is `raw_key` (as `pools.selectors.key_authenticate`), the health of its
-    pools for the route class (as `health_load`) and its affinities for `affinity` (as
-    `affinities_load`), in ONE statement: the request path's one round trip before dispatch. None for
-    a missing, wrong or disabled key."""
-    query = request_state_query(raw_key, route_class=route_class, now=now, affinity=affinity)
-    if query is None:
-        return None
-    return request_state_from_rows(rawsql.fetch(query.sql, query.params), query.digest)
-
-
-# Where a kind-3 row (`_request_state_sql`) has an affinity's columns, in the order `affinities_from_rows`
-# takes them: kind, key, assignment, model, expiry.
-_AFFINITY_IN_HEALTH = (3, 4, 1, 2, 7)
-
-
-def request_state_from_rows(rows: list[tuple], digest: str) -> RequestState | None:
-    """What `request_state_load` returns, from its statement's rows."""
-    key_rows = [row[HEALTH_COLUMNS:] for row in rows if row[0] == 2]
-    authenticated = authenticated_from_rows(key_rows, digest)
-    if authenticated is None:
-        return None
-    health = health_from_rows([row[:HEALTH_COLUMNS] for row in rows if row[0] not in (2, 3)])
-    found = [tuple(row[i] for i in _AFFINITY_IN_HEALTH) for row in rows if row[0] == 3]
-    return RequestState(authenticated, health, affinities_from_rows(found))
 
 
 class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
@@ -746,11 +508,6 @@ def routing_view_load(
 
 def pool_names(pool_ids: tuple[int, ...]) -> list[str]:
     return list(Pool.objects.filter(pk__in=pool_ids).order_by("name").values_list("name", flat=True))
-
-
-def affinity_get(*, key_id: int, kind: AffinityKind, key: str, now: datetime) -> Affinity | None:
-    """Key `key_id`'s live affinity for (kind, key), or None: unknown, expired or another key's."""
-    return Affinity.objects.filter(gateway_key_id=key_id, kind=kind, key=key, expires_at__gt=now).first()
 
 
 @dataclass(frozen=True, slots=True)

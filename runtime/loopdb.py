@@ -5,7 +5,7 @@ its rows back, and the loop, which gives the GIL up at every system call it make
 ledger's journal, a random id), waits for a read thread to give it back (bench/profile.md: at c=50
 against a 50 ms upstream, a fifth of the loop's time was spent waiting for the GIL, and requests that
 had their answer waited with it). On PostgreSQL the one statement every request runs
-(routing.selectors.request_state_query) is sent on an asynchronous psycopg connection instead, and
+(routing.request_state) is sent on an asynchronous psycopg connection instead, and
 its rows are turned into the routing state on the loop: no thread, no hand-off. So is the one write a
 request with a budget makes before dispatch, its reservation (`write_within`), on a pool of its own.
 
@@ -280,6 +280,26 @@ async def fetch_within(
         return task.result()
     except psycopg.Error as failed:  # the pool's own timeouts and refusals are psycopg errors too
         raise DatabaseError(type(failed).__name__) from failed
+
+
+THREADS_MIN_S = 0.1  # the least a read handed to runtime.db's threads is given (`rows_within`)
+
+
+async def rows_within(
+    timeout_s: float,
+    sql: str,
+    params: Sequence[object],
+    meanwhile: Callable[[], object] | None = None,
+) -> list[tuple]:
+    """`fetch_within`, and when the loop has no connection to give (NoConnection: the pool is empty,
+    SQLite would wait for a lock) the same statement on runtime.db's threads, within what is left of
+    `timeout_s` (THREADS_MIN_S at least): the one fallback of every read on the request path."""
+    until = time.monotonic() + timeout_s
+    try:
+        return await fetch_within(timeout_s, sql, params, meanwhile)
+    except NoConnection:
+        left = max(until - time.monotonic(), THREADS_MIN_S)
+        return await db.run_within(left, rawsql.fetch, sql, params)
 
 
 _late: set[asyncio.Future] = set()  # undos under way (`write_within`), kept until they are done

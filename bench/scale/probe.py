@@ -114,16 +114,11 @@ def probe_routing(key_name: str, secret: str, model: str, repeat: int, loops: in
     from django.utils import timezone
 
     from pools.selectors import key_by_name
+    from routing.affinities import Affinities
     from routing.policy.route import decide
     from routing.policy.types import Requirements, RouteClass
-    from routing.selectors import (
-        Affinities,
-        config_snapshot,
-        narrowing,
-        request_state_load,
-        request_state_query,
-        routing_inputs_load,
-    )
+    from routing.request_state import narrowing, request_state_load, request_state_query
+    from routing.selectors import config_snapshot, routing_inputs_load
 
     found: dict[str, Any] = {}
     now = timezone.now()

@@ -24,7 +24,7 @@ AUTO_MODEL = "auto"
 
 # The longest id an affinity holds (a response id, a session name, a file id): the column's width
 # (routing.models.Affinity.key). A longer response id is never remembered (proxy.wire.payloads.response_id),
-# a session header is cut to it (routing.selectors.session_named), and a longer id read names none.
+# a session header is cut to it (routing.affinities.session_named), and a longer id read names none.
 AFFINITY_KEY_MAX = 300
 
 # The (model, route class) of an assignment-wide circuit: `credential_rejected` is about the

@@ -203,7 +203,7 @@ def _chat(gateway: str, secret: str) -> int:
 def three_keys(monkeypatch):
     """Keys k0, k1, k2 of pool `main`, with room for two keys in the edge's and the request read's memory
     of keys; the edge's lookups of a key (its digest) noted in order."""
-    from proxy import ingress
+    from routing.request_state import READER
     from runtime import loopdb
 
     pool = PoolFactory(name="main")
@@ -211,8 +211,8 @@ def three_keys(monkeypatch):
     for i, secret in enumerate(secrets):
         GatewayKeyFactory(name=f"k{i}", raw_key=secret, pools=[pool])
     monkeypatch.setattr(edge, "KNOWN_KEY_LIMIT", 2)
-    monkeypatch.setattr(ingress, "KNOWN_LIMIT", 2)
-    monkeypatch.setattr(ingress, "_known", OrderedDict())  # none of another test's keys
+    monkeypatch.setattr(READER, "limit", 2)
+    monkeypatch.setattr(READER, "known", OrderedDict())  # none of another test's keys
     # Only a read on the loop's connection is remembered: on a loaded machine, the live server's first
     # connections could take longer than a read waits for one, and the read would go to the threads.
     monkeypatch.setattr(loopdb, "CONNECTION_WAIT_S", 10.0)
@@ -228,14 +228,14 @@ def three_keys(monkeypatch):
 
 
 def test_past_its_limit_the_edge_forgets_the_least_recently_used_key_not_every_key(gateway, three_keys):
-    from proxy import ingress
+    from routing.request_state import READER
 
     secrets, looked = three_keys
     k0, k1, k2 = secrets
     for secret in (k0, k1, k0, k2):
         assert _chat(gateway, secret) == 404
     # k1, the least recently used when k2 came, was forgotten; k0, used since, was not.
-    assert set(ingress._known) == {hash_key(k0), hash_key(k2)}
+    assert set(READER.known) == {hash_key(k0), hash_key(k2)}
 
     assert _chat(gateway, k0) == 404
     assert looked == [hash_key(k0), hash_key(k1), hash_key(k2)]  # k0 looked up once, in use throughout
@@ -244,7 +244,7 @@ def test_past_its_limit_the_edge_forgets_the_least_recently_used_key_not_every_k
 def test_a_revoked_key_forgotten_by_the_edge_stays_refused(gateway, three_keys):
     """Neither memory of keys lets a key in: disabled while remembered, and once pushed out of both by
     other keys, it is refused by the request's own read, as at once after its revocation."""
-    from proxy import ingress
+    from routing.request_state import READER
 
     secrets, looked = three_keys
     k0, k1, k2 = secrets
@@ -253,7 +253,7 @@ def test_a_revoked_key_forgotten_by_the_edge_stays_refused(gateway, three_keys):
     assert _chat(gateway, k0) == 401  # still remembered by the edge: refused after its body
     for secret in (k1, k2):
         assert _chat(gateway, secret) == 404
-    assert hash_key(k0) not in ingress._known and looked == [hash_key(k0), hash_key(k1), hash_key(k2)]
+    assert hash_key(k0) not in READER.known and looked == [hash_key(k0), hash_key(k1), hash_key(k2)]
 
     assert _chat(gateway, k0) == 401
     assert looked[-1] == hash_key(k0)  # looked up again, and found disabled

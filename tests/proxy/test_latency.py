@@ -20,15 +20,14 @@ from proxy.ledger.recorder import LedgerWriter
 from routing.models import Demotion, Latency
 from routing.policy.latency import Fold
 from routing.policy.types import RouteClass
-from routing.selectors import (
+from routing.request_state import (
     Narrowing,
-    config_snapshot,
     narrowing,
     request_state_from_rows,
     request_state_load,
     request_state_query,
-    routing_view_load,
 )
+from routing.selectors import config_snapshot, routing_view_load
 from routing.services import latencies_record
 from runtime import rawsql
 from tests.factories import (
@@ -192,7 +191,7 @@ def test_a_narrowed_statement_reads_the_requests_models_latency_unless_the_keys_
 def test_a_keys_next_request_reads_only_its_models_latency(gateway, two_assignments, monkeypatch):
     """The key's first request reads every latency row of its pools (nothing is known of the key yet);
     its next, narrowed by the key's first read, only the requested model's, and is served from them."""
-    from proxy import ingress
+    from routing import request_state
 
     _a, _b, (acct_a, acct_b) = two_assignments
     latencies_record(
@@ -201,7 +200,7 @@ def test_a_keys_next_request_reads_only_its_models_latency(gateway, two_assignme
     )
     narrowed: list[tuple[str, ...] | None] = []
     read: list[set[tuple[int, str]]] = []
-    query, learn = ingress.request_state_query, ingress._learn
+    query, learn = request_state.request_state_query, request_state.READER._learn
 
     def spy_query(*args, **kwargs):
         narrowed.append(kwargs["narrow"].models if kwargs.get("narrow") else None)
@@ -212,8 +211,8 @@ def test_a_keys_next_request_reads_only_its_models_latency(gateway, two_assignme
         read.append(set(state.health.latency))
         return state
 
-    monkeypatch.setattr(ingress, "request_state_query", spy_query)
-    monkeypatch.setattr(ingress, "_learn", spy_learn)
+    monkeypatch.setattr(request_state, "request_state_query", spy_query)
+    monkeypatch.setattr(request_state.READER, "_learn", spy_learn)
     for _ in range(2):
         assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
 

@@ -40,7 +40,7 @@ def test_each_node_reads_on_its_own_kept_connection(request, nodes):
     """Production keeps connections (CONN_MAX_AGE 300): each node's read before dispatch goes out on
     that node's pooled loop connections (runtime.loopdb), which stay open after the request and serve
     the next ones: no new backend per read. With CONN_MAX_AGE 0 no reader outlives its read."""
-    from routing.selectors import _request_state_sql
+    from routing.request_state import _request_state_sql
 
     kept = request.node.callspec.params["nodes"] == "300"
     head = _request_state_sql()[:60]

@@ -1,8 +1,8 @@
-"""A request decided from its key's last read while its own read is on the wire (proxy.ingress `_read`,
-runtime.loopdb `fetch_within(meanwhile=...)`): the draft is kept only when the request's own read finds
-the very rows the draft came from, so what the database says now always decides. On SQLite (the read
-runs on the loop at once: nothing to wait for, no draft) the same requests must be decided the same
-way."""
+"""A request decided from its key's last read while its own read is on the wire (routing.request_state
+`Reader.read`, runtime.loopdb `fetch_within(meanwhile=...)`): the draft is kept only when the request's
+own read finds the very rows the draft came from, so what the database says now always decides. On SQLite
+(the read runs on the loop at once: nothing to wait for, no draft) the same requests must be decided the
+same way."""
 
 import asyncio
 import json
@@ -133,7 +133,7 @@ def test_a_steady_keys_request_is_decided_while_its_read_is_on_the_wire(gateway,
 @POSTGRES
 def test_a_request_is_not_drafted_while_another_is_being_answered(gateway, two_assignments, decided):
     """With another request in flight the loop has that one's work to do while a read is out: a draft
-    would only put this request's decision ahead of it (`ingress.answering`)."""
+    would only put this request's decision ahead of it (`READER.answering`)."""
     a, _, _ = two_assignments
     _steady(gateway, a)
     a.script("gpt-5", hang(1.0), serve())

@@ -5,7 +5,7 @@ import httpx
 
 from devkit.behaviours import serve, unavailable
 from routing.models import Affinity
-from routing.selectors import AFFINITY_KEY_MAX
+from routing.policy.types import AFFINITY_KEY_MAX
 from tests.gateway_fixtures import GATEWAY_KEY
 
 CHAT = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}

@@ -13,19 +13,18 @@ from catalog.models import Provenance
 from pools.models import GatewayKey, GatewaySettings, ModelFallback
 from pools.selectors import key_authenticate
 from routing import services
+from routing.affinities import Affinities, AffinityIds, affinities_load, session_named
 from routing.models import AffinityKind, Circuit, Demotion
-from routing.policy.types import ASSIGNMENT_WIDE, CircuitReason, Health, RouteClass, TriState
-from routing.selectors import (
+from routing.policy.types import (
     AFFINITY_KEY_MAX,
-    Affinities,
-    AffinityIds,
-    GovernedRoutes,
-    affinities_load,
-    health_load,
-    request_state_load,
-    routing_view_load,
-    session_named,
+    ASSIGNMENT_WIDE,
+    CircuitReason,
+    Health,
+    RouteClass,
+    TriState,
 )
+from routing.request_state import request_state_load
+from routing.selectors import GovernedRoutes, health_load, routing_view_load
 from routing.services import CircuitKey
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.db import connection, connections
 from django.utils import timezone
 
-from routing import selectors, services
+from routing import affinities, services
 from routing.models import Affinity, AffinityKind, Circuit, Demotion
 from routing.policy.breaker import BreakerSettings
 from routing.policy.types import CircuitReason, CircuitState
@@ -243,7 +243,7 @@ def test_a_session_name_is_namespaced_per_key_and_never_overwritten_by_another(d
         )
     rows = dict(Affinity.objects.values_list("gateway_key_id", "assignment_id"))
     assert rows == {one.pk: a.pk, two.pk: b.pk}
-    mine = selectors.affinities_load(key_id=one.pk, now=NOW, session="shared-name")
+    mine = affinities.affinities_load(key_id=one.pk, now=NOW, session="shared-name")
     assert mine.session is not None and mine.session.assignment_id == a.pk
 
 
@@ -268,12 +268,12 @@ def test_another_keys_affinity_reads_exactly_like_an_unknown_one(db, django_asse
     def load(key_id: int, name: str, now: datetime = NOW):
         value = (name,) if kind is AffinityKind.FILE else name
         with django_assert_num_queries(1):
-            return selectors.affinities_load(key_id=key_id, now=now, **{ids: value})
+            return affinities.affinities_load(key_id=key_id, now=now, **{ids: value})
 
-    assert load(owner.pk, "id-1") != selectors.Affinities()
-    assert load(stranger.pk, "id-1") == selectors.Affinities() == load(stranger.pk, "id-unknown")
+    assert load(owner.pk, "id-1") != affinities.Affinities()
+    assert load(stranger.pk, "id-1") == affinities.Affinities() == load(stranger.pk, "id-unknown")
     # Expired reads as unknown too.
-    assert load(owner.pk, "id-1", NOW + timedelta(hours=2)) == selectors.Affinities()
+    assert load(owner.pk, "id-1", NOW + timedelta(hours=2)) == affinities.Affinities()
 
 
 def test_prune_deletes_only_expired_affinities_in_bounded_batches(db):

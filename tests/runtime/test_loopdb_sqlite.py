@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection
 
 from pools.models import Assignment
 from routing.policy.types import RouteClass
-from routing.selectors import request_state_query
+from routing.request_state import request_state_query
 from runtime import db, loopdb, rawsql
 from tests.factories import AssignmentFactory, GatewayKeyFactory, OpenCircuitFactory, PoolFactory
 

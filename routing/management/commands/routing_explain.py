@@ -11,6 +11,7 @@ from catalog.selectors import capabilities_explained, provenance_text
 from pools.selectors import key_by_name
 from proxy.wire.apis.registry import RELAYED
 from proxy.wire.providers.registry import carriers
+from routing.affinities import affinities_load, session_named
 from routing.models import Demotion
 from routing.policy import preference
 from routing.policy.breaker import CircuitSnapshot, governing
@@ -27,7 +28,7 @@ from routing.policy.route import (
 )
 from routing.policy.types import Candidate, CircuitState, Health, Requirements, RouteClass
 from routing.policy.vocabulary import ClientRoute
-from routing.selectors import affinities_load, pool_names, routing_inputs_load, session_named
+from routing.selectors import pool_names, routing_inputs_load
 
 
 def when(moment: datetime, now: datetime) -> str:
@@ -132,7 +133,7 @@ class Command(BaseCommand):
             session=session_named(o["session"]),
         )
         if o["previous_response_id"] and affinities.response is None:
-            # As the proxy answers it (`proxy.ingress.ReadArgs.unheld`, SPEC §7.2): nothing is sent.
+            # As the proxy answers it (`proxy.ingress.unheld`, SPEC §7.2): nothing is sent.
             self.stdout.write("no dispatch: previous_response_not_found (not a response this key created)")
             return
         inputs = routing_inputs_load(
