@@ -336,43 +336,29 @@ async def prepare(
         file_ids, body_error = (), body_error or RequestFailed(ErrorCode.INVALID_REQUEST, "file_id")
     session_key = conversation_key(headers, body, derived=settings.GATEWAY_POOL_FEATURES)
     routable = body if body_error is None else None  # a request refused once its key is known: no routing
-    wanted = Wanted(bearer(headers), route_class, datetime.now(UTC), routing=routable is not None)
-    draft = None
-    if routable is not None:
-        ids = AffinityIds(previous_response_id(routable, path), session_key, file_ids)
-        wanted = replace(wanted, ids=ids, model=routable.get("model"))
-        draft = partial(_draft, headers=headers, path=path, body=routable, body_size=body_size, pins=pins)
-    try:
-        # The read's bound counts from the request's start (a websocket frame may have waited for its
-        # key check).
-        loaded, routed = await READER.read(wanted, started + edge.read_timeout_s(headers), draft)
-    except DatabaseError:
-        # Without the database nothing can be authorized or routed: fail fast, typed, and let the
-        # pool's health-checked connections recover on their own once it is back.
-        raise RequestFailed(ErrorCode.GATEWAY_UNAVAILABLE) from None
-    if loaded is None:
-        raise RequestFailed(ErrorCode.AUTHENTICATION_ERROR)
-    exchange.key_id = loaded.authenticated.key.key_id
-    exchange.key_name = loaded.authenticated.key.name
-    exchange.config_version = loaded.authenticated.config_version
-    exchange.budget_period = loaded.authenticated.budget_period
+    loaded, routed = await _read(
+        headers,
+        path,
+        routable,
+        route_class,
+        started,
+        AffinityIds(None, session_key, file_ids),
+        body_size,
+        pins,
+    )
+    exchange.keyed(loaded.authenticated)
     if routable is None:
         raise body_error or RequestFailed(ErrorCode.INVALID_REQUEST)
     exchange.requested_model = routable["model"]
     exchange.transport = str(route_class)
     if (refusal := unheld(routable, path, loaded.affinities, file_ids)) is not None:
         raise refusal
-    if routed is None:
-        routed = route_request(
-            loaded, headers=headers, path=path, body=routable, body_size=body_size, pins=pins
-        )
+    routed = routed or route_request(
+        loaded, headers=headers, path=path, body=routable, body_size=body_size, pins=pins
+    )
     deadline = started + routed.deadline_ms / 1000
     inputs = routed.inputs
-    leased = await take_lease(
-        inputs.view, route_class, inputs.settings, lease_candidate(routed.decision), deadline
-    )
-    decision = routed.decide(held={leased.candidate}) if leased is not None else routed.decision
-    plan, resolution = planned(decision)
+    plan, resolution, leased = await _with_lease(routed, route_class, deadline)
     ticket = await admit_limits(loaded.authenticated, leased, deadline)  # the last check before dispatch
     exchange.served_model = resolution.served
     if resolution.is_fallback:
@@ -404,6 +390,52 @@ async def prepare(
         first_call=routed.first_call,
     )
     return guarded(relay, ticket)
+
+
+async def _read(
+    headers: Mapping[str, str],
+    path: str,
+    routable: dict | None,
+    route_class: RouteClass,
+    started: float,
+    ids: AffinityIds,
+    body_size: int,
+    pins: Sequence[HardPin],
+) -> tuple[Loaded, Routed | None]:
+    """The request's read before dispatch (`READER.read`: drafting its decision meanwhile), or its typed
+    refusal: no key, or no database. `routable`: its body, None when it is refused once its key is
+    known (then only the key is read); `ids`: its session and files (its previous response is found
+    here)."""
+    wanted = Wanted(bearer(headers), route_class, datetime.now(UTC), routing=routable is not None)
+    draft = None
+    if routable is not None:
+        ids = replace(ids, response_id=previous_response_id(routable, path))
+        wanted = replace(wanted, ids=ids, model=routable.get("model"))
+        draft = partial(_draft, headers=headers, path=path, body=routable, body_size=body_size, pins=pins)
+    try:
+        # The read's bound counts from the request's start (a websocket frame may have waited for its
+        # key check).
+        loaded, routed = await READER.read(wanted, started + edge.read_timeout_s(headers), draft)
+    except DatabaseError:
+        # Without the database nothing can be authorized or routed: fail fast, typed, and let the
+        # pool's health-checked connections recover on their own once it is back.
+        raise RequestFailed(ErrorCode.GATEWAY_UNAVAILABLE) from None
+    if loaded is None:
+        raise RequestFailed(ErrorCode.AUTHENTICATION_ERROR)
+    return loaded, routed
+
+
+async def _with_lease(
+    routed: Routed, route_class: RouteClass, deadline: float
+) -> tuple[Plan, Resolution, Lease | None]:
+    """The request's plan, after it took the probe lease its decision offers, if it won it (decided
+    again with that candidate first), or its typed refusal (RequestFailed)."""
+    inputs = routed.inputs
+    leased = await take_lease(
+        inputs.view, route_class, inputs.settings, lease_candidate(routed.decision), deadline
+    )
+    decision = routed.decide(held={leased.candidate}) if leased is not None else routed.decision
+    return (*planned(decision), leased)
 
 
 def _draft(loaded: Loaded, **request: Any) -> Routed | None:

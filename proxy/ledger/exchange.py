@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from pools.selectors import Authenticated
 from routing.policy.errors import ErrorCode
 from routing.policy.failures import (
     DispatchState,
@@ -96,6 +97,11 @@ class Exchange:
     first_output_at: datetime | None = None  # streams: when the first visible output was released
     key_name: str = ""  # for the log line (the ledger keeps the id)
     limit: str = ""  # the key's limit that refused the request (rpm, tpm, concurrent), for the log line
+
+    def keyed(self, authenticated: Authenticated) -> None:
+        """What the request's key, as its read found it, says of the record."""
+        self.key_id, self.key_name = authenticated.key.key_id, authenticated.key.name
+        self.config_version, self.budget_period = authenticated.config_version, authenticated.budget_period
 
     def refused(self, code: str, param: str | None, status: int) -> None:
         """A typed refusal of the gateway's own as the outcome; the key's limit a `rate_limit_exceeded`
