@@ -30,6 +30,7 @@ from gatewayconfig.checker import ConfigIssue as ConfigIssue
 from gatewayconfig.checker import ConfigSyntaxError as ConfigSyntaxError
 from gatewayconfig.checker import IssueCode as IssueCode
 from gatewayconfig.checker import parse_yaml as parse_yaml
+from gatewayconfig.fields import Entry, columns, keys_of, read_fields, render_fields
 from gatewayconfig.operators import OperatorSpec, operators_from_database, read_operators, render_operators
 from gatewayconfig.schema import (
     ASSIGNMENT,
@@ -43,11 +44,6 @@ from gatewayconfig.schema import (
     SETTINGS,
     TOP_LEVEL,
     UPSTREAM_ENV_NAME,
-    Entry,
-    columns,
-    keys_of,
-    read_fields,
-    render_fields,
 )
 from pools.models import (
     MIN_KEY_LENGTH,

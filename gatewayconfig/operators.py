@@ -15,7 +15,8 @@ from typing import Any
 from django.contrib.auth.models import Group
 
 from gatewayconfig.checker import Checker, IssueCode
-from gatewayconfig.schema import OPERATOR, keys_of, read_fields, render_fields
+from gatewayconfig.fields import keys_of, read_fields, render_fields
+from gatewayconfig.schema import OPERATOR
 from pools.scoping import OperatorAccess, operator_access
 
 

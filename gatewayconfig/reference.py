@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gatewayconfig.checker import MISSING
-from gatewayconfig.schema import ASSIGNMENT, KEY, MODEL, OPERATOR, POOL, TOP_LEVEL, Block, Entry, Field
+from gatewayconfig.fields import Block, Entry, Field
+from gatewayconfig.schema import ASSIGNMENT, KEY, MODEL, OPERATOR, POOL, TOP_LEVEL
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "docs" / "configuration.md"

@@ -13,7 +13,14 @@ from django.contrib.auth.models import Group, Permission, User
 from django.db import models, transaction
 
 from catalog.models import CatalogEntry, Provenance
-from gatewayconfig.document import ConfigIssue, GatewayConfig, IssueCode, database_facts, parse_config
+from gatewayconfig.document import (
+    ConfigIssue,
+    GatewayConfig,
+    IssueCode,
+    KeySpec,
+    database_facts,
+    parse_config,
+)
 from gatewayconfig.operators import OperatorSpec, group_permissions
 from pools import credentials
 from pools.models import (
@@ -208,33 +215,57 @@ def gateway_config_apply(
 
     settings = GatewaySettings.objects.filter(pk=1).first()
     _upsert(counts["settings"], settings, GatewaySettings, {"pk": 1}, config.settings.values())
+    _apply_model_names(summary, config, prune=prune)
+    pools = _apply_pools(counts["pools"], config)
+    assignments = _apply_assignments(counts["assignments"], config, pools)
+    entries, declared = _apply_catalog(counts["catalog entries"], config, assignments)
+    for spec in config.keys:
+        _apply_key(summary, spec, keys.get(spec.name), pools, replace_secrets=replace_secrets)
+    _apply_operators(summary, config.operators, pools, prune=prune)
+    if prune:
+        _prune_unnamed(summary, config, entries, declared)
+    return summary
 
+
+def _apply_model_names(summary: ApplySummary, config: GatewayConfig, *, prune: bool) -> None:
+    """The model aliases and fallbacks: each is a name mapped to another, upserted by the name."""
     for model, name_field, target_field, kind, entries in (
         (ModelAlias, "alias", "canonical", "model aliases", config.aliases),
         (ModelFallback, "requested", "served", "model fallbacks", config.fallbacks),
     ):
         existing = {getattr(row, name_field): row for row in model.objects.all()}
         for name, target in entries:
-            _upsert(counts[kind], existing.get(name), model, {name_field: name}, {target_field: target})
+            _upsert(
+                summary.counts[kind], existing.get(name), model, {name_field: name}, {target_field: target}
+            )
         if prune:
             stale = set(existing) - {name for name, _ in entries}
             summary.record_deleted(model.objects.filter(**{f"{name_field}__in": stale}).delete())
 
+
+def _apply_pools(counts: KindCounts, config: GatewayConfig) -> dict[str, Pool]:
+    """Every pool by name, the file's upserted (the others still there until pruned)."""
     pools = {p.name: p for p in Pool.objects.all()}
     for spec in config.pools:
         pools[spec.name] = _upsert(
-            counts["pools"],
+            counts,
             pools.get(spec.name),
             Pool,
             {"name": spec.name},
             {"auto_models": list(spec.auto_models)},
         )
+    return pools
 
+
+def _apply_assignments(
+    counts: KindCounts, config: GatewayConfig, pools: Mapping[str, Pool]
+) -> dict[str, Assignment]:
+    """Every assignment by name, the file's upserted into their pools with their credential columns."""
     assignments = {a.name: a for a in Assignment.objects.all()}
     for pool_spec, spec in config.assignments():
         existing = assignments.get(spec.name)
         assignments[spec.name] = _upsert(
-            counts["assignments"],
+            counts,
             existing,
             Assignment,
             {"name": spec.name},
@@ -244,7 +275,14 @@ def gateway_config_apply(
                 **_credential_values(existing, spec.api_key_env, config.credentials.get(spec.name)),
             },
         )
+    return assignments
 
+
+def _apply_catalog(
+    counts: KindCounts, config: GatewayConfig, assignments: Mapping[str, Assignment]
+) -> tuple[dict[tuple[int, str], CatalogEntry], set[tuple[int, str]]]:
+    """Upsert the declared models as `configured` entries; return the named assignments' entries as
+    they were (by assignment id and model) and the (assignment id, model) pairs the file declares."""
     named_assignments = [assignments[spec.name] for _, spec in config.assignments()]
     entries = {
         (e.assignment_id, e.model): e
@@ -256,65 +294,80 @@ def gateway_config_apply(
         for model_spec in spec.models:
             declared.add((assignment_id, model_spec.model))
             _upsert(
-                counts["catalog entries"],
+                counts,
                 entries.get((assignment_id, model_spec.model)),
                 CatalogEntry,
                 {"assignment_id": assignment_id, "model": model_spec.model},
                 {"provenance": Provenance.CONFIGURED, **model_spec.values()},
             )
+    return entries, declared
 
-    for spec in config.keys:
-        key = keys.get(spec.name)
-        pool_ids = {pools[name].pk for name in spec.pools}
-        if key is None:
-            key = GatewayKey(name=spec.name, **spec.values())
-            assert spec.secret is not None  # validation requires a secret for a new key
+
+def _apply_key(
+    summary: ApplySummary,
+    spec: KeySpec,
+    key: GatewayKey | None,
+    pools: Mapping[str, Pool],
+    *,
+    replace_secrets: bool,
+) -> None:
+    """Create the key, or update its columns, pools and (with `replace_secrets`) its secret, saying
+    what that takes from its clients; a differing secret kept is listed in `secrets_kept`."""
+    counts = summary.counts["keys"]
+    pool_ids = {pools[name].pk for name in spec.pools}
+    if key is None:
+        key = GatewayKey(name=spec.name, **spec.values())
+        assert spec.secret is not None  # validation requires a secret for a new key
+        key.set_key(spec.secret)
+        key.save()
+        key.pools.set(pool_ids)
+        counts.created += 1
+        return
+    before = {p.pk: p.name for p in key.pools.all()}
+    summary.access_removed += _access_removed(
+        key, spec.values(), [n for pk, n in before.items() if pk not in pool_ids]
+    )
+    changed = _sync(key, spec.values())
+    if spec.secret is not None and hash_key(spec.secret) != key.key_hash:
+        if replace_secrets:
             key.set_key(spec.secret)
-            key.save()
-            key.pools.set(pool_ids)
-            counts["keys"].created += 1
-            continue
-        before = {p.pk: p.name for p in key.pools.all()}
-        summary.access_removed += _access_removed(
-            key, spec.values(), [n for pk, n in before.items() if pk not in pool_ids]
-        )
-        changed = _sync(key, spec.values())
-        if spec.secret is not None and hash_key(spec.secret) != key.key_hash:
-            if replace_secrets:
-                key.set_key(spec.secret)
-                changed += ["key_hash", "prefix"]
-                summary.access_removed.append(
-                    f"key {key.name!r}: secret replaced, clients using the old one get 401"
-                )
-            else:
-                summary.secrets_kept.append(key.name)
-        if changed:
-            key.save(update_fields=changed)
-        pools_changed = set(before) != pool_ids
-        if pools_changed:
-            key.pools.set(pool_ids)
-        if changed or pools_changed:
-            counts["keys"].updated += 1
+            changed += ["key_hash", "prefix"]
+            summary.access_removed.append(
+                f"key {key.name!r}: secret replaced, clients using the old one get 401"
+            )
         else:
-            counts["keys"].unchanged += 1
+            summary.secrets_kept.append(key.name)
+    if changed:
+        key.save(update_fields=changed)
+    pools_changed = set(before) != pool_ids
+    if pools_changed:
+        key.pools.set(pool_ids)
+    if changed or pools_changed:
+        counts.updated += 1
+    else:
+        counts.unchanged += 1
 
-    _apply_operators(summary, config.operators, pools, prune=prune)
 
-    if prune:
-        stale_entries = [
-            e.pk for k, e in entries.items() if e.provenance == Provenance.CONFIGURED and k not in declared
-        ]
-        summary.record_deleted(CatalogEntry.objects.filter(pk__in=stale_entries).delete())
-        # Assignments before pools: an assignment that moved to a pool the file names must not be
-        # cascaded away with its old pool (it was already moved above).
-        named = {spec.name for _, spec in config.assignments()}
-        summary.record_deleted(Assignment.objects.exclude(name__in=named).delete())
-        gone = Pool.objects.exclude(name__in=[p.name for p in config.pools])
-        summary.access_removed += [
-            f"pool {name!r} removed: keys lose its models" for name in gone.values_list("name", flat=True)
-        ]
-        summary.record_deleted(gone.delete())
-    return summary
+def _prune_unnamed(
+    summary: ApplySummary,
+    config: GatewayConfig,
+    entries: Mapping[tuple[int, str], CatalogEntry],
+    declared: set[tuple[int, str]],
+) -> None:
+    """Delete the configured catalog entries, assignments and pools the file no longer names."""
+    stale_entries = [
+        e.pk for k, e in entries.items() if e.provenance == Provenance.CONFIGURED and k not in declared
+    ]
+    summary.record_deleted(CatalogEntry.objects.filter(pk__in=stale_entries).delete())
+    # Assignments before pools: an assignment that moved to a pool the file names must not be
+    # cascaded away with its old pool (it was already moved above).
+    named = {spec.name for _, spec in config.assignments()}
+    summary.record_deleted(Assignment.objects.exclude(name__in=named).delete())
+    gone = Pool.objects.exclude(name__in=[p.name for p in config.pools])
+    summary.access_removed += [
+        f"pool {name!r} removed: keys lose its models" for name in gone.values_list("name", flat=True)
+    ]
+    summary.record_deleted(gone.delete())
 
 
 def _apply_operators(

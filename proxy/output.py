@@ -345,25 +345,11 @@ class AttemptStream:
             # upstream has yet to close its side was served whole: a success, not a cancel.
             if not ended and not delivered:
                 left = True
-                log.status, log.failure_class = AttemptStatus.CANCELLED, FailureClass.CANCELLED
-                log.dispatch_state = DispatchState.UNKNOWN
-                outcome, status = Outcome.CANCELLED, 499
+                outcome, status = self._client_left()
             raise
         except TransportFailure:
-            log.status, log.failure_class, log.dispatch_state = (
-                AttemptStatus.FAILED,
-                FailureClass.INTERRUPTED,
-                DispatchState.UNKNOWN,
-            )
-            outcome = Outcome.GATEWAY_SHUTTING_DOWN if stopping else Outcome.UPSTREAM_INTERRUPTED
-            yield self.framing.error_event(
-                self.client_dialect,
-                type="service_unavailable" if stopping else "upstream_error",
-                code=outcome,
-                param=None,
-                message=STOPPING_MESSAGE if stopping else INTERRUPTED_MESSAGE,
-                status=None,
-            )
+            outcome, event = self._interrupted(stopping=stopping)
+            yield event
         finally:
             try:
                 if left:  # still a stream the shutdown interrupts: its grace bounds the reading too
@@ -373,6 +359,35 @@ class AttemptStream:
                     await settle(self._end(False, self.exchange.outcome or outcome, status))
             finally:
                 release()
+
+    def _client_left(self) -> tuple[Outcome, int]:
+        """The client left before the stream's end: the attempt is `cancelled` (its upstream may have
+        served it whole or not), the exchange's outcome and status."""
+        log = self.log
+        log.status, log.failure_class = AttemptStatus.CANCELLED, FailureClass.CANCELLED
+        log.dispatch_state = DispatchState.UNKNOWN
+        return Outcome.CANCELLED, 499
+
+    def _interrupted(self, *, stopping: bool) -> tuple[Outcome, bytes]:
+        """The stream was cut after output began, by the upstream or by the gateway's shutdown
+        (`stopping`): the attempt failed `interrupted`; the exchange's outcome, and the typed error
+        event that ends the client's stream."""
+        log = self.log
+        log.status, log.failure_class, log.dispatch_state = (
+            AttemptStatus.FAILED,
+            FailureClass.INTERRUPTED,
+            DispatchState.UNKNOWN,
+        )
+        outcome = Outcome.GATEWAY_SHUTTING_DOWN if stopping else Outcome.UPSTREAM_INTERRUPTED
+        event = self.framing.error_event(
+            self.client_dialect,
+            type="service_unavailable" if stopping else "upstream_error",
+            code=outcome,
+            param=None,
+            message=STOPPING_MESSAGE if stopping else INTERRUPTED_MESSAGE,
+            status=None,
+        )
+        return outcome, event
 
     async def _settle_after_leaving(self, started: float, *, fresh: bool) -> None:
         """The client left before the upstream said all the ledger needs: the rest of the stream is

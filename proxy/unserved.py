@@ -57,56 +57,8 @@ def unserved_answer(
     """(the exchange's outcome, its status, the client's answer). `tokens`: the request's estimate,
     `dialect`: the client's stream dialect (None: a plain request)."""
     last = unserved.last
-    if last is None and unserved.untranslatable is not None:
-        # Nothing was sent: the last candidate could not be sent this request in its API.
-        message = UNTRANSLATABLE_MESSAGE.format(unserved.untranslatable)
-        code = ErrorCode.INVALID_REQUEST
-        return _typed(
-            framing,
-            code.status,
-            code=code,
-            type=code,
-            message=message,
-            param=unserved.untranslatable,
-            retry=False,
-        )
-    if last is None and path == COUNT_TOKENS:
-        # No Anthropic-shaped account could count them: the gateway's own estimate, labelled as
-        # such, rather than a 503 that stops a coding agent before every turn (SPEC §4).
-        estimate = json.dumps({"input_tokens": estimate_input_tokens(body)}).encode()
-        return Outcome.OK, 200, Final(200, estimate, headers=(("x-gateway-token-count", "estimated"),))
-    if last is None and unserved.budget_unreachable:
-        # Nothing was sent because the budget could not be reserved: the database, not the budget.
-        code = ErrorCode.GATEWAY_UNAVAILABLE
-        return _typed(
-            framing, code.status, code=code, type=code, message=code.message, param=None, retry=True
-        )
-    anthropic = path.startswith("/messages")
-    if last is None and exclusion(unserved, plan) is IneligibleReason.BUDGET:
-        # The key's own condition, not an outage: a 429 the SDKs do not retry (SPEC §7.4); Anthropic
-        # clients read its 429 as a rate_limit_error.
-        code = ErrorCode.BUDGET_EXCEEDED
-        message = unserved.budget_refusal or code.message
-        return _typed(
-            framing,
-            code.status,
-            code=code,
-            type="insufficient_quota",
-            message=message,
-            param=None,
-            retry=False,
-        )
     if last is None:
-        reason = exclusion(unserved, plan)
-        return _typed(
-            framing,
-            ErrorCode.NO_ELIGIBLE_BACKEND.status,
-            code=ErrorCode.NO_ELIGIBLE_BACKEND,
-            type="service_unavailable",
-            message=no_eligible_message(reason, plan, tokens=tokens, anthropic=anthropic),
-            param=str(reason),
-            retry=ErrorCode.NO_ELIGIBLE_BACKEND.should_retry(str(reason)),
-        )
+        return _nothing_sent(unserved, plan=plan, path=path, body=body, tokens=tokens, framing=framing)
     if last.disposition is Disposition.DISPATCH_UNKNOWN:
         code = ErrorCode.UPSTREAM_DISPATCH_UNKNOWN
         return _typed(
@@ -118,6 +70,7 @@ def unserved_answer(
             param=None,
             retry=False,
         )
+    anthropic = path.startswith("/messages")
     message = failure_message(last, window=unserved.window, tokens=tokens, anthropic=anthropic)
     outcome = last.code or str(last.failure)
     if last.withheld and dialect is not None:
@@ -141,6 +94,62 @@ def unserved_answer(
         outcome,
         status,
         replace(final, should_retry=retry, retry_after=last.retry_after if status == 429 else None),
+    )
+
+
+def _nothing_sent(
+    unserved: Unserved, *, plan: Plan, path: str, body: dict, tokens: int, framing: Dispatch
+) -> tuple[str, int, Final]:
+    """The answer when no attempt reached an upstream: why the plan sent nothing, or, for a token
+    count, the gateway's own estimate."""
+    if unserved.untranslatable is not None:
+        # Nothing was sent: the last candidate could not be sent this request in its API.
+        message = UNTRANSLATABLE_MESSAGE.format(unserved.untranslatable)
+        code = ErrorCode.INVALID_REQUEST
+        return _typed(
+            framing,
+            code.status,
+            code=code,
+            type=code,
+            message=message,
+            param=unserved.untranslatable,
+            retry=False,
+        )
+    if path == COUNT_TOKENS:
+        # No Anthropic-shaped account could count them: the gateway's own estimate, labelled as
+        # such, rather than a 503 that stops a coding agent before every turn (SPEC §4).
+        estimate = json.dumps({"input_tokens": estimate_input_tokens(body)}).encode()
+        return Outcome.OK, 200, Final(200, estimate, headers=(("x-gateway-token-count", "estimated"),))
+    if unserved.budget_unreachable:
+        # Nothing was sent because the budget could not be reserved: the database, not the budget.
+        code = ErrorCode.GATEWAY_UNAVAILABLE
+        return _typed(
+            framing, code.status, code=code, type=code, message=code.message, param=None, retry=True
+        )
+    reason = exclusion(unserved, plan)
+    if reason is IneligibleReason.BUDGET:
+        # The key's own condition, not an outage: a 429 the SDKs do not retry (SPEC §7.4); Anthropic
+        # clients read its 429 as a rate_limit_error.
+        code = ErrorCode.BUDGET_EXCEEDED
+        message = unserved.budget_refusal or code.message
+        return _typed(
+            framing,
+            code.status,
+            code=code,
+            type="insufficient_quota",
+            message=message,
+            param=None,
+            retry=False,
+        )
+    anthropic = path.startswith("/messages")
+    return _typed(
+        framing,
+        ErrorCode.NO_ELIGIBLE_BACKEND.status,
+        code=ErrorCode.NO_ELIGIBLE_BACKEND,
+        type="service_unavailable",
+        message=no_eligible_message(reason, plan, tokens=tokens, anthropic=anthropic),
+        param=str(reason),
+        retry=ErrorCode.NO_ELIGIBLE_BACKEND.should_retry(str(reason)),
     )
 
 

@@ -56,7 +56,7 @@ from proxy.wire.apis.responses import responses_error_event
 from proxy.wire.providers.base import UpstreamCall
 from proxy.wire.providers.registry import provider
 from proxy.wire.sse import Block, Dialect, SSEParser
-from proxy.wire.translations.responses_over_chat import prewarmed
+from proxy.wire.translations.responses_over_chat_answer import prewarmed
 from proxy.wire.translations.translate import RequestTranslationError
 from routing.policy.failures import Observation
 from routing.policy.types import Candidate

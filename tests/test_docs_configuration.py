@@ -15,7 +15,8 @@ import pytest
 import yaml
 from django.core.management import call_command
 
-from gatewayconfig import reference, schema
+from gatewayconfig import fields, reference, schema
+from gatewayconfig.checker import MISSING
 from gatewayconfig.document import parse_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ def test_the_reference_file_is_what_the_schema_generates(capsys):
 def _entries(entries, prefix=""):
     for entry in entries:
         yield entry, f"{prefix}{entry.key}"
-        if isinstance(entry, schema.Block):
+        if isinstance(entry, fields.Block):
             yield from _entries(entry.fields, f"{prefix}{entry.key}.")
 
 
@@ -54,9 +55,9 @@ def test_every_yaml_key_is_in_the_reference_with_its_values_default_and_meaning(
             accepts, default, meaning = rows[(section, key)]
             assert accepts and meaning, (section, key)
             assert f"| `{key}` |" in text, (section, key)
-            if isinstance(entry, schema.Field) and entry.kind is not None and entry.default is schema.MISSING:
+            if isinstance(entry, fields.Field) and entry.kind is not None and entry.default is MISSING:
                 assert default == "required"
-            if isinstance(entry, schema.Field) and entry.legacy is not None:
+            if isinstance(entry, fields.Field) and entry.legacy is not None:
                 assert f"`{entry.legacy[0]}`" in meaning  # the older name is still read: say so
 
 
@@ -66,7 +67,7 @@ def test_every_section_the_schema_declares_has_its_heading():
         for name, value in vars(schema).items()
         if isinstance(value, tuple)
         and value
-        and all(isinstance(e, schema.Field | schema.Block) for e in value)
+        and all(isinstance(e, fields.Field | fields.Block) for e in value)
     }
     covered = {
         name
@@ -79,7 +80,7 @@ def test_every_section_the_schema_declares_has_its_heading():
 
 
 def test_a_field_without_a_meaning_is_refused(monkeypatch):
-    undocumented = (*schema.POOL, schema.Field("colour", schema.BOOLEAN))
+    undocumented = (*schema.POOL, fields.Field("colour", fields.BOOLEAN))
     monkeypatch.setattr(
         reference,
         "SECTIONS",

@@ -108,21 +108,11 @@ def _usage(*, pool_ids: list[int] | None, now: datetime) -> list[panel.UsageRow]
     return [panel.UsageRow(**row) for row in rows]
 
 
-def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
-    """Everything /admin/upstreams/ shows `user`, in ten queries whatever the number of pools,
-    assignments and models: settings, pools, assignments, capability evidence, catalog entries, circuits,
-    live demotions, latency averages, and two aggregates of the ledger's window (attempts per assignment,
-    for each one's share of its pool and whether it answered; usage per model). Reads only: a missing
-    settings row is not created on a GET."""
-    stored = GatewaySettings.objects.filter(pk=1).first()
-    bsettings = breaker_settings(stored if stored is not None else GatewaySettings())
-    pools = list(pools_visible_to(user).order_by("name").values_list("pk", "name"))
-    pool_ids = [pk for pk, _ in pools]
-    assignments = list(
-        Assignment.objects.filter(pool_id__in=pool_ids)
-        .only(*PANEL_ASSIGNMENT_FIELDS)
-        .order_by("tier", "name")
-    )
+def _model_facts(
+    assignments: list[Assignment], *, pool_ids: list[int], now: datetime
+) -> dict[int, list[panel.ModelFacts]]:
+    """Each assignment's catalog entries with the capabilities its route has (declared, or as qualified
+    by the evidence of `now`) and its price, by assignment id."""
     by_id = {a.pk: a for a in assignments}
     evidence = evidence_load(pool_ids=pool_ids, now=now)
     entries: dict[int, list[panel.ModelFacts]] = {}
@@ -164,24 +154,64 @@ def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
                 price=route_price(model, input_price, output_price),
             )
         )
+    return entries
+
+
+def _circuits(
+    pool_ids: list[int],
+) -> tuple[dict[int, dict[tuple[str, RouteClass], CircuitSnapshot]], dict[int, CircuitSnapshot]]:
+    """The circuits of each assignment by (model, route class), and apart its assignment-wide one
+    (credential_rejected), by assignment id."""
     circuits: dict[int, dict[tuple[str, RouteClass], CircuitSnapshot]] = {}
-    wide: dict[int, CircuitSnapshot] = {}  # assignment-wide circuits (credential_rejected)
+    wide: dict[int, CircuitSnapshot] = {}
     for row in Circuit.objects.filter(assignment__pool_id__in=pool_ids):
         if row.route_class == ASSIGNMENT_WIDE:
             wide[row.assignment_id] = circuit_snapshot(row)
             continue
         key = (row.model, RouteClass(row.route_class))
         circuits.setdefault(row.assignment_id, {})[key] = circuit_snapshot(row)
+    return circuits, wide
+
+
+def _demotions(pool_ids: list[int], now: datetime) -> dict[int, dict[str, panel.DemotionFacts]]:
+    """The demotions still running at `now`, by assignment id and model."""
     demotions: dict[int, dict[str, panel.DemotionFacts]] = {}
     for assignment_id, model, reason, until in Demotion.objects.filter(
         assignment__pool_id__in=pool_ids, until__gt=now
     ).values_list("assignment_id", "model", "reason", "until"):
         demotions.setdefault(assignment_id, {})[model] = panel.DemotionFacts(CircuitReason(reason), until)
+    return demotions
+
+
+def _latencies(pool_ids: list[int]) -> dict[int, dict[str, panel.LatencyFacts]]:
+    """The latency averages, by assignment id and model."""
     latencies: dict[int, dict[str, panel.LatencyFacts]] = {}
     for assignment_id, model, ewma_ms, samples in Latency.objects.filter(
         assignment__pool_id__in=pool_ids
     ).values_list("assignment_id", "model", "ewma_ms", "samples"):
         latencies.setdefault(assignment_id, {})[model] = panel.LatencyFacts(ewma_ms, samples)
+    return latencies
+
+
+def upstreams_panel_load(*, user, now: datetime) -> panel.Panel:
+    """Everything /admin/upstreams/ shows `user`, in ten queries whatever the number of pools,
+    assignments and models: settings, pools, assignments, capability evidence, catalog entries, circuits,
+    live demotions, latency averages, and two aggregates of the ledger's window (attempts per assignment,
+    for each one's share of its pool and whether it answered; usage per model). Reads only: a missing
+    settings row is not created on a GET."""
+    stored = GatewaySettings.objects.filter(pk=1).first()
+    bsettings = breaker_settings(stored if stored is not None else GatewaySettings())
+    pools = list(pools_visible_to(user).order_by("name").values_list("pk", "name"))
+    pool_ids = [pk for pk, _ in pools]
+    assignments = list(
+        Assignment.objects.filter(pool_id__in=pool_ids)
+        .only(*PANEL_ASSIGNMENT_FIELDS)
+        .order_by("tier", "name")
+    )
+    entries = _model_facts(assignments, pool_ids=pool_ids, now=now)
+    circuits, wide = _circuits(pool_ids)
+    demotions = _demotions(pool_ids, now)
+    latencies = _latencies(pool_ids)
     attempts = _attempts_by_assignment(pool_ids=pool_ids, now=now)
     shares = panel.shares(attempts, {a.pk: a.pool_id for a in assignments})
 

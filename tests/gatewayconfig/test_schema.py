@@ -9,7 +9,8 @@ import yaml
 
 from catalog.models import CatalogEntry
 from gatewayconfig.document import parse_config
-from gatewayconfig.schema import ASSIGNMENT, KEY, MODEL, POOL, SETTINGS, columns
+from gatewayconfig.fields import columns
+from gatewayconfig.schema import ASSIGNMENT, KEY, MODEL, POOL, SETTINGS
 from pools.models import Assignment, GatewayKey, GatewaySettings, Pool
 
 # Columns the file never declares: identities and relations it spells otherwise, secrets and their

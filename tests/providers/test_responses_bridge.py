@@ -15,11 +15,8 @@ from pydantic import TypeAdapter
 
 from proxy.wire.providers.registry import CARRIERS, provider
 from proxy.wire.sse import Block, SSEParser, encode_block
-from proxy.wire.translations.responses_over_chat import (
-    chat_to_responses_response,
-    echo,
-    responses_to_chat_request,
-)
+from proxy.wire.translations.responses_over_chat import responses_to_chat_request
+from proxy.wire.translations.responses_over_chat_answer import chat_to_responses_response, echo
 from proxy.wire.translations.responses_over_chat_stream import ChatToResponsesStream
 from proxy.wire.translations.responses_over_messages import (
     AnthropicToResponsesStream,

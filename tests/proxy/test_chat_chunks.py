@@ -8,7 +8,7 @@ import pytest
 
 from proxy.wire.sse import encode_block
 from proxy.wire.translations.messages_over_chat import ChatToAnthropicStream
-from proxy.wire.translations.responses_over_chat import echo
+from proxy.wire.translations.responses_over_chat_answer import echo
 from proxy.wire.translations.responses_over_chat_stream import ChatToResponsesStream
 from tests.providers.test_responses_bridge import chat_chunk
 from tests.proxy.test_translate import run

@@ -18,12 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from proxy.wire.sse import Block, Dialect
 from proxy.wire.translations.messages_over_chat import ChatToAnthropicStream, chat_to_anthropic_response
-from proxy.wire.translations.responses_over_chat import (
-    chat_to_responses_response,
-    echo,
-    namespaced,
-    responses_to_chat_request,
-)
+from proxy.wire.translations.responses_over_chat import namespaced, responses_to_chat_request
+from proxy.wire.translations.responses_over_chat_answer import chat_to_responses_response, echo
 from proxy.wire.translations.responses_over_chat_stream import ChatToResponsesStream
 from proxy.wire.translations.translate import ResponseTranslationError
 from routing.policy.failures import ErrorShape

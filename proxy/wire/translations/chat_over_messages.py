@@ -131,40 +131,7 @@ def chat_to_anthropic_request(body: Mapping[str, Any]) -> dict[str, Any]:
     if "model" in body:
         out["model"] = body["model"]
 
-    system: list[str] = []
-    turns: list[tuple[str, list[dict[str, Any]], int]] = []  # role, blocks, index of the last message
-    messages = _array(body.get("messages"), "messages")
-    for index, message in enumerate(messages):
-        param = f"messages[{index}]"
-        message = chat_message(message, param)
-        role = message.get("role")
-        if role in ("system", "developer"):
-            # Hoisted to Anthropic's one instruction position, in order. Their place among the turns is
-            # lost; their authority is not, and nothing else can reach that position.
-            texts = _text_of_parts(message.get("content"), f"{param}.content", dropped=CHAT_PART_HINTS)
-            system += [text for text in texts if text]
-            continue
-        if role == "user":
-            blocks = _chat_user_blocks(message, param)
-        elif role == "assistant":
-            blocks = _chat_assistant_blocks(message, param)
-        elif role == "tool":
-            role, blocks = "user", [_chat_tool_result(message, param)]
-        else:
-            _refuse(f"{param}.role")  # including the legacy `function` role
-        if not blocks:
-            continue  # Anthropic refuses empty turns; an empty message says nothing
-        if turns and turns[-1][0] == role:
-            # Anthropic turns alternate: consecutive tool results (parallel calls) and any user text after
-            # them become one user turn, results first as Anthropic requires.
-            turns[-1] = (role, turns[-1][1] + blocks, index)
-        else:
-            turns.append((role, blocks, index))
-    if not turns:
-        _refuse("messages")
-    if turns[-1][0] == "assistant":
-        # Anthropic would continue this text as a prefill; Chat asks for an answer after it.
-        _refuse(f"messages[{turns[-1][2]}].role")
+    system, turns = _chat_turns(_array(body.get("messages"), "messages"))
     if system:
         out["system"] = system[0] if len(system) == 1 else [{"type": "text", "text": text} for text in system]
     out["messages"] = [{"role": role, "content": _compact(blocks)} for role, blocks, _ in turns]
@@ -204,6 +171,45 @@ def chat_to_anthropic_request(body: Mapping[str, Any]) -> dict[str, Any]:
         options = ("include_usage",)
         block_fields(body["stream_options"], "stream_options", frozenset(options), dropped=_OBFUSCATION)
     return out
+
+
+def _chat_turns(messages: list[Any]) -> tuple[list[str], list[tuple[str, list[dict[str, Any]], int]]]:
+    """Chat's messages as Anthropic's system texts and alternating turns (each a role, its blocks and the
+    index of its last message); refused when no turn is left or the last is the assistant's."""
+    system: list[str] = []
+    turns: list[tuple[str, list[dict[str, Any]], int]] = []  # role, blocks, index of the last message
+    for index, message in enumerate(messages):
+        param = f"messages[{index}]"
+        message = chat_message(message, param)
+        role = message.get("role")
+        if role in ("system", "developer"):
+            # Hoisted to Anthropic's one instruction position, in order. Their place among the turns is
+            # lost; their authority is not, and nothing else can reach that position.
+            texts = _text_of_parts(message.get("content"), f"{param}.content", dropped=CHAT_PART_HINTS)
+            system += [text for text in texts if text]
+            continue
+        if role == "user":
+            blocks = _chat_user_blocks(message, param)
+        elif role == "assistant":
+            blocks = _chat_assistant_blocks(message, param)
+        elif role == "tool":
+            role, blocks = "user", [_chat_tool_result(message, param)]
+        else:
+            _refuse(f"{param}.role")  # including the legacy `function` role
+        if not blocks:
+            continue  # Anthropic refuses empty turns; an empty message says nothing
+        if turns and turns[-1][0] == role:
+            # Anthropic turns alternate: consecutive tool results (parallel calls) and any user text after
+            # them become one user turn, results first as Anthropic requires.
+            turns[-1] = (role, turns[-1][1] + blocks, index)
+        else:
+            turns.append((role, blocks, index))
+    if not turns:
+        _refuse("messages")
+    if turns[-1][0] == "assistant":
+        # Anthropic would continue this text as a prefill; Chat asks for an answer after it.
+        _refuse(f"messages[{turns[-1][2]}].role")
+    return system, turns
 
 
 def _compact(blocks: list[dict[str, Any]]) -> str | list[dict[str, Any]]:

@@ -4,9 +4,9 @@ sequence (`response.created`, `response.in_progress`, `response.output_item.adde
 `sequence_number`.
 
 PURE: standard library and `proxy.wire.sse` only, no I/O, no clock. The decisions (statuses, ids, usage) are
-`proxy.wire.translations.responses_over_chat`'s; the stream contract (never raise on upstream content, close
-only
-on the upstream's own terminator) is `proxy.wire.translations.translate`'s.
+`proxy.wire.translations.responses_over_chat`'s, the pieces shared with the whole answer (usage, status,
+items) `proxy.wire.translations.responses_over_chat_answer`'s; the stream contract (never raise on upstream
+content, close only on the upstream's own terminator) is `proxy.wire.translations.translate`'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from proxy.wire.sse import encode_block
 from proxy.wire.translations.chat_chunks import ChatChunkReader
-from proxy.wire.translations.responses_over_chat import (
+from proxy.wire.translations.responses_over_chat_answer import (
     _function_item,
     _message_item,
     _response,

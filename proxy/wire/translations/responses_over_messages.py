@@ -21,7 +21,8 @@ from proxy.wire.translations.chat_over_messages import (
     anthropic_to_chat_response,
     chat_to_anthropic_request,
 )
-from proxy.wire.translations.responses_over_chat import chat_to_responses_response, responses_to_chat_request
+from proxy.wire.translations.responses_over_chat import responses_to_chat_request
+from proxy.wire.translations.responses_over_chat_answer import chat_to_responses_response
 from proxy.wire.translations.responses_over_chat_stream import ChatToResponsesStream
 
 
