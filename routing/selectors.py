@@ -13,9 +13,12 @@ statement (`request_state_load`). No per-candidate query anywhere.
 """
 
 import functools
+import heapq
+import math
 from collections.abc import Callable, Iterator, KeysView, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from catalog.models import CatalogEntry
@@ -42,7 +45,7 @@ from routing.policy import breaker
 from routing.policy.breaker import BreakerSettings, CircuitSnapshot
 from routing.policy.capabilities import Capability, Effective, valid_until
 from routing.policy.files import file_pins
-from routing.policy.latency import load_now
+from routing.policy.latency import LOAD_HALF_LIFE_S, load_now
 from routing.policy.plan import HardPin, PinKind
 from routing.policy.resolution import ModelPolicy
 from routing.policy.route import RoutingView, Target, models_decided
@@ -625,19 +628,20 @@ class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
         return len(self._routes)
 
 
-# A model's candidates with their latency averages, headroom and load, as last built, by the configuration
-# tuple they were built from: (that tuple, the (average, headroom, load) triples, the candidates built).
 Measured = tuple[float | None, float | None, float | None]
-_latency_built: dict[int, tuple[tuple[Candidate, ...], tuple[Measured, ...], tuple[Candidate, ...]]] = {}
 _MEASURED_FIELDS = ("latency_ms", "headroom_left", "load")
 _UNMEASURED = tuple(name for name in Candidate.__slots__ if name not in _MEASURED_FIELDS)
 _set = object.__setattr__
+# How early a candidate's figures are looked at again before they can change (`_due`): far above the error
+# of a float timestamp (under a microsecond) and of the logarithm, so a change is never missed.
+_EARLY_S = 1e-3
+_NEVER = float("inf")
+_NO_LOAD: Mapping[tuple[int, str], tuple[float, datetime]] = MappingProxyType({})
 
 
 def _measured(c: Candidate, value: Measured) -> Candidate:
     """`c` with `value` as its (latency_ms, headroom_left, load): `dataclasses.replace` without its
-    per-field checks and keyword `__init__` (a third of its cost; `c` was built and checked already).
-    A request rebuilds a candidate whenever its decayed load moves by a tenth, most requests at load."""
+    per-field checks and keyword `__init__` (a third of its cost; `c` was built and checked already)."""
     copy = object.__new__(Candidate)
     for name in _UNMEASURED:
         _set(copy, name, getattr(c, name))
@@ -645,6 +649,61 @@ def _measured(c: Candidate, value: Measured) -> Candidate:
     _set(copy, "headroom_left", value[1])
     _set(copy, "load", value[2])
     return copy
+
+
+def _figures(
+    key: tuple[int, str],
+    latency: Mapping[tuple[int, str], float],
+    headroom: Mapping[tuple[int, str], tuple[float, datetime]],
+    loads: Mapping[tuple[int, str], tuple[float, datetime]],
+    now: datetime,
+    stamp: float,
+) -> tuple[Measured, float]:
+    """A candidate's (latency, headroom, load) at `now` (`with_latency`'s rules), and the timestamp from
+    which they may differ: a headroom until its limit resets, a load until its decay rounds to another
+    tenth (it only falls: `load_now`), a latency until the rows change. Never later than the change."""
+    left = headroom.get(key)
+    due = _NEVER
+    room = None
+    if left is not None and now < left[1]:
+        room = left[0]
+        due = left[1].timestamp() - _EARLY_S
+    served = loads.get(key)
+    load = None
+    if served is not None:
+        amount, written = served
+        load = round(load_now(amount, written, now), 1)
+        if now < written:  # not decaying yet (a writer's clock ahead of ours)
+            due = min(due, written.timestamp() - _EARLY_S)
+        elif amount < 0:
+            due = stamp  # never written (a load is a count), but then looked at every time
+        elif load > 0:
+            # It rounds to `load` down to load - 0.05: reached LOAD_HALF_LIFE_S * log2(amount / that) after
+            # it was written.
+            floor = load - 0.05
+            crossing = (
+                written.timestamp() + LOAD_HALF_LIFE_S * math.log2(amount / floor) if floor > 0 else _NEVER
+            )
+            due = min(due, crossing - _EARLY_S)
+    return (latency.get(key), room, load), due
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """A model's candidates as `with_latency` last built them: from `candidates` and the three mappings
+    (by identity: a request state read again with the same rows keeps them, `proxy.ingress._learn`), at
+    `stamp` (now's timestamp); `due` a heap of (timestamp from which candidate i may change, i)."""
+
+    candidates: tuple[Candidate, ...]
+    sources: tuple[object, object, object]
+    stamp: float
+    values: list[Measured]
+    result: tuple[Candidate, ...]
+    due: list[tuple[float, int]]
+
+
+# By id of the configuration tuple they were built from (each entry holds that tuple: its id stays its own).
+_latency_built: dict[int, _Built] = {}
 
 
 def with_latency(
@@ -657,34 +716,56 @@ def with_latency(
     """`candidates` with `latency_ms` filled from `latency` (None where a pair has no average yet),
     `headroom_left` from `headroom` while its limit has not reset by `now`, and `load` from `load`
     decayed to `now` (rounded to a tenth, so it changes the candidates no more often than it matters).
-    Built once per change of these, not per request: a candidate's copy costs a few microseconds, a
-    pool of twenty accounts a tenth of a millisecond a request (routing.policy.latency)."""
-    loads = load or {}
-    values = []
-    for c in candidates:
-        key = c.key
-        left = headroom.get(key)
-        served = loads.get(key)
-        values.append(
-            (
-                latency.get(key),
-                left[0] if left is not None and now < left[1] else None,
-                round(load_now(served[0], served[1], now), 1) if served is not None else None,
-            )
-        )
-    measured = tuple(values)
+
+    Incremental (issue 49): built once per set of rows, then a request looks again only at the
+    candidates whose figures may have changed since the last one (a headroom's reset passed, a load's
+    decay reached its next tenth), by a heap of when each may change, and copies only those that did;
+    the same tuple while none did. A request earlier than the last built (decided out of order) or new
+    rows build it all again."""
+    loads = _NO_LOAD if load is None else load  # one empty mapping: the same source every time
+    stamp = now.timestamp()
+    sources = (latency, headroom, loads)
     built = _latency_built.get(id(candidates))
-    if built is not None and built[0] is candidates and built[1] == measured:
-        return built[2]
-    result = tuple(
-        c if (c.latency_ms, c.headroom_left, c.load) == v else _measured(c, v)
-        for c, v in zip(candidates, measured, strict=True)
-    )
+    if (
+        built is not None
+        and built.candidates is candidates
+        and all(a is b for a, b in zip(built.sources, sources, strict=True))
+        and stamp >= built.stamp
+    ):
+        if not built.due or built.due[0][0] > stamp:
+            return built.result
+        # Copies, not changes in place: another thread may be reading this entry.
+        due, values, result = list(built.due), list(built.values), list(built.result)
+        changed = False
+        while due and due[0][0] <= stamp:
+            _, i = heapq.heappop(due)
+            c = candidates[i]
+            value, when = _figures(c.key, latency, headroom, loads, now, stamp)
+            if value != values[i]:
+                values[i], changed = value, True
+                result[i] = c if (c.latency_ms, c.headroom_left, c.load) == value else _measured(c, value)
+            if when != _NEVER:
+                heapq.heappush(due, (max(when, math.nextafter(stamp, _NEVER)), i))
+        out = tuple(result) if changed else built.result
+        _latency_built[id(candidates)] = _Built(candidates, sources, stamp, values, out, due)
+        return out
+    values = []
+    due = []
+    rebuilt = []
+    for i, c in enumerate(candidates):
+        value, when = _figures(c.key, latency, headroom, loads, now, stamp)
+        values.append(value)
+        rebuilt.append(c if (c.latency_ms, c.headroom_left, c.load) == value else _measured(c, value))
+        if when != _NEVER:
+            due.append((max(when, math.nextafter(stamp, _NEVER)), i))
+    heapq.heapify(due)
+    out = tuple(rebuilt)
+    if built is not None and built.candidates is candidates and built.result == out:
+        out = built.result  # the same candidates as before: the same tuple, for what is cached by it
     if len(_latency_built) >= CACHE_LIMIT:
         _latency_built.clear()
-    # Holds `candidates`: its id stays its own.
-    _latency_built[id(candidates)] = (candidates, measured, result)
-    return result
+    _latency_built[id(candidates)] = _Built(candidates, sources, stamp, values, out, due)
+    return out
 
 
 def routing_view_load(
