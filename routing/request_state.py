@@ -1,6 +1,6 @@
 """The request's one read before dispatch (SPEC §5, §7.1, §7.2, §11): `READER.read` is the one selector the
 request path calls. It sends one statement (`request_state_query`): the key (`pools.selectors.key_sql`),
-its pools' health (`routing.selectors.health_sql`) and the key's live affinities for the ids the request
+its pools' health (`routing.health_state.health_sql`) and the key's live affinities for the ids the request
 names (`routing.affinities`), side by side in one UNION ALL, each kind of row padded with NULLs where the
 others have their columns (`RowKind` says which is which), decoded by `request_state_from_rows`. With
 the configuration cached (`routing.selectors.config_cached`), the routing inputs are built from those
@@ -31,20 +31,11 @@ from routing.affinities import (
     affinity_params,
     affinity_where,
 )
+from routing.health_state import HEALTH_COLUMNS, HealthState, RowKind, health_from_rows, health_sql
 from routing.models import Affinity
 from routing.policy.route import models_decided
 from routing.policy.types import ASSIGNMENT_WIDE, RouteClass
-from routing.selectors import (
-    HEALTH_COLUMNS,
-    ConfigSnapshot,
-    HealthState,
-    RoutingInputs,
-    RowKind,
-    config_cached,
-    health_from_rows,
-    health_sql,
-    routing_inputs_load,
-)
+from routing.selectors import ConfigSnapshot, RoutingInputs, config_cached, routing_inputs_load
 from runtime import db, loopdb, rawsql
 
 

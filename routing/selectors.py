@@ -12,37 +12,35 @@ version), the health and the key's affinities for the ids the request names (SPE
 statement (`routing.request_state`). No per-candidate query anywhere.
 """
 
+import heapq
+import math
 from collections.abc import Callable, Iterator, KeysView, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
-from enum import IntEnum
+from types import MappingProxyType
 from typing import Any
 
 from catalog.models import CatalogEntry
 from catalog.prices import route_price
 from catalog.selectors import evidence_load, route_capabilities
 from pools.models import (
-    Assignment,
     GatewaySettings,
     ModelAlias,
     ModelFallback,
     Pool,
 )
 from routing.affinities import Affinities, FoundAffinity
-from routing.models import Circuit, Demotion, Latency
+from routing.health_state import HealthState, health_load
 from routing.policy import breaker
-from routing.policy.breaker import BreakerSettings, CircuitSnapshot
+from routing.policy.breaker import BreakerSettings
 from routing.policy.capabilities import Capability, Effective, valid_until
 from routing.policy.files import file_pins
-from routing.policy.latency import load_now
+from routing.policy.latency import LOAD_HALF_LIFE_S, load_now
 from routing.policy.plan import HardPin, PinKind
 from routing.policy.resolution import ModelPolicy
 from routing.policy.route import RoutingView, Target
 from routing.policy.types import (
-    ASSIGNMENT_WIDE,
     Candidate,
-    CircuitReason,
-    CircuitState,
     DataCollection,
     Price,
     RouteClass,
@@ -51,7 +49,6 @@ from routing.policy.types import (
     TriState,
 )
 from routing.services import breaker_settings
-from runtime import rawsql
 
 CACHE_LIMIT = 512
 # The model of an account-wide candidate (a route with no model, the Files API): its circuits are
@@ -229,124 +226,6 @@ def config_snapshot(pool_ids: tuple[int, ...], version: int | None, now: datetim
     return snapshot
 
 
-class RowKind(IntEnum):
-    """The first column of a row of the health statement (`health_sql`: circuits, demotions, latency)
-    and of the request's statement built around it (`routing.request_state`: the key's rows and its
-    affinities'), in the order the request's statement sorts them."""
-
-    CIRCUIT = 0
-    DEMOTION = 1
-    KEY = 2
-    AFFINITY = 3
-    LATENCY = 4
-
-
-HEALTH_COLUMNS = 10  # what `health_sql` selects: the row's kind, then (assignment, model) and its state
-
-
-def health_sql(pools: str, models: int = 0) -> str:
-    """Circuits of a route class, active demotions and latency averages in the pools `pools` (an SQL
-    set: a list of placeholders or a subquery); params: the route class, ASSIGNMENT_WIDE, now.
-
-    A latency row carries its average in whole milliseconds in the cooldown column (an integer column
-    for both backends' UNION; a millisecond is finer than any order it decides), and the latest headroom
-    its answers reported in thousandths in the failures column, with its limit's reset in the open_until
-    column (null: none reported), and its recent load in thousandths in the probes column, as written at
-    the lease column's time (it is decayed to the request's time here, so the rows stay the same between
-    two ledger batches). Every latency row of
-    the pools is read, unless `models` > 0: then the statement around it defines a relation `n` that has
-    a row when the request's models are known (`Narrowing`), and with it only the latency rows of the
-    `models` models in the placeholders after now are read (a pool of 200 accounts serving 20 models has
-    4,000 such rows, and a request plans over one or two of its models)."""
-    circuit, demotion, assignment, latency = Circuit._meta, Demotion._meta, Assignment._meta, Latency._meta
-    latencies = (
-        f"SELECT {int(RowKind.LATENCY)}, l.assignment_id, l.model, '', '', "  # noqa: S608
-        "CAST(ROUND(l.headroom_left * 1000) AS INTEGER), CAST(ROUND(l.ewma_ms) AS INTEGER), "
-        "l.headroom_until, CAST(ROUND(l.load * 1000) AS INTEGER), l.updated_at "
-        f"FROM {latency.db_table} l JOIN {assignment.db_table} la ON la.id = l.assignment_id "
-        f"WHERE la.pool_id IN {pools}"
-    )
-    return (
-        f"SELECT {int(RowKind.CIRCUIT)}, assignment_id, model, state, reason, consecutive_failures, "  # noqa: S608
-        "cooldown_seconds, open_until, probes_in_flight, probe_lease_expires_at "
-        f"FROM {circuit.db_table} "
-        f"WHERE route_class IN (%s, %s) AND pool_id IN {pools} "
-        "UNION ALL "
-        f"SELECT {int(RowKind.DEMOTION)}, d.assignment_id, d.model, '', d.reason, 0, 0, d.until, 0, NULL "
-        f"FROM {demotion.db_table} d JOIN {assignment.db_table} a ON a.id = d.assignment_id "
-        f"WHERE d.until > %s AND a.pool_id IN {pools} "
-        "UNION ALL "
-        + (
-            f"{latencies} AND l.model IN ({rawsql.placeholders(models)}) AND EXISTS (SELECT 1 FROM n) "  # noqa: S608
-            f"UNION ALL {latencies} AND NOT EXISTS (SELECT 1 FROM n)"
-            if models
-            else latencies
-        )
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class HealthState:
-    circuits: dict[tuple[int, str], CircuitSnapshot]  # (assignment, model) of the route class
-    wide: dict[int, CircuitSnapshot]  # assignment -> its assignment-wide circuit (credential_rejected)
-    demoted: set[tuple[int, str]]
-    latency: dict[tuple[int, str], float] = field(default_factory=dict)  # (assignment, model) -> average ms
-    # (assignment, model) -> (the share of its tightest rate limit left, when that limit resets)
-    headroom: dict[tuple[int, str], tuple[float, datetime]] = field(default_factory=dict)
-    # (assignment, model) -> (its recent load, when that was written: `routing.policy.latency.load_now`)
-    load: dict[tuple[int, str], tuple[float, datetime]] = field(default_factory=dict)
-
-
-def health_load(*, pool_ids: tuple[int, ...], route_class: RouteClass, now: datetime) -> HealthState:
-    """Circuits of the route class, assignment-wide circuits and active demotions, in ONE query
-    (hand-written SQL, see runtime.rawsql)."""
-    if not pool_ids:
-        return health_from_rows([])
-    pools = f"({rawsql.placeholders(len(pool_ids))})"
-    params = [str(route_class), ASSIGNMENT_WIDE, *pool_ids, rawsql.as_param(now), *pool_ids, *pool_ids]
-    return health_from_rows(rawsql.fetch(health_sql(pools), params))
-
-
-# A stored value's member by a dict lookup: an enum's call is a pure-Python function in 3.11, twice a row.
-DEMOTION, LATENCY = int(RowKind.DEMOTION), int(RowKind.LATENCY)  # plain ints: compared once a row
-_STATES = {state.value: state for state in CircuitState}
-_REASONS = {reason.value: reason for reason in CircuitReason}
-
-
-def health_from_rows(rows: list[tuple]) -> HealthState:
-    found: dict[tuple[int, str], CircuitSnapshot] = {}
-    wide: dict[int, CircuitSnapshot] = {}
-    demoted: set[tuple[int, str]] = set()
-    latency: dict[tuple[int, str], float] = {}
-    headroom: dict[tuple[int, str], tuple[float, datetime]] = {}
-    load: dict[tuple[int, str], tuple[float, datetime]] = {}
-    for kind, assignment_id, model, state, reason, failures, cooldown, until, probes, lease in rows:
-        if kind == DEMOTION:
-            demoted.add((assignment_id, model))
-            continue
-        if kind == LATENCY:
-            latency[(assignment_id, model)] = float(cooldown)
-            if failures is not None and until is not None:
-                headroom[(assignment_id, model)] = (failures / 1000, rawsql.as_datetime(until))
-            if probes and lease is not None:
-                load[(assignment_id, model)] = (probes / 1000, rawsql.as_datetime(lease))
-            continue
-        snapshot = CircuitSnapshot(
-            state=_STATES[state],
-            reason=_REASONS[reason] if reason else None,
-            consecutive_failures=failures,
-            cooldown_seconds=cooldown,
-            open_until=rawsql.as_datetime(until),
-            probes_in_flight=probes,
-            probe_lease_expires_at=rawsql.as_datetime(lease),
-        )
-        if model == ASSIGNMENT_WIDE:
-            wide[assignment_id] = snapshot
-        else:
-            found[(assignment_id, model)] = snapshot
-    return HealthState(found, wide, demoted, latency, headroom, load)
-
-
 class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
     """The configuration's routes with the request's health applied, one model at a time as it is looked
     up: a request reads the routes of one or two models, where its pools may serve hundreds, and a
@@ -387,19 +266,20 @@ class GovernedRoutes(Mapping[str, tuple[Candidate, ...]]):
         return len(self._routes)
 
 
-# A model's candidates with their latency averages, headroom and load, as last built, by the configuration
-# tuple they were built from: (that tuple, the (average, headroom, load) triples, the candidates built).
 Measured = tuple[float | None, float | None, float | None]
-_latency_built: dict[int, tuple[tuple[Candidate, ...], tuple[Measured, ...], tuple[Candidate, ...]]] = {}
 _MEASURED_FIELDS = ("latency_ms", "headroom_left", "load")
 _UNMEASURED = tuple(name for name in Candidate.__slots__ if name not in _MEASURED_FIELDS)
 _set = object.__setattr__
+# How early a candidate's figures are looked at again before they can change (`_due`): far above the error
+# of a float timestamp (under a microsecond) and of the logarithm, so a change is never missed.
+_EARLY_S = 1e-3
+_NEVER = float("inf")
+_NO_LOAD: Mapping[tuple[int, str], tuple[float, datetime]] = MappingProxyType({})
 
 
 def _measured(c: Candidate, value: Measured) -> Candidate:
     """`c` with `value` as its (latency_ms, headroom_left, load): `dataclasses.replace` without its
-    per-field checks and keyword `__init__` (a third of its cost; `c` was built and checked already).
-    A request rebuilds a candidate whenever its decayed load moves by a tenth, most requests at load."""
+    per-field checks and keyword `__init__` (a third of its cost; `c` was built and checked already)."""
     copy = object.__new__(Candidate)
     for name in _UNMEASURED:
         _set(copy, name, getattr(c, name))
@@ -407,6 +287,61 @@ def _measured(c: Candidate, value: Measured) -> Candidate:
     _set(copy, "headroom_left", value[1])
     _set(copy, "load", value[2])
     return copy
+
+
+def _figures(
+    key: tuple[int, str],
+    latency: Mapping[tuple[int, str], float],
+    headroom: Mapping[tuple[int, str], tuple[float, datetime]],
+    loads: Mapping[tuple[int, str], tuple[float, datetime]],
+    now: datetime,
+    stamp: float,
+) -> tuple[Measured, float]:
+    """A candidate's (latency, headroom, load) at `now` (`with_latency`'s rules), and the timestamp from
+    which they may differ: a headroom until its limit resets, a load until its decay rounds to another
+    tenth (it only falls: `load_now`), a latency until the rows change. Never later than the change."""
+    left = headroom.get(key)
+    due = _NEVER
+    room = None
+    if left is not None and now < left[1]:
+        room = left[0]
+        due = left[1].timestamp() - _EARLY_S
+    served = loads.get(key)
+    load = None
+    if served is not None:
+        amount, written = served
+        load = round(load_now(amount, written, now), 1)
+        if now < written:  # not decaying yet (a writer's clock ahead of ours)
+            due = min(due, written.timestamp() - _EARLY_S)
+        elif amount < 0:
+            due = stamp  # never written (a load is a count), but then looked at every time
+        elif load > 0:
+            # It rounds to `load` down to load - 0.05: reached LOAD_HALF_LIFE_S * log2(amount / that) after
+            # it was written.
+            floor = load - 0.05
+            crossing = (
+                written.timestamp() + LOAD_HALF_LIFE_S * math.log2(amount / floor) if floor > 0 else _NEVER
+            )
+            due = min(due, crossing - _EARLY_S)
+    return (latency.get(key), room, load), due
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """A model's candidates as `with_latency` last built them: from `candidates` and the three mappings
+    (by identity: a request state read again with the same rows keeps them, `proxy.ingress._learn`), at
+    `stamp` (now's timestamp); `due` a heap of (timestamp from which candidate i may change, i)."""
+
+    candidates: tuple[Candidate, ...]
+    sources: tuple[object, object, object]
+    stamp: float
+    values: list[Measured]
+    result: tuple[Candidate, ...]
+    due: list[tuple[float, int]]
+
+
+# By id of the configuration tuple they were built from (each entry holds that tuple: its id stays its own).
+_latency_built: dict[int, _Built] = {}
 
 
 def with_latency(
@@ -419,34 +354,56 @@ def with_latency(
     """`candidates` with `latency_ms` filled from `latency` (None where a pair has no average yet),
     `headroom_left` from `headroom` while its limit has not reset by `now`, and `load` from `load`
     decayed to `now` (rounded to a tenth, so it changes the candidates no more often than it matters).
-    Built once per change of these, not per request: a candidate's copy costs a few microseconds, a
-    pool of twenty accounts a tenth of a millisecond a request (routing.policy.latency)."""
-    loads = load or {}
-    values = []
-    for c in candidates:
-        key = c.key
-        left = headroom.get(key)
-        served = loads.get(key)
-        values.append(
-            (
-                latency.get(key),
-                left[0] if left is not None and now < left[1] else None,
-                round(load_now(served[0], served[1], now), 1) if served is not None else None,
-            )
-        )
-    measured = tuple(values)
+
+    Incremental (issue 49): built once per set of rows, then a request looks again only at the
+    candidates whose figures may have changed since the last one (a headroom's reset passed, a load's
+    decay reached its next tenth), by a heap of when each may change, and copies only those that did;
+    the same tuple while none did. A request earlier than the last built (decided out of order) or new
+    rows build it all again."""
+    loads = _NO_LOAD if load is None else load  # one empty mapping: the same source every time
+    stamp = now.timestamp()
+    sources = (latency, headroom, loads)
     built = _latency_built.get(id(candidates))
-    if built is not None and built[0] is candidates and built[1] == measured:
-        return built[2]
-    result = tuple(
-        c if (c.latency_ms, c.headroom_left, c.load) == v else _measured(c, v)
-        for c, v in zip(candidates, measured, strict=True)
-    )
+    if (
+        built is not None
+        and built.candidates is candidates
+        and all(a is b for a, b in zip(built.sources, sources, strict=True))
+        and stamp >= built.stamp
+    ):
+        if not built.due or built.due[0][0] > stamp:
+            return built.result
+        # Copies, not changes in place: another thread may be reading this entry.
+        due, values, result = list(built.due), list(built.values), list(built.result)
+        changed = False
+        while due and due[0][0] <= stamp:
+            _, i = heapq.heappop(due)
+            c = candidates[i]
+            value, when = _figures(c.key, latency, headroom, loads, now, stamp)
+            if value != values[i]:
+                values[i], changed = value, True
+                result[i] = c if (c.latency_ms, c.headroom_left, c.load) == value else _measured(c, value)
+            if when != _NEVER:
+                heapq.heappush(due, (max(when, math.nextafter(stamp, _NEVER)), i))
+        out = tuple(result) if changed else built.result
+        _latency_built[id(candidates)] = _Built(candidates, sources, stamp, values, out, due)
+        return out
+    values = []
+    due = []
+    rebuilt = []
+    for i, c in enumerate(candidates):
+        value, when = _figures(c.key, latency, headroom, loads, now, stamp)
+        values.append(value)
+        rebuilt.append(c if (c.latency_ms, c.headroom_left, c.load) == value else _measured(c, value))
+        if when != _NEVER:
+            due.append((max(when, math.nextafter(stamp, _NEVER)), i))
+    heapq.heapify(due)
+    out = tuple(rebuilt)
+    if built is not None and built.candidates is candidates and built.result == out:
+        out = built.result  # the same candidates as before: the same tuple, for what is cached by it
     if len(_latency_built) >= CACHE_LIMIT:
         _latency_built.clear()
-    # Holds `candidates`: its id stays its own.
-    _latency_built[id(candidates)] = (candidates, measured, result)
-    return result
+    _latency_built[id(candidates)] = _Built(candidates, sources, stamp, values, out, due)
+    return out
 
 
 def routing_view_load(

@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 
 import httpx
@@ -242,6 +243,14 @@ def _toy_key_over(original):
     return key
 
 
+def _toy_gate_in(monkeypatch) -> None:
+    """Step 2: the gate in `evaluate`, and the field it reads (the account's name) in `GATED_FIELDS`."""
+    monkeypatch.setattr(eligibility, "evaluate", _toy_gate(eligibility.evaluate))
+    fields = (*eligibility.GATED_FIELDS, "assignment")
+    monkeypatch.setattr(eligibility, "GATED_FIELDS", fields)
+    monkeypatch.setattr(eligibility, "_GATED", attrgetter(*fields))
+
+
 A = Candidate(assignment_id=1, model="m", assignment=QUARANTINED, tier=0)
 B = Candidate(assignment_id=2, model="m", assignment="acct-b", tier=1)
 
@@ -258,7 +267,7 @@ def test_evaluate_is_the_one_gate_of_the_plan_the_relay_and_auto():
 
 def test_a_toy_gate_in_evaluate_changes_the_plan(monkeypatch):
     assert [c.assignment for c in _plan().order] == [QUARANTINED, "acct-b"]
-    monkeypatch.setattr(eligibility, "evaluate", _toy_gate(eligibility.evaluate))
+    _toy_gate_in(monkeypatch)
     plan = _plan()
     assert [c.assignment for c in plan.order] == ["acct-b"]
     assert [(v.candidate.assignment, v.reasons) for v in plan.ineligible] == [
@@ -278,7 +287,7 @@ def test_a_toy_preference_key_changes_the_order_and_the_shares(monkeypatch):
 def test_a_toy_routing_rule_changes_who_serves_a_request(rule, monkeypatch, gateway, two_assignments):
     a, b, _ = two_assignments
     if rule == "gate":
-        monkeypatch.setattr(eligibility, "evaluate", _toy_gate(eligibility.evaluate))
+        _toy_gate_in(monkeypatch)
     else:
         monkeypatch.setattr(preference, "preference_key", _toy_key_over(preference.preference_key))
     body = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}

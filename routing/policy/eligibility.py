@@ -25,8 +25,9 @@ declared order; an empty list is eligible. Rules:
 headers can only tighten the key's contract.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from routing.policy.budget import reservation_micros
 from routing.policy.types import (
@@ -140,8 +141,59 @@ def evaluate(candidate: Candidate, requirements: Requirements) -> Verdict:
     return Verdict(candidate=c, reasons=reasons, reservation_micros=reservation)
 
 
+# Every field of a candidate that `evaluate` reads (its reservation's included): two candidates equal on
+# these get the same verdict for the same requirements. A pool's accounts share a few contracts, so the
+# gate evaluates each contract once per request rather than each of its candidates (issue 49). A new rule
+# that reads another field lists it here (tests/routing/test_equivalence.py fails until it does).
+GATED_FIELDS = (
+    "adapter",
+    "tool_representation",
+    "model_tools",
+    "tools",
+    "write_tools",
+    "role_separation",
+    "model_vision",
+    "vision",
+    "zero_retention",
+    "data_collection",
+    "region",
+    "router",
+    "quality",
+    "min_deadline_ms",
+    "context_window",
+    "max_output_tokens",
+    "health",
+    "price.input_per_mtok_micros",
+    "price.output_per_mtok_micros",
+    "price.cached_input_per_mtok_micros",
+    "price.cache_write_per_mtok_micros",
+)
+_GATED = attrgetter(*GATED_FIELDS)
+
+
+def gate_reasons(
+    candidates: Sequence[Candidate], requirements: Requirements
+) -> list[tuple[tuple[IneligibleReason, ...], int | None]]:
+    """Each candidate's (reasons, reservation) as `evaluate` finds them, without a Verdict apiece: what
+    the plan needs of the eligible ones is only that they are."""
+    found: dict[tuple[object, ...], tuple[tuple[IneligibleReason, ...], int | None]] = {}
+    out = []
+    for c in candidates:
+        profile = _GATED(c)
+        hit = found.get(profile)
+        if hit is None:
+            verdict = evaluate(c, requirements)
+            hit = found[profile] = (verdict.reasons, verdict.reservation_micros)
+        out.append(hit)
+    return out
+
+
 def gate(candidates: Iterable[Candidate], requirements: Requirements) -> tuple[Verdict, ...]:
-    return tuple(evaluate(c, requirements) for c in candidates)
+    listed = candidates if isinstance(candidates, list | tuple) else list(candidates)
+    return tuple(
+        Verdict(candidate=c, reasons=reasons, reservation_micros=reservation)
+        for c, (reasons, reservation) in zip(listed, gate_reasons(listed, requirements), strict=True)
+    )
 
 
 def _min_optional(a: int | None, b: int | None) -> int | None:

@@ -38,10 +38,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from routing.policy import preference
-from routing.policy.eligibility import Verdict, gate
+from routing.policy.eligibility import Verdict, gate_reasons
 from routing.policy.errors import ErrorCode
 from routing.policy.failures import Disposition
-from routing.policy.resolution import is_allowed
+from routing.policy.resolution import WILDCARD, is_allowed
 from routing.policy.types import Candidate, Health, IneligibleReason, Requirements
 
 
@@ -112,6 +112,38 @@ def _move_session(order: list[Candidate], session_assignment_id: int | None) -> 
     return False
 
 
+_CIRCUIT_OPEN_ONLY = (IneligibleReason.CIRCUIT_OPEN,)
+
+
+def _all_circuit_open(
+    candidates: Sequence[Candidate], reasons: Sequence[tuple[tuple[IneligibleReason, ...], int | None]]
+) -> bool:
+    """Whether the primary model has candidates and every one is blocked by an
+    upstream_model_unavailable circuit alone (`Plan.cross_open`)."""
+    primary = [why for c, (why, _) in zip(candidates, reasons, strict=True) if not c.cross_model]
+    return bool(primary) and all(why == _CIRCUIT_OPEN_ONLY for why in primary)
+
+
+# The fallback model's candidates as the plan marks them (cross_model), by the routes tuple they were
+# marked from: a request over two models otherwise copied each of the fallback's candidates, every time.
+_crossed: dict[int, tuple[Sequence[Candidate], list[Candidate]]] = {}
+_CROSSED_LIMIT = 64
+
+
+def _crossing(fallback: Sequence[Candidate]) -> list[Candidate]:
+    if not fallback:
+        return []
+    hit = _crossed.get(id(fallback))
+    if hit is not None and hit[0] is fallback:
+        return list(hit[1])
+    marked = [c if c.cross_model else replace(c, cross_model=True) for c in fallback]
+    if isinstance(fallback, tuple):  # an immutable routes tuple, never a list a caller may change
+        if len(_crossed) >= _CROSSED_LIMIT:
+            _crossed.clear()
+        _crossed[id(fallback)] = (fallback, marked)  # holds `fallback`: its id stays its own
+    return list(marked)
+
+
 def build_plan(
     *,
     primary: Sequence[Candidate],
@@ -126,28 +158,33 @@ def build_plan(
     """`draw`: a uniform number in [0, 1) that picks the first of equal candidates (`preference.order`);
     None keeps the deterministic order."""
     # A candidate is a frozen dataclass of some twenty fields: copied only when its mark changes
-    # (`replace` of every candidate was over 1 % of a request's CPU).
-    marked = [c if not c.cross_model else replace(c, cross_model=False) for c in primary] + [
-        c if c.cross_model else replace(c, cross_model=True) for c in fallback
-    ]
-    allowed = [c for c in marked if is_allowed(c.model, allowed_models)]
-    disallowed = tuple(c for c in marked if not is_allowed(c.model, allowed_models))
+    # (`replace` of every candidate was over 1 % of a request's CPU); the fallback model's marked copies
+    # are kept for the next request over the same routes (`_crossing`).
+    marked = [c if not c.cross_model else replace(c, cross_model=False) for c in primary]
+    marked += _crossing(fallback)
+    disallowed: tuple[Candidate, ...] = ()
+    if WILDCARD in allowed_models:
+        allowed = marked
+    else:
+        allowed = [c for c in marked if is_allowed(c.model, allowed_models)]
+        disallowed = tuple(c for c in marked if not is_allowed(c.model, allowed_models))
 
     pinned, error = _apply_pins(allowed, pins)
     if error is not None:
         return error
 
-    verdicts = gate(pinned, requirements)
-    eligible = [v.candidate for v in verdicts if v.eligible]
-    primary_verdicts = [v for v in verdicts if not v.candidate.cross_model]
-    primary_order = preference.order((c for c in eligible if not c.cross_model), draw)
-    cross_open = (
-        not primary_order
-        and bool(primary_verdicts)
-        and all(v.reasons == (IneligibleReason.CIRCUIT_OPEN,) for v in primary_verdicts)
+    # The gate's reasons per candidate; a Verdict is built only for the ineligible, which the plan reports.
+    reasons = gate_reasons(pinned, requirements)
+    ineligible = tuple(
+        Verdict(candidate=c, reasons=why, reservation_micros=reservation)
+        for c, (why, reservation) in zip(pinned, reasons, strict=True)
+        if why
     )
+    eligible = [c for c, (why, _) in zip(pinned, reasons, strict=True) if not why]
+    primary_order = preference.order([c for c in eligible if not c.cross_model], draw)
+    cross_open = not primary_order and _all_circuit_open(pinned, reasons)
     order = list(primary_order)
-    cross_order = preference.order((c for c in eligible if c.cross_model), draw)
+    cross_order = preference.order([c for c in eligible if c.cross_model], draw)
     crossing = bool(primary_order) or cross_open
     if crossing:
         order += cross_order
@@ -156,7 +193,7 @@ def build_plan(
     cut = max(max_attempts, 0)
     return Plan(
         order=tuple(order[:cut]),
-        ineligible=tuple(v for v in verdicts if not v.eligible),
+        ineligible=ineligible,
         beyond_shortlist=tuple(order[cut:]),
         disallowed=disallowed,
         pins=tuple(pins),

@@ -32,7 +32,9 @@ the plan at the end for an explicit model (availability); `auto` uses the ready 
 """
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
 
 from routing.policy.types import Candidate, Health
 
@@ -147,15 +149,19 @@ def shares(candidates: Iterable[Candidate]) -> dict[tuple[int, str], float]:
 def _drawn(leading: Sequence[Candidate], draw: float) -> int:
     """The index in `leading` that `draw` (uniform in [0, 1)) picks, in proportion to `share_weights`."""
     weights = share_weights(leading)
-    total = sum(weights)
+    return _pick(weights, list(accumulate(weights)), sum(weights), draw)
+
+
+def _pick(weights: Sequence[float], running: Sequence[float], total: float, draw: float) -> int:
+    """`_drawn` on the weights already computed: `running` their running sums (`itertools.accumulate`
+    adds them in the same order as a loop would, so the same floats), `total` their `sum`. The first
+    index whose running sum is above the point, by bisection rather than a walk over the candidates."""
     if total <= 0:
         return 0
     point = min(max(draw, 0.0), 1.0) * total
-    running = 0.0
-    for index, w in enumerate(weights):
-        running += w
-        if point < running:
-            return index
+    index = bisect_right(running, point)
+    if index < len(running):
+        return index
     return max(i for i, w in enumerate(weights) if w > 0)  # draw == 1.0, or rounding at the end
 
 
@@ -167,7 +173,7 @@ def _draws(draw: float) -> list[float]:
 
 def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[Candidate, ...]:
     ranked = sorted(candidates, key=preference_key)
-    if draw is None:
+    if draw is None or len(ranked) < 2:
         return tuple(ranked)
     held = _held(ranked)  # the probe first; the draw picks who comes next, should the probe fail
     leading = _leading(ranked[held:])
@@ -176,9 +182,11 @@ def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[C
     # Several choices: of CHOICES candidates drawn by share, the one with the least recent load for its
     # share goes first (a tie keeps the first drawn). Conversations keep their account, so where a new
     # one lands decides the load for its whole length: one random draw left the busiest of 20 accounts
-    # at 2.1x its fair share in make bench-pool, the better of two at 1.44x.
+    # at 2.1x its fair share in make bench-pool, the better of two at 1.44x. The shares are computed
+    # once for the CHOICES draws.
     weights = share_weights(leading)
-    picks = [_drawn(leading, u) for u in _draws(draw)]
+    running, total = list(accumulate(weights)), sum(weights)
+    picks = [_pick(weights, running, total, u) for u in _draws(draw)]
     chosen = min(picks, key=lambda i: _busyness(leading[i], weights[i]))  # min keeps the first of equals
     if chosen:
         ranked.insert(held, ranked.pop(held + chosen))

@@ -14,6 +14,7 @@ from pools.models import GatewayKey, GatewaySettings, ModelFallback
 from pools.selectors import key_authenticate
 from routing import services
 from routing.affinities import Affinities, AffinityIds, affinities_load, session_named
+from routing.health_state import health_load
 from routing.models import AffinityKind, Circuit, Demotion
 from routing.policy.types import (
     AFFINITY_KEY_MAX,
@@ -24,7 +25,7 @@ from routing.policy.types import (
     TriState,
 )
 from routing.request_state import request_state_load
-from routing.selectors import GovernedRoutes, health_load, routing_view_load
+from routing.selectors import GovernedRoutes, routing_view_load
 from routing.services import CircuitKey
 from tests.factories import AssignmentFactory, CatalogEntryFactory, GatewayKeyFactory, PoolFactory
 
