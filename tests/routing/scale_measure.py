@@ -22,7 +22,8 @@ from pools.models import Assignment
 from routing.models import Latency
 from routing.policy.route import decide
 from routing.policy.types import Requirements, RouteClass
-from routing.selectors import config_snapshot, request_state_load, routing_inputs_load
+from routing.request_state import request_state_load
+from routing.selectors import config_snapshot, routing_inputs_load
 from tests.factories import GatewayKeyFactory, PoolFactory
 
 pytestmark = pytest.mark.django_db
