@@ -146,16 +146,10 @@ def shares(candidates: Iterable[Candidate]) -> dict[tuple[int, str], float]:
     return result
 
 
-def _drawn(leading: Sequence[Candidate], draw: float) -> int:
-    """The index in `leading` that `draw` (uniform in [0, 1)) picks, in proportion to `share_weights`."""
-    weights = share_weights(leading)
-    return _pick(weights, list(accumulate(weights)), sum(weights), draw)
-
-
 def _pick(weights: Sequence[float], running: Sequence[float], total: float, draw: float) -> int:
-    """`_drawn` on the weights already computed: `running` their running sums (`itertools.accumulate`
-    adds them in the same order as a loop would, so the same floats), `total` their `sum`. The first
-    index whose running sum is above the point, by bisection rather than a walk over the candidates."""
+    """The index that `draw` (uniform in [0, 1)) picks in proportion to `weights` (`share_weights`):
+    `running` their running sums (`itertools.accumulate`), `total` their `sum`. The first index whose
+    running sum is above the point, by bisection rather than a walk over the candidates."""
     if total <= 0:
         return 0
     point = min(max(draw, 0.0), 1.0) * total
