@@ -30,7 +30,7 @@ class RowKind(IntEnum):
 HEALTH_COLUMNS = 10  # what `health_sql` selects: the row's kind, then (assignment, model) and its state
 
 
-def health_sql(pools: str, models: int = 0) -> str:
+def health_sql(pools: str, models: int = 0, figures: bool = True) -> str:
     """Circuits of a route class, active demotions and latency averages in the pools `pools` (an SQL
     set: a list of placeholders or a subquery); params: the route class, ASSIGNMENT_WIDE, now.
 
@@ -43,7 +43,9 @@ def health_sql(pools: str, models: int = 0) -> str:
     the pools is read, unless `models` > 0: then the statement around it defines a relation `n` that has
     a row when the request's models are known (`Narrowing`), and with it only the latency rows of the
     `models` models in the placeholders after now are read (a pool of 200 accounts serving 20 models has
-    4,000 such rows, and a request plans over one or two of its models)."""
+    4,000 such rows, and a request plans over one or two of its models); and with `figures` False, none
+    of them (the reader has them from a read of less than `FIGURES_MAX_AGE_S` ago: `routing.request_state`),
+    and no placeholder for the models: every latency row of the pools only when `n` has no row."""
     circuit, demotion, assignment, latency = Circuit._meta, Demotion._meta, Assignment._meta, Latency._meta
     latencies = (
         f"SELECT {int(RowKind.LATENCY)}, l.assignment_id, l.model, '', '', "  # noqa: S608
@@ -61,14 +63,20 @@ def health_sql(pools: str, models: int = 0) -> str:
         f"SELECT {int(RowKind.DEMOTION)}, d.assignment_id, d.model, '', d.reason, 0, 0, d.until, 0, NULL "
         f"FROM {demotion.db_table} d JOIN {assignment.db_table} a ON a.id = d.assignment_id "
         f"WHERE d.until > %s AND a.pool_id IN {pools} "
-        "UNION ALL "
-        + (
-            f"{latencies} AND l.model IN ({rawsql.placeholders(models)}) AND EXISTS (SELECT 1 FROM n) "  # noqa: S608
-            f"UNION ALL {latencies} AND NOT EXISTS (SELECT 1 FROM n)"
-            if models
-            else latencies
-        )
+        "UNION ALL " + _latency_rows(latencies, models, figures)
     )
+
+
+def _latency_rows(latencies: str, models: int, figures: bool) -> str:
+    """`health_sql`'s latency rows: all, or under a narrowing (`n`) its models' (none without `figures`),
+    and all when `n` has no row."""
+    if not models:
+        return latencies
+    every = f"{latencies} AND NOT EXISTS (SELECT 1 FROM n)"  # noqa: S608
+    if not figures:
+        return every
+    narrowed = f"l.model IN ({rawsql.placeholders(models)}) AND EXISTS (SELECT 1 FROM n)"  # noqa: S608
+    return f"{latencies} AND {narrowed} UNION ALL {every}"
 
 
 @dataclass(frozen=True, slots=True)

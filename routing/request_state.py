@@ -9,7 +9,10 @@ rows on the event loop; else they are loaded on runtime.db's threads.
 Two things it remembers of a key's last read, each checked against the database's answer, never trusted
 on its own (`Reader`): the models its request plans over, so that only their latency rows are read
 (`Narrowing`), and the state its rows said, so that while the statement is on the wire the loop can
-decide the request from it (a draft), kept only when the read returns those very rows.
+decide the request from it (a draft), kept only when the read returns those very rows. One thing it
+trusts for a while: the latency, headroom and load rows of a narrowing's models (`Figures`), which the
+ledger writers change once a batch: read by one request, routed on by the next ones of the same
+narrowing for up to FIGURES_MAX_AGE_S, whose statements leave them out.
 """
 
 import contextlib
@@ -17,7 +20,7 @@ import functools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import TypeVar
@@ -66,7 +69,12 @@ def narrowing(pool_ids: tuple[int, ...], version: int, model: object, now: datet
 
 @functools.cache  # table and column names only: the same text for the life of the process, per shape
 def _request_state_sql(
-    response: bool = False, session: bool = False, files: int = 0, pools: int = 0, models: int = 0
+    response: bool = False,
+    session: bool = False,
+    files: int = 0,
+    pools: int = 0,
+    models: int = 0,
+    figures: bool = True,
 ) -> str:
     # One statement, so one round trip: the key's rows (RowKind.KEY, as `key_sql`, matched once) and the
     # health rows of its pools (as `health_sql`) side by side. With ids named (the shape of
@@ -77,6 +85,7 @@ def _request_state_sql(
     # (bench/profile.md).
     # With a narrowing of `pools` pools and `models` models (`Narrowing`), `n` has its row when the key
     # read has exactly those pools at that version (params after the key's: the version, the pool ids).
+    # Without `figures`, the narrowed models' latency rows are not read at all (`Reader.read`).
     narrowed = (
         f", n AS (SELECT 1 AS narrowed WHERE (SELECT COUNT(*) FROM r) = {pools} "  # noqa: S608
         f"AND (SELECT COUNT(*) FROM r WHERE r.pool_id IN ({rawsql.placeholders(pools)})) = {pools} "
@@ -88,7 +97,7 @@ def _request_state_sql(
         f"WITH r AS ({key_sql()}){narrowed} "  # noqa: S608
         f"SELECT {int(RowKind.KEY)}, {rawsql.nulls(HEALTH_COLUMNS - 1)}, r.* FROM r "
         f"UNION ALL SELECT h.*, {rawsql.nulls(KEY_COLUMNS)} "
-        f"FROM ({health_sql('(SELECT pool_id FROM r)', models)}) h "
+        f"FROM ({health_sql('(SELECT pool_id FROM r)', models, figures)}) h "
     )
     if response or session or files:
         sql += (
@@ -117,9 +126,11 @@ def request_state_query(
     now: datetime,
     affinity: AffinityIds | None = None,
     narrow: Narrowing | None = None,
+    figures: bool = True,
 ) -> RequestStateQuery | None:
     """None for an empty secret: no key can match it, no statement is needed. `narrow`: the latency
-    rows to read when the key still has those pools at that version (`Narrowing`)."""
+    rows to read when the key still has those pools at that version (`Narrowing`); with `figures`
+    False, none of them then (the caller has them: `Reader.read`)."""
     if not raw_key:
         return None
     digest = hash_key(raw_key)
@@ -129,10 +140,12 @@ def request_state_query(
         pools, models = len(narrow.pool_ids), len(narrow.models)
         params += [*narrow.pool_ids, narrow.config_version]
     params += [str(route_class), ASSIGNMENT_WIDE, rawsql.as_param(now)]
-    if narrow is not None:
+    figures = figures or narrow is None  # without a narrowing, the rows are all read
+    if narrow is not None and figures:
         params += narrow.models
     ids = affinity or AffinityIds()
-    sql = _request_state_sql(bool(ids.response_id), bool(ids.session), len(ids.file_ids), pools, models)
+    shape = (bool(ids.response_id), bool(ids.session), len(ids.file_ids), pools, models, figures)
+    sql = _request_state_sql(*shape)
     return RequestStateQuery(sql, [*params, *affinity_params(ids, now)] if ids else params, digest)
 
 
@@ -232,19 +245,49 @@ class Known:
     steady: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The latency, headroom and load rows of a narrowing's models as a read found them (the mappings
+    of `HealthState`, kept as the same objects, so what is built from them is reused:
+    `routing.selectors.with_latency`), and when (monotonic)."""
+
+    latency: dict[tuple[int, str], float]
+    headroom: dict[tuple[int, str], tuple[float, datetime]]
+    load: dict[tuple[int, str], tuple[float, datetime]]
+    read_at: float
+
+    @classmethod
+    def of(cls, health: HealthState, read_at: float) -> "Figures":
+        return cls(health.latency, health.headroom, health.load, read_at)
+
+    def held_by(self, health: HealthState) -> bool:
+        held = health.latency is self.latency and health.headroom is self.headroom
+        return held and health.load is self.load
+
+
 T = TypeVar("T")
 MIN_READ_S = 0.1  # the shortest a request's read before dispatch may wait
 KNOWN_LIMIT = 1024
+# How old the latency, headroom and load rows a request routes on may be (issue 49): the ledger writers
+# change them once a batch, and a batch lingers up to proxy.ledger.recorder.LINGER_S (0.1 s; a test
+# holds this no longer), so a copy this old is at most a batch behind, as the load is anyway. Circuits,
+# demotions and the key are read by every request; these rows, a pool's size of them, ten times a second.
+FIGURES_MAX_AGE_S = 0.1
+FIGURES_LIMIT = 256
 
 
 class Reader:
     """The request path's read before dispatch, one per process (`READER`). It remembers each key's last
     read (`known`, digest -> Known, the least recently read first; past `limit` keys the least recently
     read is forgotten, not all: a population of keys larger than the limit keeps its active ones) and
-    counts the requests the process is answering (`answering`)."""
+    counts the requests the process is answering (`answering`). It keeps, per narrowing, the latency,
+    headroom and load rows its last read of them found (`figures`): a request whose narrowing's rows were
+    read less than FIGURES_MAX_AGE_S ago routes on those and its statement does not read them again,
+    so a pool's size costs its statement rows ten times a second, not once a request."""
 
     def __init__(self, limit: int = KNOWN_LIMIT) -> None:
         self.known: OrderedDict[str, Known] = OrderedDict()
+        self.figures: dict[Narrowing, Figures] = {}
         self.limit = limit
         self.in_flight = 0
 
@@ -281,12 +324,17 @@ class Reader:
             return max(deadline - time.monotonic(), MIN_READ_S)
 
         known = self.known.get(hash_key(wanted.raw_key)) if wanted.raw_key else None
+        narrow = self._narrowing(known, wanted)
+        cached = self.figures.get(narrow) if narrow is not None else None
+        if cached is not None and time.monotonic() - cached.read_at >= FIGURES_MAX_AGE_S:
+            cached = None
         query = request_state_query(
             wanted.raw_key,
             route_class=wanted.route_class,
             now=wanted.now,
             affinity=wanted.ids,
-            narrow=self._narrowing(known, wanted),
+            narrow=narrow,
+            figures=cached is None,
         )
         if query is None:
             return None, None
@@ -295,7 +343,7 @@ class Reader:
         if draft is not None and known is not None and known.steady and self.in_flight <= 1:
             meanwhile = partial(_draft, draft, known.state, wanted, drafted)
         rows = await loopdb.rows_within(left(), query.sql, query.params, meanwhile)
-        state = self._learn(query.digest, rows, known)
+        state = self._learn(query.digest, rows, known, narrow, cached)
         if state is None:
             return None, None
         if drafted and known is not None and state is known.state:
@@ -315,22 +363,54 @@ class Reader:
         last = known.state.authenticated
         return narrowing(last.key.pool_ids, last.config_version, wanted.model, wanted.now)
 
-    def _learn(self, digest: str, rows: list[tuple], known: Known | None) -> RequestState | None:
-        """The state `rows` say for the key `digest`, remembered as its last read (or forgotten)."""
+    def _learn(
+        self,
+        digest: str,
+        rows: list[tuple],
+        known: Known | None,
+        narrow: Narrowing | None = None,
+        cached: Figures | None = None,
+    ) -> RequestState | None:
+        """The state `rows` say for the key `digest` (with `cached`'s figures when the statement left
+        them out), remembered as its last read (or forgotten)."""
         if known is not None and rows == known.rows:
-            if not known.steady:
-                self.known[digest] = Known(rows, known.state, steady=True)
+            state = self._figured(known.state, narrow, cached)
+            if state is not known.state or not known.steady:
+                self.known[digest] = Known(rows, state, steady=state is known.state)
             self.known.move_to_end(digest)
-            return known.state
-        state = request_state_from_rows(rows, digest)
-        if state is None:
+            return state
+        decoded = request_state_from_rows(rows, digest)
+        if decoded is None:
             self.known.pop(digest, None)
             return None
+        state = self._figured(decoded, narrow, cached)
         self.known[digest] = Known(rows, state, steady=False)
         self.known.move_to_end(digest)
         if len(self.known) > self.limit:
             self.known.popitem(last=False)
         return state
+
+    def _figured(self, state: RequestState, narrow: Narrowing | None, cached: Figures | None) -> RequestState:
+        """`state` with the figures it routes on: `cached`'s when the statement left them out (and the
+        narrowing held: else its rows are every latency row of the pools, as without one); its own,
+        kept for the narrowing's next requests, when the statement read them."""
+        authenticated = state.authenticated
+        if (
+            narrow is None
+            or authenticated.key.pool_ids != narrow.pool_ids
+            or authenticated.config_version != narrow.config_version
+        ):
+            return state
+        health = state.health
+        if cached is None:
+            if len(self.figures) >= FIGURES_LIMIT and narrow not in self.figures:
+                self.figures.clear()
+            self.figures[narrow] = Figures.of(health, time.monotonic())
+            return state
+        if cached.held_by(health):
+            return state
+        figured = replace(health, latency=cached.latency, headroom=cached.headroom, load=cached.load)
+        return replace(state, health=figured)
 
 
 def _draft(

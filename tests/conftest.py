@@ -11,8 +11,12 @@ pytest_plugins = ["tests.upstream_fixtures", "tests.gateway_fixtures", "tests.db
 def _fresh_routing_config_cache():
     """Each test starts with an empty per-process routing config cache. In production the config
     version only grows; a test database is emptied between tests, so versions (and SQLite ids) can
-    repeat and a previous test's cached configuration could otherwise match."""
+    repeat and a previous test's cached configuration could otherwise match; so could the figures the
+    read before dispatch keeps for a tenth of a second (`routing.request_state.Reader.figures`)."""
+    from routing.request_state import READER
+
     config_cache_clear()
+    READER.figures.clear()
 
 
 @pytest.fixture(autouse=True)

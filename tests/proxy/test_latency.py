@@ -1,8 +1,10 @@
 """Latency (SPEC §5.4): the ledger writer folds each batch's times to first byte into a moving average
 per (assignment, model), and the request's one statement before dispatch reads it into the candidates.
-Never written on a request's path, never kept in a process: every node routes on the same average."""
+Never written on a request's path, kept in a process no longer than a ledger batch lingers
+(`routing.request_state.FIGURES_MAX_AGE_S`): every node routes on the same average."""
 
 import json
+import time
 from datetime import UTC, datetime
 from io import StringIO
 
@@ -17,10 +19,12 @@ from pools.models import Assignment, GatewayKey
 from proxy.ledger.exchange import AttemptLog, Exchange
 from proxy.ledger.models import RequestRecord
 from proxy.ledger.recorder import LedgerWriter
+from routing.health_state import RowKind
 from routing.models import Demotion, Latency
 from routing.policy.latency import Fold
 from routing.policy.types import RouteClass
 from routing.request_state import (
+    FIGURES_MAX_AGE_S,
     Narrowing,
     narrowing,
     request_state_from_rows,
@@ -221,6 +225,91 @@ def test_a_keys_next_request_reads_only_its_models_latency(gateway, two_assignme
     assert read == [pairs, {(acct_a.pk, "gpt-5"), (acct_b.pk, "gpt-5")}]
 
 
+def _latency_rows(rows: list[tuple]) -> int:
+    return sum(1 for row in rows if row[0] == RowKind.LATENCY)
+
+
+def test_a_narrowings_figures_are_read_once_per_max_age_and_routed_on_meanwhile(
+    gateway, two_assignments, monkeypatch
+):
+    """The latency, headroom and load rows of a narrowing's models are read by one request and routed on
+    by the next ones of the same narrowing for FIGURES_MAX_AGE_S, whose statements read none of them; a
+    request after that reads them again and routes on what the ledger writers wrote meanwhile."""
+    from routing import request_state
+
+    _a, _b, (acct_a, acct_b) = two_assignments
+    latencies_record(folds=[Fold(acct_a.pk, "gpt-5", 100.0, 3)], now=timezone.now())
+    seen: list[tuple[int, dict[tuple[int, str], float]]] = []
+    learn = request_state.READER._learn
+
+    def spy_learn(digest, rows, *rest):
+        state = learn(digest, rows, *rest)
+        seen.append((_latency_rows(rows), dict(state.health.latency)))
+        return state
+
+    monkeypatch.setattr(request_state.READER, "_learn", spy_learn)
+    monkeypatch.setattr(request_state, "FIGURES_MAX_AGE_S", 3600.0)
+    for _ in range(3):
+        assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200
+    latencies_record(folds=[Fold(acct_b.pk, "gpt-5", 50.0, 3)], now=timezone.now())
+    assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200  # within the max age
+    monkeypatch.setattr(request_state, "FIGURES_MAX_AGE_S", 0.0)
+    ledger_settled()  # the requests' own samples folded into a's average
+    assert post(gateway, "/v1/chat/completions", CHAT).status_code == 200  # past it
+
+    first = {(acct_a.pk, "gpt-5"): 100.0}
+    assert seen[:4] == [
+        (1, first),  # nothing known of the key: every latency row of its pools
+        (1, first),  # narrowed, nothing kept for the narrowing yet: its models' rows
+        (0, first),  # kept: none read (a's average moved with the samples of the requests before)
+        (0, first),  # b's average written meanwhile, not read yet
+    ]
+    rows, latency = seen[4]  # read again: b's average, and a's as the writer folded a's samples
+    assert rows == 2 and latency[(acct_b.pk, "gpt-5")] == 50.0 and latency[(acct_a.pk, "gpt-5")] < 100.0
+
+
+def test_a_kept_narrowings_figures_are_not_routed_on_once_the_keys_pools_moved(pool_of_two):
+    """Figures are kept per narrowing (the key's pools, the config version, the models): a request whose
+    key's pools are no longer the narrowing's reads every latency row of its pools, whatever is kept."""
+    from routing.request_state import READER, Figures
+
+    a, b = pool_of_two
+    now = timezone.now()
+    latencies_record(folds=[Fold(x.pk, "gpt-5", 100.0, 3) for x in (a, b)], now=now)
+    first = request_state_load(GATEWAY_KEY, route_class=RouteClass.HTTP, now=now)
+    assert first is not None
+    pools, version = first.authenticated.key.pool_ids, first.authenticated.config_version
+    config_snapshot(pools, version, now)
+    narrow = narrowing(pools, version, "gpt-5", now)
+    assert narrow is not None
+    kept = Figures({}, {}, {}, read_at=time.monotonic())  # as if read just now, with nothing in it
+    query = request_state_query(
+        GATEWAY_KEY, route_class=RouteClass.HTTP, now=now, narrow=narrow, figures=False
+    )
+    assert query is not None
+    rows = rawsql.fetch(query.sql, query.params)
+    assert _latency_rows(rows) == 0
+    state = READER._learn(query.digest, rows, None, narrow, kept)
+    assert state is not None and state.health.latency is kept.latency  # the kept figures, routed on
+
+    GatewayKey.objects.get(name="lat").pools.add(PoolFactory())  # the key now has a pool more
+    query = request_state_query(
+        GATEWAY_KEY, route_class=RouteClass.HTTP, now=now, narrow=narrow, figures=False
+    )
+    assert query is not None
+    rows = rawsql.fetch(query.sql, query.params)
+    state = READER._learn(query.digest, rows, None, narrow, kept)
+    assert state is not None and set(state.health.latency) == {(a.pk, "gpt-5"), (b.pk, "gpt-5")}
+
+
+def test_figures_are_kept_no_longer_than_a_ledger_batch_lingers():
+    """A copy of the rows the ledger writers change once a batch is at most one batch behind."""
+    from proxy.ledger.recorder import LINGER_S
+    from routing.request_state import FIGURES_MAX_AGE_S
+
+    assert FIGURES_MAX_AGE_S <= LINGER_S
+
+
 @pytest.mark.parametrize("features", [True, False])
 def test_routing_explain_prints_each_candidates_weight_and_latency_as_the_router_reads_them(
     pool_of_two, settings, features
@@ -277,5 +366,6 @@ def test_two_gateway_processes_route_on_the_same_latency(gateway_nodes, two_assi
     latencies_record(
         folds=[Fold(acct_a.pk, "gpt-5", 900.0, 5), Fold(acct_b.pk, "gpt-5", 100.0, 5)], now=datetime.now(UTC)
     )
+    time.sleep(FIGURES_MAX_AGE_S)  # each node's copy of the rows is this old at most
     assert served_by_each_node() == ["hello from b", "hello from b"]
     assert (a.hit_count(), b.hit_count()) == (2, 2)
