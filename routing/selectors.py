@@ -35,7 +35,7 @@ from routing.policy import breaker
 from routing.policy.breaker import BreakerSettings
 from routing.policy.capabilities import Capability, Effective, valid_until
 from routing.policy.files import file_pins
-from routing.policy.latency import LOAD_HALF_LIFE_S, load_now
+from routing.policy.latency import load_now
 from routing.policy.plan import HardPin, PinKind
 from routing.policy.resolution import ModelPolicy
 from routing.policy.route import RoutingView, Target
@@ -295,11 +295,11 @@ def _figures(
     headroom: Mapping[tuple[int, str], tuple[float, datetime]],
     loads: Mapping[tuple[int, str], tuple[float, datetime]],
     now: datetime,
-    stamp: float,
+    built: datetime,
 ) -> tuple[Measured, float]:
-    """A candidate's (latency, headroom, load) at `now` (`with_latency`'s rules), and the timestamp from
-    which they may differ: a headroom until its limit resets, a load until its decay rounds to another
-    tenth (it only falls: `load_now`), a latency until the rows change. Never later than the change."""
+    """A candidate's (latency, headroom, load) at `now` (`with_latency`'s rules), its load decayed to
+    `built`, and the timestamp from which they may differ: a headroom until its limit resets, else never
+    (until the rows change)."""
     left = headroom.get(key)
     due = _NEVER
     room = None
@@ -307,33 +307,20 @@ def _figures(
         room = left[0]
         due = left[1].timestamp() - _EARLY_S
     served = loads.get(key)
-    load = None
-    if served is not None:
-        amount, written = served
-        load = round(load_now(amount, written, now), 1)
-        if now < written:  # not decaying yet (a writer's clock ahead of ours)
-            due = min(due, written.timestamp() - _EARLY_S)
-        elif amount < 0:
-            due = stamp  # never written (a load is a count), but then looked at every time
-        elif load > 0:
-            # It rounds to `load` down to load - 0.05: reached LOAD_HALF_LIFE_S * log2(amount / that) after
-            # it was written.
-            floor = load - 0.05
-            crossing = (
-                written.timestamp() + LOAD_HALF_LIFE_S * math.log2(amount / floor) if floor > 0 else _NEVER
-            )
-            due = min(due, crossing - _EARLY_S)
+    load = None if served is None else round(load_now(served[0], served[1], built), 1)
     return (latency.get(key), room, load), due
 
 
 @dataclass(frozen=True, slots=True)
 class _Built:
     """A model's candidates as `with_latency` last built them: from `candidates` and the three mappings
-    (by identity: a request state read again with the same rows keeps them, `proxy.ingress._learn`), at
-    `stamp` (now's timestamp); `due` a heap of (timestamp from which candidate i may change, i)."""
+    (by identity: a request state read again with the same rows keeps them, `routing.request_state`),
+    their loads decayed to `built` (the first request's time), at `stamp` (now's timestamp); `due` a heap
+    of (timestamp from which candidate i may change, i)."""
 
     candidates: tuple[Candidate, ...]
     sources: tuple[object, object, object]
+    built: datetime
     stamp: float
     values: list[Measured]
     result: tuple[Candidate, ...]
@@ -353,13 +340,16 @@ def with_latency(
 ) -> tuple[Candidate, ...]:
     """`candidates` with `latency_ms` filled from `latency` (None where a pair has no average yet),
     `headroom_left` from `headroom` while its limit has not reset by `now`, and `load` from `load`
-    decayed to `now` (rounded to a tenth, so it changes the candidates no more often than it matters).
+    decayed to when these rows were first built on (rounded to a tenth).
 
-    Incremental (issue 49): built once per set of rows, then a request looks again only at the
-    candidates whose figures may have changed since the last one (a headroom's reset passed, a load's
-    decay reached its next tenth), by a heap of when each may change, and copies only those that did;
-    the same tuple while none did. A request earlier than the last built (decided out of order) or new
-    rows build it all again."""
+    Built once per set of rows (issue 49), then the same tuple for every request on them, so what is
+    worked out of a routes tuple is worked out once (`routing.policy.plan`): a request looks again only
+    at the candidates whose headroom's limit has reset since, by a heap of when each does, and copies
+    only those. The loads are not decayed again per request: a decay halves every load of the rows
+    alike, so which of two is the busier, all the draw asks of them (`routing.policy.preference`), is
+    the same at any later time (to their rounding); the rows themselves are read again at least every
+    `routing.request_state.FIGURES_MAX_AGE_S` under traffic. A request earlier than the last built
+    (decided out of order) or new rows build it all again."""
     loads = _NO_LOAD if load is None else load  # one empty mapping: the same source every time
     stamp = now.timestamp()
     sources = (latency, headroom, loads)
@@ -378,20 +368,20 @@ def with_latency(
         while due and due[0][0] <= stamp:
             _, i = heapq.heappop(due)
             c = candidates[i]
-            value, when = _figures(c.key, latency, headroom, loads, now, stamp)
+            value, when = _figures(c.key, latency, headroom, loads, now, built.built)
             if value != values[i]:
                 values[i], changed = value, True
                 result[i] = c if (c.latency_ms, c.headroom_left, c.load) == value else _measured(c, value)
             if when != _NEVER:
                 heapq.heappush(due, (max(when, math.nextafter(stamp, _NEVER)), i))
         out = tuple(result) if changed else built.result
-        _latency_built[id(candidates)] = _Built(candidates, sources, stamp, values, out, due)
+        _latency_built[id(candidates)] = _Built(candidates, sources, built.built, stamp, values, out, due)
         return out
     values = []
     due = []
     rebuilt = []
     for i, c in enumerate(candidates):
-        value, when = _figures(c.key, latency, headroom, loads, now, stamp)
+        value, when = _figures(c.key, latency, headroom, loads, now, now)
         values.append(value)
         rebuilt.append(c if (c.latency_ms, c.headroom_left, c.load) == value else _measured(c, value))
         if when != _NEVER:
@@ -402,7 +392,7 @@ def with_latency(
         out = built.result  # the same candidates as before: the same tuple, for what is cached by it
     if len(_latency_built) >= CACHE_LIMIT:
         _latency_built.clear()
-    _latency_built[id(candidates)] = _Built(candidates, sources, stamp, values, out, due)
+    _latency_built[id(candidates)] = _Built(candidates, sources, now, stamp, values, out, due)
     return out
 
 

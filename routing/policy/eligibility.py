@@ -168,7 +168,8 @@ GATED_FIELDS = (
     "price.cached_input_per_mtok_micros",
     "price.cache_write_per_mtok_micros",
 )
-_GATED = attrgetter(*GATED_FIELDS)
+# A candidate's contract as the gate reads it: two candidates equal on it get the same verdict.
+contract = attrgetter(*GATED_FIELDS)
 
 
 def gate_reasons(
@@ -179,7 +180,7 @@ def gate_reasons(
     found: dict[tuple[object, ...], tuple[tuple[IneligibleReason, ...], int | None]] = {}
     out = []
     for c in candidates:
-        profile = _GATED(c)
+        profile = contract(c)
         hit = found.get(profile)
         if hit is None:
             verdict = evaluate(c, requirements)

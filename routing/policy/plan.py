@@ -38,7 +38,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from routing.policy import preference
-from routing.policy.eligibility import Verdict, gate_reasons
+from routing.policy.eligibility import Verdict, contract, evaluate, gate_reasons
 from routing.policy.errors import ErrorCode
 from routing.policy.failures import Disposition
 from routing.policy.resolution import WILDCARD, is_allowed
@@ -124,24 +124,84 @@ def _all_circuit_open(
     return bool(primary) and all(why == _CIRCUIT_OPEN_ONLY for why in primary)
 
 
-# The fallback model's candidates as the plan marks them (cross_model), by the routes tuple they were
-# marked from: a request over two models otherwise copied each of the fallback's candidates, every time.
-_crossed: dict[int, tuple[Sequence[Candidate], list[Candidate]]] = {}
-_CROSSED_LIMIT = 64
+@dataclass(frozen=True, slots=True)
+class _Routes:
+    """What the plan works out of one routes tuple whatever the request (issue 49): its candidates marked
+    as the primary's or the fallback's (`cross_model`), their models, one candidate of each contract the
+    gate reads (`eligibility.contract`: the gate's verdict is the same for every candidate of one), and
+    their preference ranking. A routes tuple is the same object for every request while its rows stay
+    the same (`routing.selectors.with_latency`), so a pool of 200 accounts is sorted and weighed once,
+    not once a request."""
+
+    source: tuple[Candidate, ...]  # held, so its id stays its own while the entry lives
+    marked: tuple[Candidate, ...]
+    models: frozenset[str]
+    contracts: tuple[Candidate, ...]
+    ranking: preference.Ranking
 
 
-def _crossing(fallback: Sequence[Candidate]) -> list[Candidate]:
-    if not fallback:
-        return []
-    hit = _crossed.get(id(fallback))
-    if hit is not None and hit[0] is fallback:
-        return list(hit[1])
-    marked = [c if c.cross_model else replace(c, cross_model=True) for c in fallback]
-    if isinstance(fallback, tuple):  # an immutable routes tuple, never a list a caller may change
-        if len(_crossed) >= _CROSSED_LIMIT:
-            _crossed.clear()
-        _crossed[id(fallback)] = (fallback, marked)  # holds `fallback`: its id stays its own
-    return list(marked)
+_prepared: dict[tuple[int, bool], _Routes] = {}
+_PREPARED_LIMIT = 256
+
+
+def _routes(candidates: Sequence[Candidate], cross: bool) -> _Routes | None:
+    """`candidates`' prepared routes when they are a tuple (an immutable routes tuple, never a list a
+    caller may change), as `cross` marks them."""
+    if not isinstance(candidates, tuple):
+        return None
+    key = (id(candidates), cross)
+    hit = _prepared.get(key)
+    if hit is not None and hit.source is candidates:
+        return hit
+    marked = tuple(c if c.cross_model == cross else replace(c, cross_model=cross) for c in candidates)
+    contracts = tuple({contract(c): c for c in reversed(marked)}.values())
+    routes = _Routes(
+        candidates, marked, frozenset(c.model for c in marked), contracts, preference.ranking(marked)
+    )
+    if len(_prepared) >= _PREPARED_LIMIT:
+        _prepared.clear()
+    _prepared[key] = routes
+    return routes
+
+
+def _marked(candidates: Sequence[Candidate], cross: bool) -> Sequence[Candidate]:
+    routes = _routes(candidates, cross)
+    if routes is not None:
+        return routes.marked
+    return [c if c.cross_model == cross else replace(c, cross_model=cross) for c in candidates]
+
+
+def _whole_plan(
+    primary: Sequence[Candidate],
+    fallback: Sequence[Candidate],
+    requirements: Requirements,
+    allowed_models: Collection[str],
+    max_attempts: int,
+    session_assignment_id: int | None,
+    draw: float | None,
+) -> Plan | None:
+    """The plan when nothing is taken out of the routes: no pin, every model allowed, every contract
+    eligible (the common request), from the routes' prepared ranking; None when something is."""
+    p, f = _routes(primary, False), _routes(fallback, True)
+    if p is None or f is None:
+        return None
+    if WILDCARD not in allowed_models and not all(is_allowed(m, allowed_models) for m in p.models | f.models):
+        return None
+    if not all(evaluate(c, requirements).eligible for c in (*p.contracts, *f.contracts)):
+        return None
+    primary_order = preference.ordered(p.ranking, draw)
+    cross_order = preference.ordered(f.ranking, draw)
+    order = [*primary_order, *cross_order] if primary_order else []
+    moved = _move_session(order, session_assignment_id)
+    cut = max(max_attempts, 0)
+    return Plan(
+        order=tuple(order[:cut]),
+        ineligible=(),
+        beyond_shortlist=tuple(order[cut:]),
+        disallowed=(),
+        session_moved=moved,
+        not_crossed=() if primary_order else cross_order,
+    )
 
 
 def build_plan(
@@ -157,11 +217,16 @@ def build_plan(
 ) -> Plan | PlanError:
     """`draw`: a uniform number in [0, 1) that picks the first of equal candidates (`preference.order`);
     None keeps the deterministic order."""
+    if not pins:
+        whole = _whole_plan(
+            primary, fallback, requirements, allowed_models, max_attempts, session_assignment_id, draw
+        )
+        if whole is not None:
+            return whole
     # A candidate is a frozen dataclass of some twenty fields: copied only when its mark changes
-    # (`replace` of every candidate was over 1 % of a request's CPU); the fallback model's marked copies
-    # are kept for the next request over the same routes (`_crossing`).
-    marked = [c if not c.cross_model else replace(c, cross_model=False) for c in primary]
-    marked += _crossing(fallback)
+    # (`replace` of every candidate was over 1 % of a request's CPU), and a routes tuple's marked copies
+    # are kept for the next request over the same routes (`_routes`).
+    marked = [*_marked(primary, False), *_marked(fallback, True)]
     disallowed: tuple[Candidate, ...] = ()
     if WILDCARD in allowed_models:
         allowed = marked

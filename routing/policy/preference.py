@@ -34,6 +34,7 @@ the plan at the end for an explicit model (availability); `auto` uses the ready 
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 
 from routing.policy.types import Candidate, Health
@@ -165,23 +166,46 @@ def _draws(draw: float) -> list[float]:
     return [math.modf(draw * 8_192.0**n)[0] if n else draw for n in range(CHOICES)]
 
 
-def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[Candidate, ...]:
-    ranked = sorted(candidates, key=preference_key)
-    if draw is None or len(ranked) < 2:
-        return tuple(ranked)
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """What `order` works out of a set of candidates before the draw: their deterministic order, how
+    many held probes lead it, how many candidates share the first place behind them, and those
+    candidates' share weights with their running sums and total. Nothing in it depends on the request,
+    so the plan keeps it per routes tuple (`routing.policy.plan`)."""
+
+    ranked: tuple[Candidate, ...]
+    held: int
+    leading: tuple[Candidate, ...]
+    weights: tuple[float, ...]
+    running: tuple[float, ...]
+    total: float
+
+
+def ranking(candidates: Iterable[Candidate]) -> Ranking:
+    ranked = tuple(sorted(candidates, key=preference_key))
     held = _held(ranked)  # the probe first; the draw picks who comes next, should the probe fail
-    leading = _leading(ranked[held:])
-    if len(leading) < 2:
-        return tuple(ranked)
+    leading = tuple(_leading(ranked[held:]))
+    weights = tuple(share_weights(leading)) if len(leading) > 1 else ()
+    return Ranking(ranked, held, leading, weights, tuple(accumulate(weights)), sum(weights))
+
+
+def ordered(r: Ranking, draw: float | None) -> tuple[Candidate, ...]:
+    """The ranking's order for a request's draw (`order`)."""
+    if draw is None or len(r.leading) < 2:
+        return r.ranked
     # Several choices: of CHOICES candidates drawn by share, the one with the least recent load for its
     # share goes first (a tie keeps the first drawn). Conversations keep their account, so where a new
     # one lands decides the load for its whole length: one random draw left the busiest of 20 accounts
-    # at 2.1x its fair share in make bench-pool, the better of two at 1.44x. The shares are computed
-    # once for the CHOICES draws.
-    weights = share_weights(leading)
-    running, total = list(accumulate(weights)), sum(weights)
-    picks = [_pick(weights, running, total, u) for u in _draws(draw)]
+    # at 2.1x its fair share in make bench-pool, the better of two at 1.44x.
+    leading, weights = r.leading, r.weights
+    picks = [_pick(weights, r.running, r.total, u) for u in _draws(draw)]
     chosen = min(picks, key=lambda i: _busyness(leading[i], weights[i]))  # min keeps the first of equals
-    if chosen:
-        ranked.insert(held, ranked.pop(held + chosen))
+    if not chosen:
+        return r.ranked
+    ranked = list(r.ranked)
+    ranked.insert(r.held, ranked.pop(r.held + chosen))
     return tuple(ranked)
+
+
+def order(candidates: Iterable[Candidate], draw: float | None = None) -> tuple[Candidate, ...]:
+    return ordered(ranking(candidates), draw)

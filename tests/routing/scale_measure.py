@@ -5,7 +5,7 @@ Not collected by the suite (no `test_` prefix): run it by name,
 weight 1, as `make bench-scale` configures them) serving 20 models, with a latency row and a recent load for
 every route (as the ledger writer keeps them); the loop is what `proxy.ingress` does per request once the
 key's read is back: `routing_inputs_load` on the read's health and the cached configuration, then
-`decide` with a fresh draw, each with its own `now` (a load decays with it). Timed with
+`decide` with a fresh draw, each with its own `now`. Timed with
 `time.thread_time` (this thread's CPU, not the wall: the machine's other load does not count), best of
 REPEATS runs of LOOPS requests.
 """

@@ -194,13 +194,15 @@ def test_the_plan_is_the_references_over_randomized_pools():
         pins = rng.choice([(), (), (), (HardPin(PinKind.RESPONSE, rng.randint(1, 5)),)])
         session = rng.choice([None, rng.randint(1, 10)])
         reqs = _requirements(rng)
+        # The same tuples for every call, as a routes tuple is for every request on the same rows: a
+        # first call builds what the next ones reuse (`plan._routes`); and once as lists, which are not kept.
+        routes = [(tuple(primary), tuple(fallback)), (primary, fallback)]
         for draw in (None, rng.random(), rng.random(), 0.0, 0.999999):
             for max_attempts in (3, 100):
-                # Twice: a first call may build what a second one reuses.
-                for _ in range(2):
+                for first, second in routes:
                     got = build_plan(
-                        primary=tuple(primary),
-                        fallback=tuple(fallback),
+                        primary=first,
+                        fallback=second,
                         requirements=reqs,
                         allowed_models=allowed,
                         max_attempts=max_attempts,
@@ -210,6 +212,44 @@ def test_the_plan_is_the_references_over_randomized_pools():
                     )
                     want = ref_plan(primary, fallback, reqs, allowed, max_attempts, pins, session, draw)
                     assert as_tuple(got) == want
+
+
+def test_a_routes_tuple_is_ranked_once_for_every_request_on_it(monkeypatch):
+    """A pool's routes tuple, the same object for every request while its rows stay the same, is sorted
+    and weighed once: each request draws from that ranking (and the plans are still the reference's);
+    a new tuple (new rows) is ranked again."""
+    from routing.policy import plan, preference
+
+    rng = random.Random(11)
+    ranked = []
+    ranking = preference.ranking
+
+    def counted(candidates):
+        ranked.append(len(tuple(candidates)))
+        return ranking(tuple(candidates))
+
+    monkeypatch.setattr(preference, "ranking", counted)
+    plan._prepared.clear()
+    primary = tuple(
+        Candidate(assignment_id=i, model="gpt-5", weight=rng.choice([1, 2]), load=float(rng.randint(0, 9)))
+        for i in range(200)
+    )
+    fallback = tuple(Candidate(assignment_id=i, model="gpt-5.1") for i in range(3))
+    for draws in range(2):
+        for _ in range(50):
+            draw = rng.random()
+            got = build_plan(
+                primary=primary,
+                fallback=fallback,
+                requirements=Requirements(),
+                allowed_models=["*"],
+                max_attempts=3,
+                draw=draw,
+            )
+            want = ref_plan(primary, fallback, Requirements(), ["*"], 3, (), None, draw)
+            assert as_tuple(got) == want
+        assert ranked == [200, 3] + [200] * draws  # the fallback's tuple stays the same
+        primary = (*primary[:199], primary[199])  # the same candidates in a new tuple: new rows
 
 
 @settings(max_examples=150, deadline=None)
@@ -235,7 +275,8 @@ def test_the_plan_is_the_references_for_generated_candidates(primary, fallback, 
 # ---- with_latency over time -------------------------------------------------------------------------
 
 
-def ref_with_latency(cands, latency, headroom, now, load):
+def ref_with_latency(cands, latency, headroom, now, load, built):
+    """`built`: when these rows were first built on (their loads decayed to then)."""
     from dataclasses import replace
 
     out = []
@@ -247,7 +288,7 @@ def ref_with_latency(cands, latency, headroom, now, load):
                 c,
                 latency_ms=latency.get(c.key),
                 headroom_left=left[0] if left is not None and now < left[1] else None,
-                load=round(load_now(served[0], served[1], now), 1) if served is not None else None,
+                load=round(load_now(served[0], served[1], built), 1) if served is not None else None,
             )
         )
     return tuple(out)
@@ -274,12 +315,17 @@ def test_the_measured_candidates_are_the_references_as_time_goes_on():
             if rng.random() < 0.7
         }
         now = t0
+        built = None
         for _ in range(200):
             # Mostly forward, by a microsecond to seconds; now and then back (requests decided out of order).
             step = rng.choice([0, 1e-6, 0.0005, 0.003, 0.05, 1.0, 7.0, -0.002])
             now = now + timedelta(seconds=step)
             got = with_latency(base, latency, headroom, now, load)
-            want = ref_with_latency(base, latency, headroom, now, load)
+            # The loads are decayed to when the rows were built on: the first request's time, moved only
+            # by a request decided earlier than one before it (which builds them again).
+            was, built = built, _latency_built[id(base)].built
+            assert built <= now and (was is None or step < 0 or built == was)
+            want = ref_with_latency(base, latency, headroom, now, load, built)
             assert got == want
             # Unchanged candidates are never copied.
             for g, b in zip(got, base, strict=True):
