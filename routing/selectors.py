@@ -296,19 +296,23 @@ def _figures(
     loads: Mapping[tuple[int, str], tuple[float, datetime]],
     now: datetime,
     built: datetime,
-) -> tuple[Measured, float]:
+) -> tuple[Measured, float, float]:
     """A candidate's (latency, headroom, load) at `now` (`with_latency`'s rules), its load decayed to
-    `built`, and the timestamp from which they may differ: a headroom until its limit resets, else never
-    (until the rows change)."""
+    `built`; the timestamp from which they may differ (a headroom until its limit resets, else never,
+    until the rows change); and the timestamp of the reset that left its headroom out, if one did
+    (before it, they were different)."""
     left = headroom.get(key)
-    due = _NEVER
+    due, settled = _NEVER, -_NEVER
     room = None
-    if left is not None and now < left[1]:
-        room = left[0]
-        due = left[1].timestamp() - _EARLY_S
+    if left is not None:
+        if now < left[1]:
+            room = left[0]
+            due = left[1].timestamp() - _EARLY_S
+        else:
+            settled = left[1].timestamp()
     served = loads.get(key)
     load = None if served is None else round(load_now(served[0], served[1], built), 1)
-    return (latency.get(key), room, load), due
+    return (latency.get(key), room, load), due, settled
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,12 +320,14 @@ class _Built:
     """A model's candidates as `with_latency` last built them: from `candidates` and the three mappings
     (by identity: a request state read again with the same rows keeps them, `routing.request_state`),
     their loads decayed to `built` (the first request's time), at `stamp` (now's timestamp); `due` a heap
-    of (timestamp from which candidate i may change, i)."""
+    of (timestamp from which candidate i may change, i); `settled` the latest reset they reflect (a
+    request earlier than it builds them again; one between it and `stamp` is answered with them)."""
 
     candidates: tuple[Candidate, ...]
     sources: tuple[object, object, object]
     built: datetime
     stamp: float
+    settled: float
     values: list[Measured]
     result: tuple[Candidate, ...]
     due: list[tuple[float, int]]
@@ -348,8 +354,9 @@ def with_latency(
     only those. The loads are not decayed again per request: a decay halves every load of the rows
     alike, so which of two is the busier, all the draw asks of them (`routing.policy.preference`), is
     the same at any later time (to their rounding); the rows themselves are read again at least every
-    `routing.request_state.FIGURES_MAX_AGE_S` under traffic. A request earlier than the last built
-    (decided out of order) or new rows build it all again."""
+    `routing.request_state.FIGURES_MAX_AGE_S` under traffic. A request decided out of order (concurrent
+    requests are) gets the same tuple unless a reset it must not see was applied, then it and new rows
+    build it all again."""
     loads = _NO_LOAD if load is None else load  # one empty mapping: the same source every time
     stamp = now.timestamp()
     sources = (latency, headroom, loads)
@@ -358,30 +365,34 @@ def with_latency(
         built is not None
         and built.candidates is candidates
         and all(a is b for a, b in zip(built.sources, sources, strict=True))
-        and stamp >= built.stamp
+        and stamp >= built.settled
     ):
-        if not built.due or built.due[0][0] > stamp:
+        if not built.due or built.due[0][0] > stamp:  # nothing due: the same, earlier than `stamp` too
             return built.result
         # Copies, not changes in place: another thread may be reading this entry.
         due, values, result = list(built.due), list(built.values), list(built.result)
-        changed = False
+        changed, settled = False, built.settled
         while due and due[0][0] <= stamp:
             _, i = heapq.heappop(due)
             c = candidates[i]
-            value, when = _figures(c.key, latency, headroom, loads, now, built.built)
+            value, when, reset = _figures(c.key, latency, headroom, loads, now, built.built)
+            settled = max(settled, reset)
             if value != values[i]:
                 values[i], changed = value, True
                 result[i] = c if (c.latency_ms, c.headroom_left, c.load) == value else _measured(c, value)
             if when != _NEVER:
                 heapq.heappush(due, (max(when, math.nextafter(stamp, _NEVER)), i))
         out = tuple(result) if changed else built.result
-        _latency_built[id(candidates)] = _Built(candidates, sources, built.built, stamp, values, out, due)
+        entry = _Built(candidates, sources, built.built, stamp, settled, values, out, due)
+        _latency_built[id(candidates)] = entry
         return out
     values = []
     due = []
     rebuilt = []
+    settled = -_NEVER
     for i, c in enumerate(candidates):
-        value, when = _figures(c.key, latency, headroom, loads, now, now)
+        value, when, reset = _figures(c.key, latency, headroom, loads, now, now)
+        settled = max(settled, reset)
         values.append(value)
         rebuilt.append(c if (c.latency_ms, c.headroom_left, c.load) == value else _measured(c, value))
         if when != _NEVER:
@@ -392,7 +403,7 @@ def with_latency(
         out = built.result  # the same candidates as before: the same tuple, for what is cached by it
     if len(_latency_built) >= CACHE_LIMIT:
         _latency_built.clear()
-    _latency_built[id(candidates)] = _Built(candidates, sources, now, stamp, values, out, due)
+    _latency_built[id(candidates)] = _Built(candidates, sources, now, stamp, settled, values, out, due)
     return out
 
 

@@ -161,6 +161,15 @@ def accounts_curve(raw: dict[str, Any]) -> Curve:
         ("the request's statement, EXPLAIN ANALYZE execution (ms)", beside(statement, 3)),
         ("&nbsp;&nbsp;rows it returns", [fmt(v, 0) for v in series("statement_rows")]),
         (
+            "&nbsp;&nbsp;the same reading its latency rows (at most every 0.1 s), ms; rows",
+            [
+                f"{fmt(ms, 3)}; {fmt(n, 0)}"
+                for ms, n in zip(
+                    series("figures_statement_ms"), series("figures_statement_rows"), strict=True
+                )
+            ],
+        ),
+        (
             "/admin/upstreams/ (ms; queries)",
             [f"{a}; {fmt(q, 0)}" for a, q in zip(beside(panel, 0), panel_q, strict=True)],
         ),

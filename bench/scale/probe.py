@@ -7,8 +7,8 @@
   then, with `--prune-days D`, `manage.py prune_ledger --days D` once.
 - `routing --key NAME --model M --secret S`: the routing decision the request path makes (`decide` on
   the loaded inputs, in a loop), the request path's one statement (`request_state_query`, narrowed to
-  the model as for a key read before) under EXPLAIN ANALYZE, and `manage.py routing_explain` and
-  /admin/upstreams/ with their query counts.
+  the model as for a key read before, with and without the latency rows) under EXPLAIN ANALYZE, and
+  `manage.py routing_explain` and /admin/upstreams/ with their query counts.
 """
 
 from __future__ import annotations
@@ -137,24 +137,28 @@ def probe_routing(key_name: str, secret: str, model: str, repeat: int, loops: in
     assert decision.plan is not None and decision.plan.order, decision.error
     found["decision_us"] = min(times)
     found["candidates"] = len(decision.plan.order) + len(decision.plan.beyond_shortlist)
-    # As the request path sends it for a key read before (proxy.ingress `_read`): narrowed to the
-    # latency rows of the models the request plans over.
+    # As the request path sends it for a key read before (routing.request_state.Reader.read): narrowed
+    # to the models the request plans over, and without their latency rows (kept from a read of less
+    # than FIGURES_MAX_AGE_S ago: most requests under load); `figures_` the one that reads them.
     state = request_state_load(secret, route_class=RouteClass.HTTP, now=now)
     assert state is not None
     pool_ids, version = state.authenticated.key.pool_ids, state.authenticated.config_version
     config_snapshot(pool_ids, version, now)
     narrow = narrowing(pool_ids, version, model, now)
-    query = request_state_query(secret, route_class=RouteClass.HTTP, now=now, narrow=narrow)
-    assert query is not None
-    explain = []
-    with connection.cursor() as cursor:
-        for _ in range(repeat + 1):
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query.sql, query.params)
-            explain.append(cursor.fetchone()[0][0])
-        cursor.execute(query.sql, query.params)
-        found["statement_rows"] = len(cursor.fetchall())
-    found["statement_ms"] = statistics.median(e["Execution Time"] for e in explain[1:])
-    found["statement_planning_ms"] = statistics.median(e["Planning Time"] for e in explain[1:])
+    for prefix, figures in (("", False), ("figures_", True)):
+        query = request_state_query(
+            secret, route_class=RouteClass.HTTP, now=now, narrow=narrow, figures=figures
+        )
+        assert query is not None
+        explain = []
+        with connection.cursor() as cursor:
+            for _ in range(repeat + 1):
+                cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query.sql, query.params)
+                explain.append(cursor.fetchone()[0][0])
+            cursor.execute(query.sql, query.params)
+            found[f"{prefix}statement_rows"] = len(cursor.fetchall())
+        found[f"{prefix}statement_ms"] = statistics.median(e["Execution Time"] for e in explain[1:])
+        found[f"{prefix}statement_planning_ms"] = statistics.median(e["Planning Time"] for e in explain[1:])
 
     def explain_command() -> None:
         call_command("routing_explain", key=key_name, model=model, stdout=io.StringIO())

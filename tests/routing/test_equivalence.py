@@ -314,23 +314,43 @@ def test_the_measured_candidates_are_the_references_as_time_goes_on():
             for c in base
             if rng.random() < 0.7
         }
-        now = t0
+        now = latest = t0
         built = None
         for _ in range(200):
             # Mostly forward, by a microsecond to seconds; now and then back (requests decided out of order).
             step = rng.choice([0, 1e-6, 0.0005, 0.003, 0.05, 1.0, 7.0, -0.002])
             now = now + timedelta(seconds=step)
+            latest = max(latest, now)
             got = with_latency(base, latency, headroom, now, load)
-            # The loads are decayed to when the rows were built on: the first request's time, moved only
-            # by a request decided earlier than one before it (which builds them again).
+            # The loads are decayed to when the rows were built on: a request's time, moved only by a
+            # request decided earlier than one before it (which may build them again).
             was, built = built, _latency_built[id(base)].built
-            assert built <= now and (was is None or step < 0 or built == was)
+            assert built <= latest and (was is None or step < 0 or built == was)
             want = ref_with_latency(base, latency, headroom, now, load, built)
             assert got == want
             # Unchanged candidates are never copied.
             for g, b in zip(got, base, strict=True):
                 if (b.latency_ms, b.headroom_left, b.load) == (g.latency_ms, g.headroom_left, g.load):
                     assert g is b
+
+
+def test_a_request_decided_out_of_order_gets_the_same_candidates():
+    """Concurrent requests are decided out of the order of their times: an earlier one gets the tuple a
+    later one built (what the plan keeps by it stays warm) unless a limit's reset it must not see was
+    applied since, and then its own candidates, with the headroom it still had."""
+    _latency_built.clear()
+    t0 = datetime(2026, 12, 5, 18, 0, tzinfo=UTC)
+    base = tuple(Candidate(assignment_id=i, model="gpt-5") for i in range(3))
+    latency = {c.key: 40.0 for c in base}
+    headroom = {base[0].key: (0.5, t0 + timedelta(seconds=2))}
+    load = {c.key: (float(c.assignment_id), t0) for c in base}
+    later = with_latency(base, latency, headroom, t0 + timedelta(seconds=1), load)
+    assert with_latency(base, latency, headroom, t0 + timedelta(seconds=0.5), load) is later
+    assert _latency_built[id(base)].built == t0 + timedelta(seconds=1)  # not built again for it
+    reset = with_latency(base, latency, headroom, t0 + timedelta(seconds=3), load)
+    assert reset[0].headroom_left is None
+    earlier = with_latency(base, latency, headroom, t0 + timedelta(seconds=1.5), load)
+    assert earlier[0].headroom_left == 0.5
 
 
 def test_rows_without_loads_are_built_once():
