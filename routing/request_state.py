@@ -325,9 +325,7 @@ class Reader:
 
         known = self.known.get(hash_key(wanted.raw_key)) if wanted.raw_key else None
         narrow = self._narrowing(known, wanted)
-        cached = self.figures.get(narrow) if narrow is not None else None
-        if cached is not None and time.monotonic() - cached.read_at >= FIGURES_MAX_AGE_S:
-            cached = None
+        cached = self._kept(narrow)
         query = request_state_query(
             wanted.raw_key,
             route_class=wanted.route_class,
@@ -353,6 +351,20 @@ class Reader:
         if config is not None or not wanted.routing:
             return loaded(state, wanted, config), None  # no query
         return await db.run_within(left(), loaded, state, wanted), None
+
+    def _kept(self, narrow: Narrowing | None) -> Figures | None:
+        """The figures kept for `narrow` that a request may route on instead of reading them: fresh ones;
+        or, while another request is reading them again, the last ones. The first request to find them
+        older than FIGURES_MAX_AGE_S reads them (None) and lets the others route on them for another max
+        age meanwhile, so concurrent requests do not each read, decode and build a pool's rows."""
+        kept = self.figures.get(narrow) if narrow is not None else None
+        if kept is None or narrow is None:
+            return None
+        now = time.monotonic()
+        if now - kept.read_at < FIGURES_MAX_AGE_S:
+            return kept
+        self.figures[narrow] = replace(kept, read_at=now)  # the same mappings: what is built on them stays
+        return None
 
     @staticmethod
     def _narrowing(known: Known | None, wanted: Wanted) -> Narrowing | None:

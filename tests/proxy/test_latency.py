@@ -302,6 +302,22 @@ def test_a_kept_narrowings_figures_are_not_routed_on_once_the_keys_pools_moved(p
     assert state is not None and set(state.health.latency) == {(a.pk, "gpt-5"), (b.pk, "gpt-5")}
 
 
+def test_one_request_reads_stale_figures_again_while_the_others_route_on_them():
+    """Concurrent requests that find a narrowing's figures stale do not each read them (each would decode
+    and build a pool's rows): the first reads them, the others route on the last ones meanwhile."""
+    from routing.request_state import Figures, Reader
+
+    reader = Reader()
+    narrow = Narrowing((1,), 1, ("gpt-5",))
+    assert reader._kept(narrow) is None  # nothing kept: read
+    stale = Figures({(1, "gpt-5"): 40.0}, {}, {}, read_at=time.monotonic() - 1)
+    reader.figures[narrow] = stale
+    assert reader._kept(narrow) is None  # the first to find them stale reads them
+    meanwhile = reader._kept(narrow)
+    assert meanwhile is not None and meanwhile.latency is stale.latency  # the others: the last ones
+    assert reader._kept(None) is None
+
+
 def test_figures_are_kept_no_longer_than_a_ledger_batch_lingers():
     """A copy of the rows the ledger writers change once a batch is at most one batch behind."""
     from proxy.ledger.recorder import LINGER_S
