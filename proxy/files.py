@@ -69,7 +69,7 @@ from routing.policy.failures import DispatchState, FailureClass, Observation
 from routing.policy.files import files_plan
 from routing.policy.plan import HardPin, PinKind, PlanError
 from routing.policy.route import RoutingView
-from routing.policy.types import Candidate, Health, RouteClass
+from routing.policy.types import Candidate, RouteClass
 from routing.policy.vocabulary import ClientRoute, Outcome
 from routing.selectors import RouteSettings, routing_view_load
 from runtime import db
@@ -338,8 +338,7 @@ async def _relay(
     # on every other route.
     leased = None
     if not isinstance(plan, PlanError):
-        probe = next((c for c in (*plan.order, *plan.beyond_shortlist) if c.health is Health.PROBE), None)
-        leased = await take_lease(loaded.view, RouteClass.HTTP, loaded.settings, probe, deadline)
+        leased = await take_lease(loaded.view, RouteClass.HTTP, loaded.settings, plan.probe, deadline)
         if leased is not None:
             plan = plan_now(held={leased.candidate})
     if isinstance(plan, PlanError):

@@ -75,6 +75,9 @@ class Plan:
     # Eligible candidates of the fallback model left out because nothing said the primary model is
     # missing and no primary candidate is eligible (§5.2): reported, never dispatched.
     not_crossed: tuple[Candidate, ...] = ()
+    # The first candidate of the order, shortlisted or not, whose circuit admits a probe (Health.PROBE):
+    # the one whose lease the request tries to take (`routing.policy.route.lease_candidate`).
+    probe: Candidate | None = None
 
     @property
     def exclusion_reason(self) -> IneligibleReason | None:
@@ -138,6 +141,7 @@ class _Routes:
     models: frozenset[str]
     contracts: tuple[Candidate, ...]
     ranking: preference.Ranking
+    probes: bool  # whether any of them admits a probe (a plan without any need not look for one)
 
 
 _prepared: dict[tuple[int, bool], _Routes] = {}
@@ -156,7 +160,12 @@ def _routes(candidates: Sequence[Candidate], cross: bool) -> _Routes | None:
     marked = tuple(c if c.cross_model == cross else replace(c, cross_model=cross) for c in candidates)
     contracts = tuple({contract(c): c for c in reversed(marked)}.values())
     routes = _Routes(
-        candidates, marked, frozenset(c.model for c in marked), contracts, preference.ranking(marked)
+        candidates,
+        marked,
+        frozenset(c.model for c in marked),
+        contracts,
+        preference.ranking(marked),
+        any(c.health is Health.PROBE for c in marked),
     )
     if len(_prepared) >= _PREPARED_LIMIT:
         _prepared.clear()
@@ -201,7 +210,12 @@ def _whole_plan(
         disallowed=(),
         session_moved=moved,
         not_crossed=() if primary_order else cross_order,
+        probe=_first_probe(order) if p.probes or (f.probes and order) else None,
     )
+
+
+def _first_probe(order: Sequence[Candidate]) -> Candidate | None:
+    return next((c for c in order if c.health is Health.PROBE), None)
 
 
 def build_plan(
@@ -265,6 +279,7 @@ def build_plan(
         session_moved=moved,
         cross_open=cross_open,
         not_crossed=() if crossing else cross_order,
+        probe=_first_probe(order),
     )
 
 

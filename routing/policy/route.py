@@ -178,10 +178,7 @@ def lease_candidate(decision: Decision) -> Candidate | None:
     one of the plan, shortlisted or not (at most one lease per request, so one request cannot hold
     every probe). Beyond the shortlist too: a cooled assignment of a pool larger than
     `retry.max_attempts` is still probed (§5.4), since holding the lease puts it first."""
-    if decision.plan is None:
-        return None
-    plan = decision.plan
-    return next((c for c in (*plan.order, *plan.beyond_shortlist) if c.health is Health.PROBE), None)
+    return None if decision.plan is None else decision.plan.probe
 
 
 class RequirementsHeaderError(ValueError):

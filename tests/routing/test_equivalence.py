@@ -6,6 +6,7 @@ The reference below is the rules written once, candidate by candidate, with no c
 
 import math
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
@@ -107,6 +108,7 @@ def ref_plan(primary, fallback, reqs, allowed, max_attempts, pins, session, draw
         moved,
         cross_open,
         () if crossing else cross_order,
+        next((c for c in order if c.health is Health.PROBE), None),
     )
 
 
@@ -122,6 +124,7 @@ def as_tuple(plan):
         plan.session_moved,
         plan.cross_open,
         plan.not_crossed,
+        plan.probe,
     )
 
 
@@ -250,6 +253,30 @@ def test_a_routes_tuple_is_ranked_once_for_every_request_on_it(monkeypatch):
             assert as_tuple(got) == want
         assert ranked == [200, 3] + [200] * draws  # the fallback's tuple stays the same
         primary = (*primary[:199], primary[199])  # the same candidates in a new tuple: new rows
+
+
+def test_a_plan_names_its_first_probe_wherever_it_is():
+    """The lease a request tries to take is the plan's first probe-admissible candidate, in the primary
+    model's order or, once the plan reaches it, the fallback model's."""
+    healthy = tuple(Candidate(assignment_id=i, model="gpt-5") for i in (1, 2))
+    cooled = (Candidate(assignment_id=3, model="gpt-5.1", health=Health.PROBE),)
+    for primary, fallback, probe in (
+        (healthy, cooled, 3),
+        ((*healthy, replace(cooled[0], model="gpt-5")), (), 3),
+        (healthy, (), None),
+    ):
+        for draw in (None, 0.3):
+            got = build_plan(
+                primary=primary,
+                fallback=fallback,
+                requirements=Requirements(),
+                allowed_models=["*"],
+                max_attempts=1,
+                draw=draw,
+            )
+            assert isinstance(got, Plan)
+            assert (got.probe.assignment_id if got.probe else None) == probe
+            assert as_tuple(got) == ref_plan(primary, fallback, Requirements(), ["*"], 1, (), None, draw)
 
 
 @settings(max_examples=150, deadline=None)
