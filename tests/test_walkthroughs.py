@@ -248,7 +248,7 @@ def _toy_gate_in(monkeypatch) -> None:
     monkeypatch.setattr(eligibility, "evaluate", _toy_gate(eligibility.evaluate))
     fields = (*eligibility.GATED_FIELDS, "assignment")
     monkeypatch.setattr(eligibility, "GATED_FIELDS", fields)
-    monkeypatch.setattr(eligibility, "_GATED", attrgetter(*fields))
+    monkeypatch.setattr(eligibility, "contract", attrgetter(*fields))
 
 
 A = Candidate(assignment_id=1, model="m", assignment=QUARANTINED, tier=0)

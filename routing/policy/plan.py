@@ -37,8 +37,8 @@ import enum
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
-from routing.policy import preference
-from routing.policy.eligibility import Verdict, contract, evaluate, gate_reasons
+from routing.policy import eligibility, preference
+from routing.policy.eligibility import Verdict, gate_reasons
 from routing.policy.errors import ErrorCode
 from routing.policy.failures import Disposition
 from routing.policy.resolution import WILDCARD, is_allowed
@@ -158,7 +158,7 @@ def _routes(candidates: Sequence[Candidate], cross: bool) -> _Routes | None:
     if hit is not None and hit.source is candidates:
         return hit
     marked = tuple(c if c.cross_model == cross else replace(c, cross_model=cross) for c in candidates)
-    contracts = tuple({contract(c): c for c in reversed(marked)}.values())
+    contracts = tuple({eligibility.contract(c): c for c in reversed(marked)}.values())
     routes = _Routes(
         candidates,
         marked,
@@ -196,7 +196,7 @@ def _whole_plan(
         return None
     if WILDCARD not in allowed_models and not all(is_allowed(m, allowed_models) for m in p.models | f.models):
         return None
-    if not all(evaluate(c, requirements).eligible for c in (*p.contracts, *f.contracts)):
+    if not all(eligibility.evaluate(c, requirements).eligible for c in (*p.contracts, *f.contracts)):
         return None
     primary_order = preference.ordered(p.ranking, draw)
     cross_order = preference.ordered(f.ranking, draw)
