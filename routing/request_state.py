@@ -358,7 +358,7 @@ class Reader:
         older than FIGURES_MAX_AGE_S reads them (None) and lets the others route on them for another max
         age meanwhile, so concurrent requests do not each read, decode and build a pool's rows."""
         kept = self.figures.get(narrow) if narrow is not None else None
-        if kept is None or narrow is None:
+        if kept is None or narrow is None:  # (narrow for the type checker: no narrowing, nothing kept)
             return None
         now = time.monotonic()
         if now - kept.read_at < FIGURES_MAX_AGE_S:

@@ -34,7 +34,7 @@ eligible and least preferred.
 """
 
 import enum
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from routing.policy import eligibility, preference
@@ -157,7 +157,7 @@ def _routes(candidates: Sequence[Candidate], cross: bool) -> _Routes | None:
     hit = _prepared.get(key)
     if hit is not None and hit.source is candidates:
         return hit
-    marked = tuple(c if c.cross_model == cross else replace(c, cross_model=cross) for c in candidates)
+    marked = tuple(_mark(candidates, cross))
     contracts = tuple({eligibility.contract(c): c for c in reversed(marked)}.values())
     routes = _Routes(
         candidates,
@@ -173,11 +173,15 @@ def _routes(candidates: Sequence[Candidate], cross: bool) -> _Routes | None:
     return routes
 
 
+def _mark(candidates: Sequence[Candidate], cross: bool) -> Iterator[Candidate]:
+    """`candidates` as the primary model's (`cross` False) or the fallback's: copied only when their
+    mark changes."""
+    return (c if c.cross_model == cross else replace(c, cross_model=cross) for c in candidates)
+
+
 def _marked(candidates: Sequence[Candidate], cross: bool) -> Sequence[Candidate]:
     routes = _routes(candidates, cross)
-    if routes is not None:
-        return routes.marked
-    return [c if c.cross_model == cross else replace(c, cross_model=cross) for c in candidates]
+    return routes.marked if routes is not None else list(_mark(candidates, cross))
 
 
 def _whole_plan(

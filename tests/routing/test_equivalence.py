@@ -217,6 +217,21 @@ def test_the_plan_is_the_references_over_randomized_pools():
                     assert as_tuple(got) == want
 
 
+def _plain_plan(primary, fallback, max_attempts, draw) -> Plan:
+    """The plan of a request with no requirement, pin or session, asserted to be the reference's."""
+    got = build_plan(
+        primary=primary,
+        fallback=fallback,
+        requirements=Requirements(),
+        allowed_models=["*"],
+        max_attempts=max_attempts,
+        draw=draw,
+    )
+    assert isinstance(got, Plan)
+    assert as_tuple(got) == ref_plan(primary, fallback, Requirements(), ["*"], max_attempts, (), None, draw)
+    return got
+
+
 def test_a_routes_tuple_is_ranked_once_for_every_request_on_it(monkeypatch):
     """A pool's routes tuple, the same object for every request while its rows stay the same, is sorted
     and weighed once: each request draws from that ranking (and the plans are still the reference's);
@@ -240,17 +255,7 @@ def test_a_routes_tuple_is_ranked_once_for_every_request_on_it(monkeypatch):
     fallback = tuple(Candidate(assignment_id=i, model="gpt-5.1") for i in range(3))
     for draws in range(2):
         for _ in range(50):
-            draw = rng.random()
-            got = build_plan(
-                primary=primary,
-                fallback=fallback,
-                requirements=Requirements(),
-                allowed_models=["*"],
-                max_attempts=3,
-                draw=draw,
-            )
-            want = ref_plan(primary, fallback, Requirements(), ["*"], 3, (), None, draw)
-            assert as_tuple(got) == want
+            _plain_plan(primary, fallback, 3, rng.random())
         assert ranked == [200, 3] + [200] * draws  # the fallback's tuple stays the same
         primary = (*primary[:199], primary[199])  # the same candidates in a new tuple: new rows
 
@@ -266,17 +271,8 @@ def test_a_plan_names_its_first_probe_wherever_it_is():
         (healthy, (), None),
     ):
         for draw in (None, 0.3):
-            got = build_plan(
-                primary=primary,
-                fallback=fallback,
-                requirements=Requirements(),
-                allowed_models=["*"],
-                max_attempts=1,
-                draw=draw,
-            )
-            assert isinstance(got, Plan)
+            got = _plain_plan(primary, fallback, 1, draw)
             assert (got.probe.assignment_id if got.probe else None) == probe
-            assert as_tuple(got) == ref_plan(primary, fallback, Requirements(), ["*"], 1, (), None, draw)
 
 
 @settings(max_examples=150, deadline=None)
