@@ -406,11 +406,14 @@ async def _read(
     refusal: no key, or no database. `routable`: its body, None when it is refused once its key is
     known (then only the key is read); `ids`: its session and files (its previous response is found
     here)."""
-    wanted = Wanted(bearer(headers), route_class, datetime.now(UTC), routing=routable is not None)
-    draft = None
-    if routable is not None:
-        ids = replace(ids, response_id=previous_response_id(routable, path))
-        wanted = replace(wanted, ids=ids, model=routable.get("model"))
+    now = datetime.now(UTC)
+    if routable is None:
+        wanted, draft = Wanted(bearer(headers), route_class, now, routing=False), None
+    else:
+        response_id = previous_response_id(routable, path)
+        if response_id != ids.response_id:
+            ids = replace(ids, response_id=response_id)
+        wanted = Wanted(bearer(headers), route_class, now, ids, model=routable.get("model"))
         draft = partial(_draft, headers=headers, path=path, body=routable, body_size=body_size, pins=pins)
     try:
         # The read's bound counts from the request's start (a websocket frame may have waited for its
