@@ -2,6 +2,7 @@
 writes are `gatewayconfig.services`."""
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -163,17 +164,39 @@ def key_budget_reserve(*, key_id: int, request_id: str, amount: int, period: str
             return True
 
 
-def key_budget_settle(*, key_id: int, released: int, charged: int, period: str, now: datetime) -> None:
-    """Release what requests held and add what they cost (in the current period): one UPDATE."""
+_SETTLE_CHUNK = 1000  # keys a statement settles (3 parameters each: well within SQLite's 32,766)
+
+
+def keys_budget_settle(*, settled: Mapping[tuple[int, str], Sequence[int]], now: datetime) -> None:
+    """Release what requests held and add what they cost: `settled` maps (key id, budget period) to
+    (released, charged), added in each key's current period. One UPDATE per period present, whatever the
+    number of keys (a statement a key made a ledger batch over many keys as many round trips as
+    records). On PostgreSQL the keys' rows are first locked in id order, so two nodes' batches over the
+    same keys take their locks in the same order and cannot deadlock."""
+    if not settled:
+        return
     table = GatewayKey._meta.db_table
-    current, stored, at = _period_sql(period_start(period, now))
-    sql = (
-        f"UPDATE {table} SET "  # noqa: S608
-        "reserved_micros = CASE WHEN reserved_micros > %s THEN reserved_micros - %s ELSE 0 END, "
-        f"spent_micros = {current} + %s, period_start = {stored} WHERE id = %s"
-    )
+    by_period: dict[str, list[int]] = {}
+    for (key_id, period), (released, charged) in sorted(settled.items()):
+        by_period.setdefault(period, []).extend((key_id, released, charged))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [released, released, *at, charged, *(at * 2), key_id])
+        if connection.vendor == "postgresql" and len(settled) > 1:
+            ids = sorted({key_id for key_id, _ in settled})
+            lock = f"SELECT id FROM {table} WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE"  # noqa: S608
+            cursor.execute(lock, [ids])
+        for period, values in by_period.items():
+            current, stored, at = _period_sql(period_start(period, now))
+            for start in range(0, len(values), 3 * _SETTLE_CHUNK):
+                chunk = values[start : start + 3 * _SETTLE_CHUNK]
+                rows = ", ".join(["(%s, %s, %s)"] * (len(chunk) // 3))
+                sql = (
+                    f"WITH settled (id, released, charged) AS (VALUES {rows}) "  # noqa: S608
+                    f"UPDATE {table} SET reserved_micros = CASE WHEN reserved_micros > settled.released "
+                    "THEN reserved_micros - settled.released ELSE 0 END, "
+                    f"spent_micros = {current} + settled.charged, period_start = {stored} "
+                    f"FROM settled WHERE {table}.id = settled.id"
+                )
+                cursor.execute(sql, [*chunk, *at, *(at * 2)])
 
 
 def budget_holds_take(*, request_ids: list[str]) -> dict[str, int]:
@@ -234,7 +257,7 @@ def key_budget_give_back(*, key_id: int, request_id: str, amount: int, period: s
         if cursor.rowcount != 1:
             return
         cursor.execute(f"DELETE FROM {holds} WHERE request_id = %s AND micros = 0", [request_id])  # noqa: S608
-    key_budget_settle(key_id=key_id, released=amount, charged=0, period=period, now=now)
+    keys_budget_settle(settled={(key_id, period): (amount, 0)}, now=now)
 
 
 @dataclass(frozen=True, slots=True)

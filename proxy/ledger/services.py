@@ -6,7 +6,7 @@ from datetime import UTC, date, datetime
 from django.db import connection, transaction
 from django.db.models import Model
 
-from pools.services import budget_holds_take, key_budget_settle
+from pools.services import budget_holds_take, keys_budget_settle
 from proxy.ledger.exchange import AttemptLog, Exchange
 from proxy.ledger.models import MAX_TOTAL, Attempt, DailySpend, RequestRecord, cost_is_unknown
 from routing.policy.vocabulary import AttemptStatus, Outcome
@@ -182,16 +182,16 @@ def sanitized(x: Exchange) -> Exchange:
 
 
 def exchanges_settle(*, exchanges: list[Exchange], recorded: list[Exchange] | None = None) -> None:
-    """One UPDATE per key: release what its requests held, add what they cost (SPEC §7.4). What a
-    request held is its `BudgetHold`, deleted here (`budget_holds_take`), not what its process
-    believed: a reservation whose answer never reached the request (its connection broke after the
-    commit, its client left) is released too, and a hold is released once however often this runs
-    for the request. Also run alone for a record the database refused, so a refused record never leaks
-    its reservation. The keys are updated in id order: two nodes' batches over the same keys then lock
-    their rows in the same order and cannot deadlock (in batch order, one node held B and waited for A
-    while the other held A and waited for B; PostgreSQL then aborted one, or a reservation queued
-    behind them). `recorded`: requests whose records were settled before; only a hold they still
-    have is released, nothing charged."""
+    """Release what the requests' keys held, add what they cost (SPEC §7.4), all the batch's keys in
+    one UPDATE per budget period (`pools.services.keys_budget_settle`). What a request held is its
+    `BudgetHold`, deleted here (`budget_holds_take`), not what its process believed: a reservation
+    whose answer never reached the request (its connection broke after the commit, its client left) is
+    released too, and a hold is released once however often this runs for the request. Also run alone
+    for a record the database refused, so a refused record never leaks its reservation. The keys' rows
+    are locked in id order: two nodes' batches over the same keys then lock them in the same order and
+    cannot deadlock (in batch order, one node held B and waited for A while the other held A and waited
+    for B; PostgreSQL then aborted one, or a reservation queued behind them). `recorded`: requests whose
+    records were settled before; only a hold they still have is released, nothing charged."""
     charged_before = {x.request_id for x in recorded or []}
     every = [*exchanges, *(recorded or [])]
     held = budget_holds_take(request_ids=[x.request_id for x in every if x.reserving])
@@ -203,9 +203,7 @@ def exchanges_settle(*, exchanges: list[Exchange], recorded: list[Exchange] | No
             totals = settle.setdefault((x.key_id, x.budget_period), [0, 0])
             totals[0] += reserved
             totals[1] += charged
-    now = datetime.now(UTC)
-    for (key_id, period), (released, charged) in sorted(settle.items()):
-        key_budget_settle(key_id=key_id, released=released, charged=charged, period=period, now=now)
+    keys_budget_settle(settled=settle, now=datetime.now(UTC))
 
 
 def charge_micros(x: Exchange, reserved: int) -> int:

@@ -251,6 +251,42 @@ def test_a_record_the_database_refuses_still_releases_its_reservation():
     assert (key.reserved_micros, key.spent_micros) == (0, 0)  # both released, nothing was charged
 
 
+def test_a_batch_settles_all_its_keys_in_one_update_per_budget_period():
+    """A batch over many keys settles them together: one UPDATE per budget period present, not one a key
+    (with a key per request, a batch was as many round trips as records). Each key still gets its own
+    release and charge, in its own period: a day key whose stored spend is from an earlier day starts
+    the day again, a lifetime key adds to what it had."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from proxy.ledger.services import request_records_write
+    from tests.factories import AssignmentFactory
+
+    assignment = AssignmentFactory()
+    day = [GatewayKeyFactory(budget_micros=10_000, budget_period="day") for _ in range(3)]
+    lifetime = [GatewayKeyFactory(budget_micros=10_000) for _ in range(3)]
+    yesterday = datetime.now(UTC) - timedelta(days=1)
+    type(day[0]).objects.filter(pk__in=[day[0].pk, lifetime[0].pk]).update(
+        spent_micros=500, period_start=yesterday
+    )
+    batch = []
+    for n, key in enumerate(day + lifetime):
+        exchange = reserve(finished_exchange(budget_period=key.budget_period), key.pk, 100 + n)
+        exchange.attempts = [
+            AttemptLog(1, assignment.pk, "gpt-5", "http", "succeeded", "completed", cost_micros=10 + n)
+        ]
+        batch.append(exchange)
+    with CaptureQueriesContext(connection) as statements:
+        request_records_write(exchanges=batch)
+    key_table = day[0]._meta.db_table
+    settles = [q["sql"] for q in statements if f"UPDATE {key_table} SET" in q["sql"]]
+    assert len(settles) == 2, settles
+    rows = dict(type(day[0]).objects.values_list("pk", "spent_micros"))
+    assert [rows[k.pk] for k in day] == [10, 11, 12]  # the first key's 500 was yesterday's
+    assert [rows[k.pk] for k in lifetime] == [513, 14, 15]
+    assert set(type(day[0]).objects.values_list("reserved_micros", flat=True)) == {0}
+
+
 def test_a_refused_records_reservation_is_settled_by_its_replay_when_the_database_goes_away_meanwhile(
     monkeypatch,
 ):

@@ -82,9 +82,10 @@ def _waiting_on(lock: str, params: list, work: Callable[[], None]) -> Iterator[p
 
 @postgres_only
 def test_two_nodes_settling_the_same_keys_never_deadlock():
-    """Fault 3 ("deadlock detected"): a ledger batch settles one UPDATE per key, in one transaction.
-    In the order the batch met them, node 1 could lock key B then wait for A while node 2 held A and
-    wanted B. Keys are settled in id order, so every transaction takes the rows in the same order.
+    """Fault 3 ("deadlock detected"): a ledger batch settles its keys in one transaction. In the order
+    the batch met them, node 1 could lock key B then wait for A while node 2 held A and wanted B. The
+    batch locks its keys' rows in id order before it settles them, so every transaction takes the rows
+    in the same order.
 
     Here the other node's transaction holds A; this node's batch (B's record first) must wait for A
     holding nothing, so the other node can go on to update B and commit."""
