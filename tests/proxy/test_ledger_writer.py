@@ -696,7 +696,13 @@ def test_a_full_batch_left_waiting_is_taken_without_a_linger(monkeypatch):
     monkeypatch.setattr(services, "request_records_write", first_blocks)
     writer = ledger.LedgerWriter()
     exchanges = [_exchange() for _ in range(12)]
-    for exchange in exchanges[:5]:  # the fifth fills a batch behind the lingering first
+    # The writer holds the first record before the next arrive: `submit` counts the one a lingering writer
+    # holds, so records queued before it took any would hurry a batch of three and shift every batch after.
+    writer.submit(exchanges[0])
+    deadline = time.monotonic() + 10
+    while not writer._queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for exchange in exchanges[1:5]:  # the fourth ends the linger, the fifth waits behind the full batch
         writer.submit(exchange)
     assert saving.wait(10)  # the first batch (four records) is being saved
     for exchange in exchanges[5:]:  # the burst: eight records wait, two batches
