@@ -283,13 +283,17 @@ class Reader:
     counts the requests the process is answering (`answering`). It keeps, per narrowing, the latency,
     headroom and load rows its last read of them found (`figures`): a request whose narrowing's rows were
     read less than FIGURES_MAX_AGE_S ago routes on those and its statement does not read them again,
-    so a pool's size costs its statement rows ten times a second, not once a request."""
+    so a pool's size costs its statement rows ten times a second, not once a request. A key it does not
+    know (new, or forgotten past `limit`) is narrowed as if it had the pools and version of the last key
+    read (`last_pools`): keys share their pools far more often than not, and a wrong guess is checked by
+    the statement as a stale narrowing is, costing rows, never a decision."""
 
     def __init__(self, limit: int = KNOWN_LIMIT) -> None:
         self.known: OrderedDict[str, Known] = OrderedDict()
         self.figures: dict[Narrowing, Figures] = {}
         self.limit = limit
         self.in_flight = 0
+        self.last_pools: tuple[tuple[int, ...], int] | None = None  # the last read key's pools and version
 
     @contextlib.contextmanager
     def answering(self) -> Iterator[None]:
@@ -366,14 +370,20 @@ class Reader:
         self.figures[narrow] = replace(kept, read_at=now)  # the same mappings: what is built on them stays
         return None
 
-    @staticmethod
-    def _narrowing(known: Known | None, wanted: Wanted) -> Narrowing | None:
-        """The models this request plans over in the configuration its key's last read had: only their
-        latency rows are read (the statement reads them all if the key's pools or version moved)."""
-        if known is None or not wanted.routing:
+    def _narrowing(self, known: Known | None, wanted: Wanted) -> Narrowing | None:
+        """The models this request plans over in the configuration its key's last read had (a key not
+        known: the last read key's): only their latency rows are read (the statement reads them all if
+        the key's pools or version are not those)."""
+        if not wanted.routing:
             return None
-        last = known.state.authenticated
-        return narrowing(last.key.pool_ids, last.config_version, wanted.model, wanted.now)
+        if known is not None:
+            last = known.state.authenticated
+            pools, version = last.key.pool_ids, last.config_version
+        elif self.last_pools is not None:
+            pools, version = self.last_pools
+        else:
+            return None
+        return narrowing(pools, version, wanted.model, wanted.now)
 
     def _learn(
         self,
@@ -395,6 +405,7 @@ class Reader:
         if decoded is None:
             self.known.pop(digest, None)
             return None
+        self.last_pools = (decoded.authenticated.key.pool_ids, decoded.authenticated.config_version)
         state = self._figured(decoded, narrow, cached)
         self.known[digest] = Known(rows, state, steady=False)
         self.known.move_to_end(digest)

@@ -12,11 +12,13 @@ def _fresh_routing_config_cache():
     """Each test starts with an empty per-process routing config cache. In production the config
     version only grows; a test database is emptied between tests, so versions (and SQLite ids) can
     repeat and a previous test's cached configuration could otherwise match; so could the figures the
-    read before dispatch keeps for a tenth of a second (`routing.request_state.Reader.figures`)."""
+    read before dispatch keeps for a tenth of a second (`routing.request_state.Reader.figures`), and the
+    pools it guesses a key it does not know has."""
     from routing.request_state import READER
 
     config_cache_clear()
     READER.figures.clear()
+    READER.last_pools = None
 
 
 @pytest.fixture(autouse=True)

@@ -229,6 +229,51 @@ def _latency_rows(rows: list[tuple]) -> int:
     return sum(1 for row in rows if row[0] == RowKind.LATENCY)
 
 
+def test_a_key_not_known_yet_is_narrowed_as_the_last_key_read_and_the_guess_is_checked(
+    gateway, two_assignments, monkeypatch
+):
+    """A key the reader has not read yet (new, or forgotten past its limit) is narrowed with the pools of
+    the last key read: on the same pools its statement reads none of the kept figures (not every latency
+    row of the pools, once a request); on other pools the statement finds the guess wrong and reads every
+    latency row of the key's own pools, which the request routes on, never on the kept ones."""
+    from routing import request_state
+
+    _a, _b, (acct_a, acct_b) = two_assignments
+    other = PoolFactory(name="other")
+    acct_c = AssignmentFactory(
+        pool=other, name="acct-c", base_url=acct_a.base_url, api_key_env=acct_a.api_key_env
+    )
+    CatalogEntryFactory(assignment=acct_c, model="gpt-5")
+    GatewayKeyFactory(name="same-pools", raw_key="sk-gw-same-pools-0123456789", pools=[acct_a.pool])
+    GatewayKeyFactory(name="other-pools", raw_key="sk-gw-other-pools-0123456789", pools=[other])
+    latencies_record(
+        folds=[Fold(x.pk, m, 100.0, 3) for x in (acct_a, acct_b, acct_c) for m in ("gpt-5", "gpt-4o")],
+        now=timezone.now(),
+    )
+    seen: list[tuple[tuple[str, ...] | None, int, set[tuple[int, str]]]] = []
+    learn = request_state.READER._learn
+
+    def spy_learn(digest, rows, known, narrow=None, cached=None):
+        state = learn(digest, rows, known, narrow, cached)
+        seen.append((narrow.models if narrow else None, _latency_rows(rows), set(state.health.latency)))
+        return state
+
+    monkeypatch.setattr(request_state.READER, "_learn", spy_learn)
+    monkeypatch.setattr(request_state, "FIGURES_MAX_AGE_S", 3600.0)
+    for key in (GATEWAY_KEY, GATEWAY_KEY, "sk-gw-same-pools-0123456789", "sk-gw-other-pools-0123456789"):
+        reply = post(gateway, "/v1/chat/completions", CHAT, headers={"authorization": f"Bearer {key}"})
+        assert reply.status_code == 200
+
+    main = {(x.pk, m) for x in (acct_a, acct_b) for m in ("gpt-5", "gpt-4o")}
+    narrowed = {(acct_a.pk, "gpt-5"), (acct_b.pk, "gpt-5")}
+    assert seen == [
+        (None, 4, main),  # nothing read yet: every latency row of the pools
+        (("gpt-5",), 2, narrowed),  # the key narrowed by its own last read: its model's rows, kept
+        (("gpt-5",), 0, narrowed),  # a key not known yet, on the same pools: the kept rows, none read
+        (("gpt-5",), 2, {(acct_c.pk, "gpt-5"), (acct_c.pk, "gpt-4o")}),  # other pools: its own, all
+    ]
+
+
 def test_a_narrowings_figures_are_read_once_per_max_age_and_routed_on_meanwhile(
     gateway, two_assignments, monkeypatch
 ):
