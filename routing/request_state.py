@@ -285,15 +285,16 @@ class Reader:
     read less than FIGURES_MAX_AGE_S ago routes on those and its statement does not read them again,
     so a pool's size costs its statement rows ten times a second, not once a request. A key it does not
     know (new, or forgotten past `limit`) is narrowed as if it had the pools and version of the last key
-    read (`last_pools`): keys share their pools far more often than not, and a wrong guess is checked by
-    the statement as a stale narrowing is, costing rows, never a decision."""
+    whose rows were decoded (`last_pools`: most often the last key it did not know): keys share their
+    pools far more often than not, and a wrong guess is checked by the statement as a stale narrowing
+    is, costing rows, never a decision."""
 
     def __init__(self, limit: int = KNOWN_LIMIT) -> None:
         self.known: OrderedDict[str, Known] = OrderedDict()
         self.figures: dict[Narrowing, Figures] = {}
         self.limit = limit
         self.in_flight = 0
-        self.last_pools: tuple[tuple[int, ...], int] | None = None  # the last read key's pools and version
+        self.last_pools: tuple[tuple[int, ...], int] | None = None  # the last decoded key's pools, version
 
     @contextlib.contextmanager
     def answering(self) -> Iterator[None]:
@@ -372,7 +373,7 @@ class Reader:
 
     def _narrowing(self, known: Known | None, wanted: Wanted) -> Narrowing | None:
         """The models this request plans over in the configuration its key's last read had (a key not
-        known: the last read key's): only their latency rows are read (the statement reads them all if
+        known: the last decoded key's): only their latency rows are read (the statement reads them all if
         the key's pools or version are not those)."""
         if not wanted.routing:
             return None
